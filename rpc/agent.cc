@@ -1,0 +1,673 @@
+// Thread map: start(), call_*, shutdown() and wait_for_shutdown() run on user threads; every
+// libuv callback (connections, accept, wake-up, deadline timer) runs on the loop thread; user
+// functions and the completion of call_async futures run on pool threads. Shared state between
+// them is the outgoing queue (queue_mutex) and the table of pending calls (pending_mutex).
+#include "ferry/rpc/agent.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <uv.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/frame.h"
+#include "ferry/rpc/log.h"
+#include "ferry/rpc/thread_pool.h"
+#include "rpc/connection.h"
+#include "rpc/rendezvous.h"
+
+namespace ferry::rpc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kDeadlineTick = std::chrono::milliseconds(10);
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A call waiting for its answer.
+struct PendingCall {
+  FuturePtr future;
+  int to_rank = -1;
+  std::string function;
+  Clock::time_point start;
+  Clock::time_point deadline;
+  std::uint64_t connection_id = 0;  // set once the frame is handed to a connection
+  // call_sync's future has no callbacks, so it may complete on the loop thread and save a
+  // thread hop; call_async's futures complete on the pool so user callbacks never block the loop.
+  bool complete_inline = false;
+};
+
+// A frame waiting for the loop thread: a call to a rank, or a reply on an accepted connection.
+struct Outgoing {
+  int to_rank = -1;                 // a call: the callee
+  std::uint64_t call_id = 0;        // a call: its id
+  std::uint64_t connection_id = 0;  // a reply: the accepted connection the request came on
+  EncodedFrame frame;
+};
+
+std::string describe_exception(std::exception_ptr eptr, ErrorKind* kind) {
+  *kind = ErrorKind::RemoteException;
+  try {
+    std::rethrow_exception(eptr);
+  } catch (const Error& e) {
+    *kind = e.kind();
+    return e.what();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+FunctionRegistry& default_registry() {
+  static FunctionRegistry registry;
+  return registry;
+}
+
+struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::State> {
+  State(Options opts, FunctionRegistry& reg) : options(std::move(opts)), registry(reg) {}
+
+  Options options;
+  FunctionRegistry& registry;
+  std::unique_ptr<Rendezvous> rendezvous;
+  WorkerInfo self;
+  std::vector<WorkerInfo> workers;
+  std::map<std::string, int> rank_by_name;
+
+  // Loop thread only, after start.
+  uv_loop_t loop{};
+  uv_async_t wakeup{};
+  uv_timer_t timer{};
+  uv_tcp_t listener{};
+  std::thread loop_thread;
+  std::map<std::uint64_t, std::unique_ptr<Connection>> connections;
+  std::map<int, Connection*> outbound;
+  std::uint64_t next_connection_id = 1;
+
+  std::mutex queue_mutex;
+  std::vector<Outgoing> queue;
+  bool loop_stopping = false;
+
+  std::mutex pending_mutex;
+  std::condition_variable pending_changed;
+  std::unordered_map<std::uint64_t, PendingCall> pending;
+  std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines;
+  std::set<int> lost_ranks;  // peers whose connection dropped: the barrier does not wait for them
+  std::atomic<std::uint64_t> next_call_id{1};
+
+  std::unique_ptr<ThreadPool> pool;
+  std::atomic<bool> running{false};
+  std::mutex shutdown_mutex;
+  bool shut_down = false;
+
+  FrameLimits limits() const { return {options.max_frame_bytes, options.max_nesting_depth}; }
+
+  // ---- start-up ----------------------------------------------------------------------------
+
+  void listen(const std::string& host) {
+    check(uv_loop_init(&loop), "uv_loop_init");
+    loop.data = this;
+    check(uv_async_init(&loop, &wakeup, &State::on_wakeup), "uv_async_init");
+    wakeup.data = this;
+    check(uv_timer_init(&loop, &timer), "uv_timer_init");
+    timer.data = this;
+    check(uv_tcp_init(&loop, &listener), "uv_tcp_init");
+    listener.data = this;
+    sockaddr_in addr{};
+    check(uv_ip4_addr(host.c_str(), 0, &addr), "uv_ip4_addr " + host);
+    check(uv_tcp_bind(&listener, reinterpret_cast<sockaddr*>(&addr), 0), "bind to " + host);
+    check(uv_listen(reinterpret_cast<uv_stream_t*>(&listener), 1024, &State::on_accept),
+          "listen on " + host);
+    sockaddr_in bound{};
+    int len = sizeof bound;
+    check(uv_tcp_getsockname(&listener, reinterpret_cast<sockaddr*>(&bound), &len), "getsockname");
+    self.host = host;
+    self.port = ntohs(bound.sin_port);
+    auto tick = static_cast<std::uint64_t>(kDeadlineTick.count());
+    check(uv_timer_start(&timer, &State::on_timer, tick, tick), "uv_timer_start");
+  }
+
+  void check(int rc, const std::string& what) {
+    if (rc != 0) {
+      throw Error(ErrorKind::Init, fmt::format("rank {}: {} failed: {}", options.rank, what,
+                                               uv_strerror(rc)));
+    }
+  }
+
+  void start_loop() {
+    loop_thread = std::thread([this] {
+      uv_run(&loop, UV_RUN_DEFAULT);
+      uv_loop_close(&loop);
+    });
+  }
+
+  void stop_loop() {
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      if (loop_stopping) return;
+      loop_stopping = true;
+      uv_async_send(&wakeup);
+    }
+    if (loop_thread.joinable()) loop_thread.join();
+  }
+
+  // ---- sending (user and pool threads) -------------------------------------------------------
+
+  void enqueue(Outgoing outgoing) {
+    std::lock_guard<std::mutex> lock(queue_mutex);
+    if (loop_stopping) return;
+    queue.push_back(std::move(outgoing));
+    uv_async_send(&wakeup);
+  }
+
+  FuturePtr call(const std::string& to, const std::string& function, std::vector<c10::IValue> args,
+                 std::optional<std::chrono::milliseconds> timeout, bool complete_inline) {
+    if (!running.load()) {
+      throw Error(ErrorKind::Shutdown,
+                  fmt::format("cannot call \"{}\" on \"{}\": the agent of {} is not running",
+                              function, to, self.name));
+    }
+    auto it = rank_by_name.find(to);
+    if (it == rank_by_name.end()) throw unknown_worker(to);
+    const WorkerInfo& callee = workers[it->second];
+
+    Message request;
+    request.kind = MessageKind::Request;
+    request.id = next_call_id.fetch_add(1);
+    request.function = function;
+    request.value = c10::ivalue::Tuple::create(std::move(args));
+    EncodedFrame frame;
+    try {
+      frame = encode_frame(request, options.max_nesting_depth);
+    } catch (const Error& e) {
+      throw Error(e.kind(), fmt::format("arguments of call \"{}\" to {} cannot be sent: {}",
+                                        function, callee.describe(), e.what()));
+    }
+    if (frame.size() > options.max_frame_bytes) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("call \"{}\" to {} is {} bytes, over the frame limit of {}",
+                              function, callee.describe(), frame.size(), options.max_frame_bytes));
+    }
+
+    PendingCall call;
+    call.future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    call.to_rank = callee.rank;
+    call.function = function;
+    call.start = Clock::now();
+    call.deadline = call.start + timeout.value_or(options.rpc_timeout);
+    call.complete_inline = complete_inline;
+    FuturePtr future = call.future;
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      deadlines.emplace(call.deadline, request.id);
+      pending.emplace(request.id, std::move(call));
+    }
+    Outgoing outgoing;
+    outgoing.to_rank = callee.rank;
+    outgoing.call_id = request.id;
+    outgoing.frame = std::move(frame);
+    enqueue(std::move(outgoing));
+    return future;
+  }
+
+  Error unknown_worker(const std::string& name) const {
+    std::vector<std::string> names;
+    for (const auto& w : workers) names.push_back(w.name);
+    return Error(ErrorKind::InvalidArgument,
+                 fmt::format("no worker is named \"{}\" (workers: {})", name, fmt::join(names, ", ")));
+  }
+
+  // ---- completing calls (loop thread) ---------------------------------------------------------
+
+  std::optional<PendingCall> take_pending(std::uint64_t id) {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    auto it = pending.find(id);
+    if (it == pending.end()) return std::nullopt;
+    PendingCall call = std::move(it->second);
+    pending.erase(it);
+    deadlines.erase({call.deadline, id});
+    pending_changed.notify_all();
+    return call;
+  }
+
+  void complete(PendingCall call, c10::IValue value) {
+    if (call.complete_inline) {
+      call.future->markCompleted(std::move(value));
+      return;
+    }
+    pool->submit([future = call.future, value = std::move(value)]() mutable {
+      future->markCompleted(std::move(value));
+    });
+  }
+
+  void fail(PendingCall call, const Error& error) {
+    auto eptr = std::make_exception_ptr(error);
+    if (call.complete_inline) {
+      call.future->setError(eptr);
+      return;
+    }
+    pool->submit([future = call.future, eptr] { future->setError(eptr); });
+  }
+
+  // ---- loop-thread callbacks -------------------------------------------------------------------
+
+  static void on_wakeup(uv_async_t* handle) {
+    auto* self = static_cast<State*>(handle->data);
+    std::vector<Outgoing> batch;
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lock(self->queue_mutex);
+      batch.swap(self->queue);
+      stopping = self->loop_stopping;
+    }
+    if (stopping) {
+      self->close_all();
+      return;
+    }
+    for (auto& outgoing : batch) self->send(std::move(outgoing));
+  }
+
+  void send(Outgoing outgoing) {
+    if (outgoing.to_rank < 0) {
+      auto it = connections.find(outgoing.connection_id);
+      if (it == connections.end() || it->second->closing()) {
+        log::debug("dropping a reply: its connection is gone");
+        return;
+      }
+      it->second->write(std::move(outgoing.frame));
+      return;
+    }
+    Connection* connection = outbound_to(outgoing.to_rank);
+    {
+      // Record which connection carries the call, so that losing it fails the call.
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      auto it = pending.find(outgoing.call_id);
+      if (it == pending.end()) return;  // timed out while queued
+      it->second.connection_id = connection->id();
+    }
+    connection->write(std::move(outgoing.frame));
+  }
+
+  // The open connection to `rank`, opened now if there is none. A connection that fails to
+  // start is returned closing: its on_closed fails the calls assigned to it.
+  Connection* outbound_to(int rank) {
+    auto it = outbound.find(rank);
+    if (it != outbound.end() && !it->second->closing()) return it->second;
+    const WorkerInfo& peer = workers[rank];
+    auto connection = std::make_unique<Connection>(&loop, next_connection_id++, rank, limits(), this);
+    Connection* raw = connection.get();
+    connections.emplace(raw->id(), std::move(connection));
+    outbound[rank] = raw;
+    int rc = raw->start_connect(peer.host, peer.port);
+    if (rc != 0) {
+      raw->close(fmt::format("could not connect: {}", uv_strerror(rc)));
+      return raw;
+    }
+    Message hello;
+    hello.kind = MessageKind::Control;
+    hello.peer_name = self.name;
+    hello.peer_rank = self.rank;
+    raw->write(encode_frame(hello));
+    return raw;
+  }
+
+  static void on_accept(uv_stream_t* server, int status) {
+    auto* self = static_cast<State*>(server->data);
+    if (status < 0) {
+      log::warn("accept failed: {}", uv_strerror(status));
+      return;
+    }
+    auto connection = std::make_unique<Connection>(&self->loop, self->next_connection_id++, -1,
+                                                   self->limits(), self);
+    Connection* raw = connection.get();
+    self->connections.emplace(raw->id(), std::move(connection));
+    int rc = uv_accept(server, reinterpret_cast<uv_stream_t*>(raw->handle()));
+    if (rc == 0) rc = raw->start_accepted();
+    if (rc != 0) raw->close(fmt::format("accept failed: {}", uv_strerror(rc)));
+  }
+
+  static void on_timer(uv_timer_t* handle) {
+    auto* self = static_cast<State*>(handle->data);
+    self->expire_deadlines();
+  }
+
+  void expire_deadlines() {
+    auto now = Clock::now();
+    std::vector<std::pair<std::uint64_t, PendingCall>> expired;
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      while (!deadlines.empty() && deadlines.begin()->first <= now) {
+        std::uint64_t id = deadlines.begin()->second;
+        deadlines.erase(deadlines.begin());
+        auto it = pending.find(id);
+        if (it == pending.end()) continue;
+        expired.emplace_back(id, std::move(it->second));
+        pending.erase(it);
+      }
+      if (!expired.empty()) pending_changed.notify_all();
+    }
+    for (auto& [id, call] : expired) {
+      const WorkerInfo& callee = workers[call.to_rank];
+      fail(std::move(call),
+           Error(ErrorKind::Timeout,
+                 fmt::format("call \"{}\" to {} timed out after {:.2f} s", call.function,
+                             callee.describe(), seconds_since(call.start))));
+    }
+  }
+
+  void on_message(Connection& connection, Message message) override {
+    switch (message.kind) {
+      case MessageKind::Control:
+        if (connection.outbound_rank() >= 0 || connection.identified() || message.peer_rank < 0) {
+          connection.close("unexpected hello");
+          return;
+        }
+        connection.set_peer(message.peer_name, message.peer_rank);
+        return;
+      case MessageKind::Request:
+        if (!connection.identified()) {
+          log::warn("closing connection from {}: request before hello", connection.remote_address());
+          connection.close("request before hello");
+          return;
+        }
+        serve(connection.id(), std::move(message));
+        return;
+      case MessageKind::Response:
+      case MessageKind::Error:
+        if (connection.outbound_rank() < 0) {
+          connection.close("reply on a connection that sent no calls");
+          return;
+        }
+        answer(std::move(message));
+        return;
+    }
+  }
+
+  void answer(Message message) {
+    std::optional<PendingCall> call = take_pending(message.id);
+    if (!call) {
+      log::debug("late reply to call {} ignored (timed out or cancelled)", message.id);
+      return;
+    }
+    if (message.kind == MessageKind::Response) {
+      complete(std::move(*call), std::move(message.value));
+      return;
+    }
+    const WorkerInfo& callee = workers[call->to_rank];
+    std::string text =
+        message.error_kind == ErrorKind::RemoteException
+            ? fmt::format("call \"{}\" on {} raised: {}", call->function, callee.describe(),
+                          message.error_message)
+            : fmt::format("call \"{}\" on {} failed: {}", call->function, callee.describe(),
+                          message.error_message);
+    fail(std::move(*call), Error(message.error_kind, text));
+  }
+
+  void on_closed(Connection& connection, const std::string& reason) override {
+    std::uint64_t id = connection.id();
+    int rank = connection.outbound_rank() >= 0 ? connection.outbound_rank() : connection.peer_rank();
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      stopping = loop_stopping;
+    }
+    if (connection.outbound_rank() >= 0) {
+      auto it = outbound.find(connection.outbound_rank());
+      if (it != outbound.end() && it->second == &connection) outbound.erase(it);
+    }
+    std::vector<PendingCall> lost;
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      if (rank >= 0 && !stopping) lost_ranks.insert(rank);
+      for (auto it = pending.begin(); it != pending.end();) {
+        if (it->second.connection_id == id) {
+          deadlines.erase({it->second.deadline, it->first});
+          lost.push_back(std::move(it->second));
+          it = pending.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (!lost.empty()) pending_changed.notify_all();
+    }
+    for (auto& call : lost) {
+      const WorkerInfo& callee = workers[call.to_rank];
+      if (stopping) {
+        fail(std::move(call), Error(ErrorKind::Shutdown,
+                                    fmt::format("call \"{}\" to {} was cancelled by shutdown",
+                                                call.function, callee.describe())));
+      } else {
+        fail(std::move(call),
+             Error(ErrorKind::PeerDied,
+                   fmt::format("{} died during call \"{}\" after {:.2f} s ({})", callee.describe(),
+                               call.function, seconds_since(call.start), reason)));
+      }
+    }
+    if (!stopping && rank >= 0 && reason != "agent shutting down") {
+      log::debug("connection {} to rank {} closed: {}", id, rank, reason);
+    }
+    connections.erase(id);
+  }
+
+  void close_all() {
+    for (auto& [id, connection] : connections) connection->close("agent shutting down");
+    uv_close(reinterpret_cast<uv_handle_t*>(&listener), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&timer), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&wakeup), nullptr);
+  }
+
+  // ---- serving (pool threads) ------------------------------------------------------------------
+
+  void serve(std::uint64_t connection_id, Message request) {
+    std::weak_ptr<State> weak = weak_from_this();
+    pool->submit([weak, connection_id, request = std::move(request)]() mutable {
+      auto self = weak.lock();
+      if (!self) return;
+      FuturePtr result;
+      std::vector<c10::IValue> args;
+      try {
+        if (!request.value.isTuple()) {
+          throw Error(ErrorKind::InvalidArgument, "the arguments of a request must be a tuple");
+        }
+        args = request.value.toTupleRef().elements().vec();
+        result = self->registry.invoke(request.function, args);
+      } catch (...) {
+        result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+        result->setError(std::current_exception());
+      }
+      // The handler's future may complete on any thread, possibly after this agent is gone:
+      // hold the state only weakly.
+      result->addCallback([weak, connection_id, id = request.id,
+                           function = request.function](c10::ivalue::Future& done) {
+        if (auto state = weak.lock()) state->reply(connection_id, id, function, done);
+      });
+    });
+  }
+
+  void reply(std::uint64_t connection_id, std::uint64_t id, const std::string& function,
+             c10::ivalue::Future& done) {
+    Message response;
+    response.id = id;
+    response.error_worker = self.name;
+    if (done.hasError()) {
+      response.kind = MessageKind::Error;
+      response.error_message = describe_exception(done.exception_ptr(), &response.error_kind);
+    } else {
+      response.kind = MessageKind::Response;
+      response.value = done.value();
+    }
+    Outgoing outgoing;
+    outgoing.connection_id = connection_id;
+    try {
+      outgoing.frame = encode_frame(response, options.max_nesting_depth);
+    } catch (const Error& e) {
+      response = Message();
+      response.kind = MessageKind::Error;
+      response.id = id;
+      response.error_kind = ErrorKind::InvalidArgument;
+      response.error_message = fmt::format("the result of \"{}\" cannot be sent: {}", function, e.what());
+      response.error_worker = self.name;
+      outgoing.frame = encode_frame(response);
+    }
+    enqueue(std::move(outgoing));
+  }
+
+  // ---- shutdown (user thread) ----------------------------------------------------------------
+
+  void drain_own_calls(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(pending_mutex);
+    if (!pending_changed.wait_until(lock, deadline, [this] { return pending.empty(); })) {
+      log::warn("shutdown: {} calls still pending at the deadline; they will be cancelled",
+                pending.size());
+    }
+  }
+
+  std::set<int> lost() {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    return lost_ranks;
+  }
+
+  void barrier(Clock::time_point deadline) {
+    rendezvous->arrive_shutdown();
+    for (int attempt = 0;; ++attempt) {
+      std::vector<int> missing = rendezvous->missing_shutdown(lost());
+      if (missing.empty()) break;
+      if (Clock::now() >= deadline) {
+        std::vector<std::string> names;
+        for (int r : missing) names.push_back(workers[r].describe());
+        log::warn("shutdown: {} did not reach shutdown in time; going on without them",
+                  fmt::join(names, ", "));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 + attempt * 5, 50)));
+    }
+    if (self.rank == 0) {
+      // The store lives in this process: keep it up until the others are done reading it.
+      rendezvous->wait_left(lost(), std::max(deadline, Clock::now() + std::chrono::seconds(1)));
+    } else {
+      rendezvous->leave();
+    }
+  }
+
+  void stop(bool graceful) {
+    std::lock_guard<std::mutex> lock(shutdown_mutex);
+    if (shut_down) return;
+    shut_down = true;
+    auto deadline = Clock::now() + options.shutdown_timeout;
+    if (graceful && running.load()) {
+      drain_own_calls(deadline);
+      try {
+        barrier(deadline);
+      } catch (const std::exception& e) {
+        log::warn("shutdown: the rendezvous store is gone ({}); stopping without the barrier",
+                  e.what());
+      }
+    }
+    running = false;
+    stop_loop();
+    std::vector<std::pair<std::uint64_t, PendingCall>> left;
+    {
+      std::lock_guard<std::mutex> plock(pending_mutex);
+      for (auto& entry : pending) left.emplace_back(entry.first, std::move(entry.second));
+      pending.clear();
+      deadlines.clear();
+    }
+    for (auto& [id, call] : left) {
+      auto eptr = std::make_exception_ptr(Error(
+          ErrorKind::Shutdown, fmt::format("call \"{}\" to {} was cancelled by shutdown",
+                                           call.function, workers[call.to_rank].describe())));
+      call.future->setErrorIfNeeded(eptr);
+    }
+    pool.reset();
+    rendezvous.reset();
+  }
+};
+
+std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry) {
+  options = resolve_options(std::move(options));
+  log::set_worker_name(options.name);
+  auto state = std::make_shared<State>(options, registry);
+  auto deadline = Clock::now() + options.init_timeout;
+  state->self.name = options.name;
+  state->self.rank = options.rank;
+  state->rendezvous = std::make_unique<Rendezvous>(options);
+  state->options.master_port = state->rendezvous->port();
+  std::string host = choose_listen_host(options.master_addr, options.ifname);
+  state->pool = std::make_unique<ThreadPool>(options.num_threads);
+  state->listen(host);
+  state->start_loop();
+  try {
+    state->workers = state->rendezvous->join(state->self, deadline);
+  } catch (...) {
+    state->stop(false);
+    throw;
+  }
+  for (const auto& w : state->workers) state->rank_by_name[w.name] = w.rank;
+  state->running = true;
+  log::debug("joined as {} in a world of {}", state->self.describe(), options.world_size);
+  return std::unique_ptr<Agent>(new Agent(std::move(state)));
+}
+
+Agent::Agent(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+Agent::~Agent() {
+  if (state_) state_->stop(false);
+}
+
+const WorkerInfo& Agent::self() const { return state_->self; }
+const std::vector<WorkerInfo>& Agent::workers() const { return state_->workers; }
+const Options& Agent::options() const { return state_->options; }
+int Agent::master_port() const { return state_->options.master_port; }
+bool Agent::running() const { return state_->running.load(); }
+
+const WorkerInfo& Agent::worker(const std::string& name) const {
+  auto it = state_->rank_by_name.find(name);
+  if (it == state_->rank_by_name.end()) throw state_->unknown_worker(name);
+  return state_->workers[it->second];
+}
+
+FuturePtr Agent::call_async(const std::string& to, const std::string& function,
+                            std::vector<c10::IValue> args,
+                            std::optional<std::chrono::milliseconds> timeout) {
+  return state_->call(to, function, std::move(args), timeout, false);
+}
+
+c10::IValue Agent::call_sync(const std::string& to, const std::string& function,
+                             std::vector<c10::IValue> args,
+                             std::optional<std::chrono::milliseconds> timeout) {
+  FuturePtr future = state_->call(to, function, std::move(args), timeout, true);
+  future->wait();
+  return future->value();
+}
+
+void Agent::shutdown(bool graceful) { state_->stop(graceful); }
+
+void Agent::wait_for_shutdown() {
+  for (;;) {
+    if (!state_->running.load()) return;
+    try {
+      if (state_->rendezvous->shutdown_started()) break;
+    } catch (const std::exception& e) {
+      log::warn("the master's rendezvous store is unreachable ({}); stopping", e.what());
+      state_->stop(false);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  state_->stop(true);
+}
+
+}  // namespace ferry::rpc

@@ -1,0 +1,183 @@
+// Runs entirely on the agent's loop thread: libuv calls every callback here from uv_run.
+#include "rpc/connection.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+
+#include "ferry/rpc/log.h"
+
+namespace ferry::rpc {
+namespace {
+
+// Bytes pulled from the socket per read when no tensor is waiting for them.
+constexpr size_t kBufferBytes = 64 * 1024;
+// Below this, tensor bytes are read into the buffer with the frames around them and copied out:
+// a syscall per small tensor would cost more than the copy.
+constexpr size_t kDirectReadMin = 16 * 1024;
+
+struct WriteRequest {
+  uv_write_t req;
+  EncodedFrame frame;
+  std::vector<uv_buf_t> bufs;
+};
+
+}  // namespace
+
+Connection::Connection(uv_loop_t* loop, std::uint64_t id, int outbound_rank, FrameLimits limits,
+                       ConnectionObserver* observer)
+    : id_(id),
+      outbound_rank_(outbound_rank),
+      observer_(observer),
+      decoder_(limits),
+      buffer_(new char[kBufferBytes]) {
+  uv_tcp_init(loop, &handle_);
+  handle_.data = this;
+}
+
+Connection::~Connection() = default;
+
+std::string Connection::remote_address() const {
+  sockaddr_storage addr{};
+  int len = sizeof addr;
+  if (uv_tcp_getpeername(&handle_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (addr.ss_family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&addr);
+    uv_ip4_name(in, host, sizeof host);
+    port = ntohs(in->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    uv_ip6_name(in6, host, sizeof host);
+    port = ntohs(in6->sin6_port);
+  }
+  return fmt::format("{}:{}", host, port);
+}
+
+int Connection::configure_socket() {
+  if (int rc = uv_tcp_nodelay(&handle_, 1)) return rc;
+  return uv_tcp_keepalive(&handle_, 1, 10);
+}
+
+int Connection::start_reading() {
+  return uv_read_start(reinterpret_cast<uv_stream_t*>(&handle_), &Connection::on_alloc,
+                       &Connection::on_read);
+}
+
+int Connection::start_accepted() {
+  if (int rc = configure_socket()) return rc;
+  return start_reading();
+}
+
+int Connection::start_connect(const std::string& host, int port) {
+  sockaddr_storage addr{};
+  int rc = uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(&addr));
+  if (rc != 0) rc = uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&addr));
+  if (rc != 0) return rc;
+  connect_req_.data = this;
+  return uv_tcp_connect(&connect_req_, &handle_, reinterpret_cast<sockaddr*>(&addr),
+                        &Connection::on_connect);
+}
+
+void Connection::on_connect(uv_connect_t* req, int status) {
+  auto* self = static_cast<Connection*>(req->data);
+  if (status == UV_ECANCELED || self->closing_) return;
+  if (status < 0) {
+    self->close(fmt::format("could not connect: {}", uv_strerror(status)));
+    return;
+  }
+  int rc = self->configure_socket();
+  if (rc == 0) rc = self->start_reading();
+  if (rc != 0) self->close(fmt::format("could not start reading: {}", uv_strerror(rc)));
+}
+
+void Connection::write(EncodedFrame frame) {
+  if (closing_) return;
+  auto* request = new WriteRequest{};
+  request->frame = std::move(frame);
+  request->req.data = request;
+  auto& f = request->frame;
+  request->bufs.reserve(1 + f.tensors.size());
+  request->bufs.push_back(uv_buf_init(f.head.data(), static_cast<unsigned>(f.head.size())));
+  for (const at::Tensor& t : f.tensors) {
+    if (!t.defined() || t.nbytes() == 0) continue;
+    uv_buf_t buf;
+    // uv_buf_init takes an unsigned length; set the size_t field directly for tensors over 4 GiB.
+    buf.base = static_cast<char*>(const_cast<void*>(t.data_ptr()));
+    buf.len = t.nbytes();
+    request->bufs.push_back(buf);
+  }
+  int rc = uv_write(&request->req, reinterpret_cast<uv_stream_t*>(&handle_), request->bufs.data(),
+                    static_cast<unsigned>(request->bufs.size()), &Connection::on_write);
+  if (rc != 0) {
+    delete request;
+    close(fmt::format("write failed: {}", uv_strerror(rc)));
+  }
+}
+
+void Connection::on_write(uv_write_t* req, int status) {
+  auto* request = static_cast<WriteRequest*>(req->data);
+  auto* self = static_cast<Connection*>(req->handle->data);
+  delete request;
+  if (status < 0 && status != UV_ECANCELED) {
+    self->close(fmt::format("write failed: {}", uv_strerror(status)));
+  }
+}
+
+void Connection::on_alloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
+  auto* self = static_cast<Connection*>(handle->data);
+  auto [target, missing] = self->decoder_.direct_target();
+  if (target != nullptr && missing >= kDirectReadMin) {
+    // The rest of this tensor goes straight into its memory; libuv reads again at once if the
+    // socket holds more, so a large tensor arrives in a few big reads with no copy.
+    self->direct_ = target;
+    buf->base = target;
+    buf->len = missing;
+    return;
+  }
+  self->direct_ = nullptr;
+  buf->base = self->buffer_.get();
+  buf->len = kBufferBytes;
+}
+
+void Connection::on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
+  auto* self = static_cast<Connection*>(stream->data);
+  if (nread == 0 || self->closing_) return;
+  if (nread < 0) {
+    self->close(nread == UV_EOF ? std::string("connection closed by peer")
+                                : fmt::format("read failed: {}", uv_strerror(nread)));
+    return;
+  }
+  std::vector<Message> messages;
+  try {
+    if (self->direct_ != nullptr && buf->base == self->direct_) {
+      self->decoder_.commit_direct(static_cast<size_t>(nread), &messages);
+    } else {
+      self->decoder_.consume(buf->base, static_cast<size_t>(nread), &messages);
+    }
+  } catch (const Error& e) {
+    log::warn("closing connection from {} ({}): bad frame: {}", self->remote_address(),
+              self->peer_name_.empty() ? std::string("unidentified") : self->peer_name_, e.what());
+    self->close(fmt::format("bad frame: {}", e.what()));
+    return;
+  }
+  for (auto& message : messages) {
+    if (self->closing_) return;
+    self->observer_->on_message(*self, std::move(message));
+  }
+}
+
+void Connection::close(const std::string& reason) {
+  if (closing_) return;
+  closing_ = true;
+  close_reason_ = reason;
+  uv_read_stop(reinterpret_cast<uv_stream_t*>(&handle_));
+  uv_close(reinterpret_cast<uv_handle_t*>(&handle_), &Connection::on_close);
+}
+
+void Connection::on_close(uv_handle_t* handle) {
+  auto* self = static_cast<Connection*>(handle->data);
+  self->observer_->on_closed(*self, self->close_reason_);
+}
+
+}  // namespace ferry::rpc

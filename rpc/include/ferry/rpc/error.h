@@ -1,0 +1,32 @@
+// The one exception type of the rpc layer. Thrown across the API and carried through futures.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace ferry::rpc {
+
+enum class ErrorKind : std::uint8_t {
+  Init = 0,             // rendezvous failed: master unreachable, world incomplete, name clash
+  Timeout = 1,          // a call passed its deadline
+  PeerDied = 2,         // the connection to the callee dropped while the call was pending
+  UnknownFunction = 3,  // the callee has no function of that name
+  RemoteException = 4,  // the function itself threw on the callee
+  BadFrame = 5,         // bytes on the wire failed validation
+  InvalidArgument = 6,  // the caller passed something that cannot be sent or converted
+  Shutdown = 7,         // the agent is shutting down or not running
+};
+
+const char* to_string(ErrorKind kind);
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+}  // namespace ferry::rpc

@@ -1,0 +1,38 @@
+// Settings of one agent (value type). Fields left unset are taken from the environment by
+// resolve_options(): torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, Slurm's
+// SLURM_PROCID / SLURM_NTASKS / SLURM_NODELIST, or Open MPI's OMPI_COMM_WORLD_RANK / _SIZE.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ferry::rpc {
+
+struct Options {
+  std::string name;         // unique worker name; default "worker<rank>"
+  int rank = -1;            // -1: from the environment
+  int world_size = -1;      // -1: from the environment
+  std::string master_addr;  // host of rank 0's rendezvous store; empty: from the environment
+  int master_port = -1;     // -1: from the environment; 0 on rank 0 picks a free port
+  std::string ifname;       // interface to listen on; empty: FERRY_IFNAME, else the route to master
+  int num_threads = 4;      // pool threads that run user functions
+  std::chrono::milliseconds rpc_timeout{60000};       // default deadline of a call
+  std::chrono::milliseconds init_timeout{30000};      // bound on the whole rendezvous
+  std::chrono::milliseconds shutdown_timeout{10000};  // bound on the graceful shutdown barrier
+  std::uint64_t max_frame_bytes = std::uint64_t{4} << 30;  // envelope plus tensor bytes
+  int max_nesting_depth = 64;                              // of containers inside a value
+};
+
+// Fills every unset field of `options` from `env` (normally the process environment) and checks
+// the result; throws Error(Init) naming the missing or contradictory setting.
+Options resolve_options(Options options, const std::map<std::string, std::string>& env);
+Options resolve_options(Options options);
+
+// The first host of a Slurm node list: "node[03-05,9],gpu1" -> "node03".
+std::string first_slurm_host(const std::string& nodelist);
+
+}  // namespace ferry::rpc

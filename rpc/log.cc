@@ -1,0 +1,66 @@
+#include "ferry/rpc/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <strings.h>
+
+namespace ferry::log {
+namespace {
+
+Level level_from_env() {
+  const char* env = std::getenv("FERRY_LOG_LEVEL");
+  if (env == nullptr) return Level::Info;
+  static const char* kNames[] = {"trace", "debug", "info", "warn", "error", "off"};
+  for (int i = 0; i <= static_cast<int>(Level::Off); ++i) {
+    if (strcasecmp(env, kNames[i]) == 0) return static_cast<Level>(i);
+  }
+  std::fprintf(stderr, "FERRY_LOG_LEVEL=%s is not one of trace, debug, info, warn, error, off\n", env);
+  return Level::Info;
+}
+
+std::atomic<int>& current_level() {
+  static std::atomic<int> value{static_cast<int>(level_from_env())};
+  return value;
+}
+
+std::mutex& name_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::string& worker_name() {
+  static std::string name = fmt::format("pid{}", ::getpid());
+  return name;
+}
+
+}  // namespace
+
+Level level() { return static_cast<Level>(current_level().load(std::memory_order_relaxed)); }
+
+void set_level(Level lvl) { current_level().store(static_cast<int>(lvl)); }
+
+void set_worker_name(const std::string& name) {
+  std::lock_guard<std::mutex> lock(name_mutex());
+  worker_name() = name;
+}
+
+void write(Level lvl, const std::string& message) {
+  static const char* kTags[] = {"T", "D", "I", "W", "E", "-"};
+  auto now = std::chrono::system_clock::now().time_since_epoch();
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now).count();
+  std::string line;
+  {
+    std::lock_guard<std::mutex> lock(name_mutex());
+    line = fmt::format("[{}.{:03d} {} {}] {}\n", (ms / 1000) % 100000, static_cast<int>(ms % 1000),
+                       kTags[static_cast<int>(lvl)], worker_name(), message);
+  }
+  // One fwrite per line keeps lines from different threads whole.
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+}  // namespace ferry::log

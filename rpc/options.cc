@@ -1,0 +1,136 @@
+#include "ferry/rpc/options.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+#include "ferry/rpc/error.h"
+
+extern char** environ;
+
+namespace ferry::rpc {
+namespace {
+
+const std::string* find(const std::map<std::string, std::string>& env, const char* key) {
+  auto it = env.find(key);
+  return it == env.end() || it->second.empty() ? nullptr : &it->second;
+}
+
+int parse_int(const std::string& text, const char* what) {
+  try {
+    size_t used = 0;
+    int value = std::stoi(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw Error(ErrorKind::Init, fmt::format("{}={:?} is not an integer", what, text));
+}
+
+// The first environment variable of `keys` that is set, parsed as an integer.
+bool int_from_env(const std::map<std::string, std::string>& env,
+                  std::initializer_list<const char*> keys, int* out) {
+  for (const char* key : keys) {
+    if (const std::string* value = find(env, key)) {
+      *out = parse_int(*value, key);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // Hosts are separated by commas outside brackets; a bracket holds ranges of suffixes.
+  size_t end = 0;
+  int depth = 0;
+  while (end < nodelist.size() && !(nodelist[end] == ',' && depth == 0)) {
+    if (nodelist[end] == '[') ++depth;
+    if (nodelist[end] == ']') --depth;
+    ++end;
+  }
+  std::string first = nodelist.substr(0, end);
+  size_t open = first.find('[');
+  if (open == std::string::npos) return first;
+  std::string prefix = first.substr(0, open);
+  std::string inside = first.substr(open + 1, first.find(']', open) - open - 1);
+  std::string suffix = inside.substr(0, inside.find_first_of(",-"));
+  return prefix + suffix;
+}
+
+Options resolve_options(Options options, const std::map<std::string, std::string>& env) {
+  if (options.rank < 0) {
+    int_from_env(env, {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}, &options.rank);
+  }
+  if (options.world_size < 0) {
+    int_from_env(env, {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"},
+                 &options.world_size);
+  }
+  if (options.master_addr.empty()) {
+    if (const std::string* addr = find(env, "MASTER_ADDR")) {
+      options.master_addr = *addr;
+    } else if (const std::string* nodes = find(env, "SLURM_NODELIST")) {
+      options.master_addr = first_slurm_host(*nodes);
+    } else if (const std::string* nodes = find(env, "SLURM_JOB_NODELIST")) {
+      options.master_addr = first_slurm_host(*nodes);
+    } else if (options.world_size == 1 || options.rank == 0) {
+      options.master_addr = "127.0.0.1";
+    }
+  }
+  if (options.master_port < 0) {
+    if (!int_from_env(env, {"MASTER_PORT"}, &options.master_port)) {
+      // Slurm gives no port: derive one from the job id so every task of a job agrees.
+      if (const std::string* job = find(env, "SLURM_JOB_ID")) {
+        options.master_port = 20000 + static_cast<int>(std::strtoul(job->c_str(), nullptr, 10) % 20000);
+      }
+    }
+  }
+  if (options.ifname.empty()) {
+    if (const std::string* ifname = find(env, "FERRY_IFNAME")) options.ifname = *ifname;
+  }
+
+  if (options.rank < 0) {
+    throw Error(ErrorKind::Init,
+                "rank is not set: pass Options::rank or set RANK (torchrun), SLURM_PROCID (srun) "
+                "or OMPI_COMM_WORLD_RANK (mpirun)");
+  }
+  if (options.world_size <= 0) {
+    throw Error(ErrorKind::Init,
+                "world size is not set: pass Options::world_size or set WORLD_SIZE, SLURM_NTASKS "
+                "or OMPI_COMM_WORLD_SIZE");
+  }
+  if (options.rank >= options.world_size) {
+    throw Error(ErrorKind::Init, fmt::format("rank {} is out of range for a world of {} workers",
+                                             options.rank, options.world_size));
+  }
+  if (options.master_addr.empty()) {
+    throw Error(ErrorKind::Init, fmt::format("rank {}: master address is not set: pass "
+                                             "Options::master_addr or set MASTER_ADDR",
+                                             options.rank));
+  }
+  if (options.master_port < 0 || options.master_port > 65535 ||
+      (options.master_port == 0 && options.rank != 0)) {
+    throw Error(ErrorKind::Init,
+                fmt::format("rank {}: master port {} is not usable: pass Options::master_port or "
+                            "set MASTER_PORT (0 lets rank 0 pick a free port)",
+                            options.rank, options.master_port));
+  }
+  if (options.name.empty()) options.name = fmt::format("worker{}", options.rank);
+  if (options.num_threads < 1) {
+    throw Error(ErrorKind::Init,
+                fmt::format("num_threads must be at least 1, got {}", options.num_threads));
+  }
+  return options;
+}
+
+Options resolve_options(Options options) {
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    std::string kv(*entry);
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return resolve_options(std::move(options), env);
+}
+
+}  // namespace ferry::rpc

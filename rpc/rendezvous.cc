@@ -1,0 +1,232 @@
+// Called from the agent's start-up and shutdown on user threads, and from wait_for_shutdown();
+// the mutex serialises them because the store client is one socket.
+#include "rpc/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
+
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/log.h"
+
+namespace ferry::rpc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::string text(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
+
+std::string error_text(const std::exception& e) {
+  if (auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
+
+// Sleeps a little longer each time, so a large world does not flood the store with polls.
+void backoff(int attempt) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 + attempt * 5, 100)));
+}
+
+std::string seconds(std::chrono::milliseconds ms) { return fmt::format("{:.1f} s", ms.count() / 1000.0); }
+
+}  // namespace
+
+Rendezvous::Rendezvous(const Options& options)
+    : rank_(options.rank), world_size_(options.world_size) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(options.master_port);
+  store_options.isServer = options.rank == 0;
+  store_options.waitWorkers = false;
+  store_options.timeout = options.init_timeout;
+  try {
+    store_ = std::make_unique<c10d::TCPStore>(options.master_addr, store_options);
+  } catch (const std::exception& e) {
+    if (options.rank == 0) {
+      throw Error(ErrorKind::Init, fmt::format("rank 0 could not host the rendezvous store on port "
+                                               "{}: {}",
+                                               options.master_port, error_text(e)));
+    }
+    throw Error(ErrorKind::Init,
+                fmt::format("rank {} could not reach the master at {}:{} within {}: {}",
+                            options.rank, options.master_addr, options.master_port,
+                            seconds(options.init_timeout), error_text(e)));
+  }
+  port_ = store_->getPort();
+}
+
+Rendezvous::~Rendezvous() = default;
+
+std::vector<WorkerInfo> Rendezvous::join(const WorkerInfo& self, Clock::time_point deadline) {
+  std::vector<WorkerInfo> workers(world_size_);
+  try {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (store_->add(fmt::format("ferry/joins/{}", rank_), 1) > 1) {
+      throw Error(ErrorKind::Init, fmt::format("rank {} joined twice (two processes were given "
+                                               "rank {})",
+                                               rank_, rank_));
+    }
+    store_->set(fmt::format("ferry/worker/{}", rank_),
+                bytes(fmt::format("{}\n{}\n{}", self.name, self.host, self.port)));
+    int64_t joined = store_->add("ferry/joined", 1);
+    for (int attempt = 0; joined < world_size_; ++attempt) {
+      if (Clock::now() >= deadline) {
+        std::vector<int> missing;
+        std::vector<std::string> present;
+        for (int r = 0; r < world_size_; ++r) {
+          if (store_->check({fmt::format("ferry/worker/{}", r)})) {
+            present.push_back(std::to_string(r));
+          } else {
+            missing.push_back(r);
+          }
+        }
+        throw Error(ErrorKind::Init,
+                    fmt::format("rank {}: the world of {} did not complete in time: rank{} {} "
+                                "never joined (joined: {})",
+                                rank_, world_size_, missing.size() == 1 ? "" : "s",
+                                fmt::join(missing, ", "), fmt::join(present, ", ")));
+      }
+      backoff(attempt);
+      joined = store_->add("ferry/joined", 0);
+    }
+    for (int r = 0; r < world_size_; ++r) {
+      std::istringstream in(text(store_->get(fmt::format("ferry/worker/{}", r))));
+      WorkerInfo& info = workers[r];
+      std::string port;
+      std::getline(in, info.name);
+      std::getline(in, info.host);
+      std::getline(in, port);
+      info.rank = r;
+      info.port = std::stoi(port);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::Init, fmt::format("rank {}: rendezvous failed: {}", rank_, error_text(e)));
+  }
+
+  std::map<std::string, std::vector<int>> by_name;
+  for (const auto& w : workers) by_name[w.name].push_back(w.rank);
+  std::vector<std::string> clashes;
+  for (const auto& [name, ranks] : by_name) {
+    if (ranks.size() > 1) {
+      clashes.push_back(fmt::format("\"{}\" is used by ranks {}", name, fmt::join(ranks, ", ")));
+    }
+  }
+  if (!clashes.empty()) {
+    throw Error(ErrorKind::Init, fmt::format("rank {}: worker names must be unique: {}", rank_,
+                                             fmt::join(clashes, "; ")));
+  }
+  return workers;
+}
+
+void Rendezvous::arrive_shutdown() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  store_->set(fmt::format("ferry/shutdown/{}", rank_), bytes("1"));
+  store_->add("ferry/shutdown_started", 1);
+}
+
+bool Rendezvous::shutdown_started() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return store_->add("ferry/shutdown_started", 0) > 0;
+}
+
+std::vector<int> Rendezvous::missing_shutdown(const std::set<int>& ignore) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> missing;
+  if (store_->add("ferry/shutdown_started", 0) >= world_size_) return missing;
+  for (int r = 0; r < world_size_; ++r) {
+    if (ignore.count(r) == 0 && !store_->check({fmt::format("ferry/shutdown/{}", r)})) {
+      missing.push_back(r);
+    }
+  }
+  return missing;
+}
+
+void Rendezvous::leave() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  store_->set(fmt::format("ferry/left/{}", rank_), bytes("1"));
+}
+
+void Rendezvous::wait_left(const std::set<int>& ignore, Clock::time_point deadline) {
+  for (int attempt = 0;; ++attempt) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      bool all = true;
+      for (int r = 1; r < world_size_ && all; ++r) {
+        all = ignore.count(r) > 0 || store_->check({fmt::format("ferry/left/{}", r)});
+      }
+      if (all) return;
+    }
+    if (Clock::now() >= deadline) return;
+    backoff(attempt);
+  }
+}
+
+std::string choose_listen_host(const std::string& master_addr, const std::string& ifname) {
+  if (!ifname.empty()) {
+    ifaddrs* list = nullptr;
+    if (getifaddrs(&list) != 0) {
+      throw Error(ErrorKind::Init, fmt::format("cannot list network interfaces: {}", strerror(errno)));
+    }
+    std::string found;
+    std::vector<std::string> names;
+    for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+      names.push_back(a->ifa_name);
+      if (found.empty() && ifname == a->ifa_name) {
+        char host[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, host, sizeof host);
+        found = host;
+      }
+    }
+    freeifaddrs(list);
+    if (found.empty()) {
+      throw Error(ErrorKind::Init,
+                  fmt::format("interface \"{}\" (FERRY_IFNAME) has no IPv4 address; interfaces with "
+                              "one: {}",
+                              ifname, fmt::join(names, ", ")));
+    }
+    return found;
+  }
+
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* result = nullptr;
+  if (int rc = getaddrinfo(master_addr.c_str(), "9", &hints, &result); rc != 0) {
+    throw Error(ErrorKind::Init,
+                fmt::format("cannot resolve master address \"{}\": {}", master_addr, gai_strerror(rc)));
+  }
+  // Connecting a UDP socket sends nothing; it only asks the kernel which source address the route
+  // to the master uses, which is the interface the master (and so the cluster) can reach us on.
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  std::string host;
+  if (fd >= 0 && ::connect(fd, result->ai_addr, result->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf);
+      host = buf;
+    }
+  }
+  int saved = errno;
+  if (fd >= 0) ::close(fd);
+  freeaddrinfo(result);
+  if (host.empty()) {
+    throw Error(ErrorKind::Init, fmt::format("no route to master address \"{}\": {}", master_addr,
+                                             strerror(saved)));
+  }
+  return host;
+}
+
+}  // namespace ferry::rpc

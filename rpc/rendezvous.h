@@ -1,0 +1,56 @@
+// The rendezvous: a c10d TCPStore hosted by rank 0 through which agents publish their addresses,
+// find each other, and agree on shutdown. Resource type.
+//
+// Thread rules: every method may be called from any thread; calls are serialised internally
+// because one store client is one socket.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ferry/rpc/options.h"
+#include "ferry/rpc/worker_info.h"
+
+namespace c10d {
+class TCPStore;
+}
+
+namespace ferry::rpc {
+
+class Rendezvous {
+ public:
+  // Rank 0 starts the store; the others connect within options.init_timeout. Throws Error(Init).
+  explicit Rendezvous(const Options& options);
+  ~Rendezvous();
+
+  int port() const { return port_; }
+  // Publishes `self` and waits until every rank has; returns all workers ordered by rank. Throws
+  // Error(Init) naming the ranks that never joined, or the ranks whose names clash.
+  std::vector<WorkerInfo> join(const WorkerInfo& self, std::chrono::steady_clock::time_point deadline);
+
+  // Shutdown barrier. arrive() says this rank is done; missing() lists ranks that have not.
+  void arrive_shutdown();
+  bool shutdown_started();
+  std::vector<int> missing_shutdown(const std::set<int>& ignore);
+  // After the barrier: non-zero ranks say they no longer need the store; rank 0 waits for that
+  // before taking the store down with it.
+  void leave();
+  void wait_left(const std::set<int>& ignore, std::chrono::steady_clock::time_point deadline);
+
+ private:
+  int rank_;
+  int world_size_;
+  int port_ = 0;
+  std::mutex mutex_;
+  std::unique_ptr<c10d::TCPStore> store_;
+};
+
+// The IPv4 address to listen on: the one of `ifname` if given, otherwise the local address of the
+// route towards `master_addr`. Throws Error(Init) naming the interface or host at fault.
+std::string choose_listen_host(const std::string& master_addr, const std::string& ifname);
+
+}  // namespace ferry::rpc

@@ -1,0 +1,105 @@
+@0xdb150d497199194b;
+# The envelope of every Ferry frame. Tensor bytes never live here: a frame is a fixed header,
+# this envelope, then the bytes of each tensor in `tensors` order (see rpc/frame.cc).
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("ferry::rpc::wire");
+
+enum Kind {
+  request @0;
+  response @1;
+  error @2;
+  control @3;
+}
+
+enum DType {
+  float32 @0;
+  float64 @1;
+  float16 @2;
+  bfloat16 @3;
+  int8 @4;
+  int16 @5;
+  int32 @6;
+  int64 @7;
+  uint8 @8;
+  bool @9;
+  complex64 @10;
+  complex128 @11;
+}
+
+# Element and key types of lists and dicts, so that typed containers (List[int], Dict[str, Tensor])
+# come back with the same static type they were sent with.
+enum ElementType {
+  any @0;
+  tensor @1;
+  int @2;
+  double @3;
+  bool @4;
+  string @5;
+}
+
+struct TensorDesc {
+  dtype @0 :DType;
+  shape @1 :List(Int64);
+  byteLength @2 :UInt64;
+  requiresGrad @3 :Bool;
+  device @4 :Text;
+  undefined @5 :Bool;              # an undefined tensor (e.g. a missing gradient)
+}
+
+struct Value {
+  union {
+    none @0 :Void;
+    bool @1 :Bool;
+    int @2 :Int64;
+    double @3 :Float64;
+    string @4 :Text;
+    tensor @5 :UInt32;             # index into Envelope.tensors
+    intList @6 :List(Int64);
+    doubleList @7 :List(Float64);
+    boolList @8 :List(Bool);
+    tensorList @9 :List(UInt32);
+    list @10 :GenericList;
+    tuple @11 :List(Value);
+    dict @12 :Dict;
+  }
+}
+
+struct GenericList {
+  elementType @0 :ElementType;
+  items @1 :List(Value);
+}
+
+struct Dict {
+  keyType @0 :ElementType;
+  valueType @1 :ElementType;
+  entries @2 :List(Entry);
+
+  struct Entry {
+    key @0 :Value;
+    value @1 :Value;
+  }
+}
+
+struct ErrorInfo {
+  kind @0 :UInt8;                  # ferry::rpc::ErrorKind
+  message @1 :Text;
+  worker @2 :Text;
+}
+
+# First frame on every connection: who is calling.
+struct Hello {
+  name @0 :Text;
+  rank @1 :Int32;
+}
+
+struct Envelope {
+  version @0 :UInt16;
+  id @1 :UInt64;
+  kind @2 :Kind;
+  function @3 :Text;
+  value @4 :Value;
+  tensors @5 :List(TensorDesc);
+  error @6 :ErrorInfo;
+  hello @7 :Hello;
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package that Ferry's build, tests, benchmarks and demo need.
+# Idempotent: when everything is present it only checks dpkg's database and returns.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libtorch-dev libgloo-dev
+  libcapnp-dev capnproto
+  libuv1-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev
+  libgtest-dev googletest
+  iproute2 procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -139,12 +139,17 @@ bool Rendezvous::shutdown_started() {
   return store_->add("ferry/shutdown_started", 0) > 0;
 }
 
-std::vector<int> Rendezvous::missing_shutdown(const std::set<int>& ignore) {
+std::vector<int> Rendezvous::missing_shutdown(const std::set<int>& lost) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int> missing;
   if (store_->add("ferry/shutdown_started", 0) >= world_size_) return missing;
+  // What one agent saw die, every agent stops waiting for.
+  for (int r : lost) {
+    if (published_lost_.insert(r).second) store_->set(fmt::format("ferry/lost/{}", r), bytes("1"));
+  }
   for (int r = 0; r < world_size_; ++r) {
-    if (ignore.count(r) == 0 && !store_->check({fmt::format("ferry/shutdown/{}", r)})) {
+    if (!store_->check({fmt::format("ferry/shutdown/{}", r)}) &&
+        !store_->check({fmt::format("ferry/lost/{}", r)})) {
       missing.push_back(r);
     }
   }
@@ -162,7 +167,8 @@ void Rendezvous::wait_left(const std::set<int>& ignore, Clock::time_point deadli
       std::lock_guard<std::mutex> lock(mutex_);
       bool all = true;
       for (int r = 1; r < world_size_ && all; ++r) {
-        all = ignore.count(r) > 0 || store_->check({fmt::format("ferry/left/{}", r)});
+        all = ignore.count(r) > 0 || store_->check({fmt::format("ferry/left/{}", r)}) ||
+              store_->check({fmt::format("ferry/lost/{}", r)});
       }
       if (all) return;
     }

@@ -32,10 +32,11 @@ class Rendezvous {
   // Error(Init) naming the ranks that never joined, or the ranks whose names clash.
   std::vector<WorkerInfo> join(const WorkerInfo& self, std::chrono::steady_clock::time_point deadline);
 
-  // Shutdown barrier. arrive() says this rank is done; missing() lists ranks that have not.
+  // Shutdown barrier. arrive_shutdown() says this rank is done; missing_shutdown() lists ranks
+  // that have not, after publishing `lost` (ranks this agent saw die) so no agent waits for them.
   void arrive_shutdown();
   bool shutdown_started();
-  std::vector<int> missing_shutdown(const std::set<int>& ignore);
+  std::vector<int> missing_shutdown(const std::set<int>& lost);
   // After the barrier: non-zero ranks say they no longer need the store; rank 0 waits for that
   // before taking the store down with it.
   void leave();
@@ -47,6 +48,7 @@ class Rendezvous {
   int port_ = 0;
   std::mutex mutex_;
   std::unique_ptr<c10d::TCPStore> store_;
+  std::set<int> published_lost_;
 };
 
 // The IPv4 address to listen on: the one of `ifname` if given, otherwise the local address of the

@@ -51,8 +51,9 @@ namespace detail {
 
 std::string describe_type(const c10::IValue& value);
 
+// Returns by value, so a parameter declared `const std::string&` binds to a living string.
 template <typename T>
-T from_ivalue(const std::string& function, size_t index, c10::IValue& value) {
+std::decay_t<T> from_ivalue(const std::string& function, size_t index, c10::IValue& value) {
   using D = std::decay_t<T>;
   auto mismatch = [&](const std::string& expected) {
     return Error(ErrorKind::InvalidArgument,

@@ -1,0 +1,284 @@
+// Multi-process tests: this process is the master (rank 0), peers are real ferry-test-peer
+// processes on 127.0.0.1.
+#include "ferry/rpc/agent.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <thread>
+
+#include "ferry/rpc/frame.h"
+#include "ferry/rpc/rpc.h"
+#include "tests/support/cluster.h"
+
+namespace ferry::rpc {
+namespace {
+
+using ferry::testing::LocalWorld;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// The error a call fails with, as "Kind: message".
+std::string error_of(const FuturePtr& future) {
+  future->wait();
+  if (!future->hasError()) return "no error";
+  try {
+    std::rethrow_exception(future->exception_ptr());
+  } catch (const Error& e) {
+    return std::string(to_string(e.kind())) + ": " + e.what();
+  } catch (const std::exception& e) {
+    return std::string("other: ") + e.what();
+  }
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Agent, EveryAgentListsTheWholeWorld) {
+  LocalWorld world;
+  const auto& workers = world.master().workers();
+  ASSERT_EQ(workers.size(), 3u);
+  EXPECT_EQ(workers[0].name, "master");
+  EXPECT_EQ(workers[1].name, "a");
+  EXPECT_EQ(workers[2].name, "b");
+  EXPECT_EQ(world.master().worker("b").rank, 2);
+  EXPECT_EQ(workers[1].host, "127.0.0.1");
+  try {
+    world.master().worker("c");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "no worker is named \"c\" (workers: master, a, b)");
+  }
+}
+
+TEST(Agent, SyncAndAsyncCallsBothWays) {
+  LocalWorld world;
+  at::Tensor a = torch::randn({10});
+  at::Tensor b = torch::randn({10});
+  EXPECT_TRUE(torch::equal(rpc_sync("a", "add", {a, b}).toTensor(), a + b));
+  auto future = rpc_async("b", "add", {a, a});
+  future->wait();
+  EXPECT_TRUE(torch::equal(future->value().toTensor(), a + a));
+  EXPECT_EQ(rpc_sync("a", "whoami").toStringRef(), "a");
+  EXPECT_NE(rpc_sync("a", "pid").toInt(), ::getpid());
+  // Peer "a" calls back into the master.
+  c10::IValue back = rpc_sync("a", "relay", {std::string("master"), std::string("echo"),
+                                             std::string("from a to master")});
+  EXPECT_EQ(back.toStringRef(), "from a to master");
+}
+
+TEST(Agent, CallbacksOfAsyncCallsRunOffTheLoop) {
+  LocalWorld world;
+  std::atomic<int> seen{0};
+  auto future = rpc_async("a", "echo", {int64_t{5}});
+  auto chained = future->then(
+      [&](c10::ivalue::Future& f) {
+        seen = static_cast<int>(f.value().toInt());
+        return c10::IValue(f.value().toInt() * 2);
+      },
+      c10::IntType::get());
+  chained->wait();
+  EXPECT_EQ(chained->value().toInt(), 10);
+  EXPECT_EQ(seen.load(), 5);
+}
+
+TEST(Agent, ThousandConcurrentAsyncCallsAllComplete) {
+  LocalWorld world;
+  std::vector<FuturePtr> futures;
+  for (int i = 0; i < 1000; ++i) {
+    futures.push_back(rpc_async(i % 2 ? "a" : "b", "echo", {int64_t{i}}));
+  }
+  for (int i = 0; i < 1000; ++i) {
+    futures[i]->wait();
+    ASSERT_FALSE(futures[i]->hasError()) << futures[i]->tryRetrieveErrorMessage();
+    EXPECT_EQ(futures[i]->value().toInt(), i);
+  }
+}
+
+TEST(Agent, NestedCallGoesThroughASecondPeer) {
+  LocalWorld world;
+  at::Tensor x = torch::arange(0, 6);
+  // master asks a, whose handler asks b.
+  c10::IValue direct = rpc_sync("a", "relay", {std::string("b"), std::string("echo"), x});
+  EXPECT_TRUE(torch::equal(direct.toTensor(), x));
+  c10::IValue async = rpc_sync("a", "relay_async", {std::string("b"), std::string("echo"), x});
+  EXPECT_TRUE(torch::equal(async.toTensor(), x));
+}
+
+TEST(Agent, NestedAsyncHandlersDoNotExhaustThePool) {
+  LocalWorld::Settings settings;
+  settings.threads = 1;
+  LocalWorld world(settings);
+  std::vector<FuturePtr> futures;
+  for (int i = 0; i < 50; ++i) {
+    futures.push_back(rpc_async("a", "relay_async", {std::string("b"), std::string("sleep_ms"),
+                                                     int64_t{20}}));
+  }
+  for (auto& f : futures) EXPECT_EQ(error_of(f), "no error");
+}
+
+TEST(Agent, LargeTensorsMakeTheRoundTripIntact) {
+  LocalWorld world;
+  at::Tensor big = torch::randn({16 << 20});  // 64 MiB
+  at::Tensor back = rpc_sync("a", "echo", {big}).toTensor();
+  EXPECT_TRUE(torch::equal(back, big));
+  at::Tensor slice = big.slice(0, 100, 200);
+  EXPECT_TRUE(torch::equal(rpc_sync("b", "echo", {slice}).toTensor(), slice));
+}
+
+TEST(Agent, RemoteExceptionNamesWorkerAndFunction) {
+  LocalWorld world;
+  std::string error = error_of(rpc_async("b", "fail", {std::string("stage exploded")}));
+  EXPECT_TRUE(contains(error, "RemoteException: call \"fail\" on worker \"b\" (rank 2, 127.0.0.1:"))
+      << error;
+  EXPECT_TRUE(contains(error, "raised: stage exploded")) << error;
+  try {
+    rpc_sync("a", "fail", {std::string("sync too")});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::RemoteException);
+    EXPECT_TRUE(contains(e.what(), "sync too"));
+  }
+  // The peer keeps serving.
+  EXPECT_EQ(rpc_sync("b", "echo", {int64_t{1}}).toInt(), 1);
+}
+
+TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
+  LocalWorld world;
+  std::string error = error_of(rpc_async("a", "no_such_function", {}));
+  EXPECT_TRUE(contains(error, "UnknownFunction: call \"no_such_function\" on worker \"a\""))
+      << error;
+  EXPECT_TRUE(contains(error, "registered: add, echo, fail, pid, relay, relay_async, sleep_ms, "
+                              "whoami)"))
+      << error;
+}
+
+TEST(Agent, BadArgumentsAreNamed) {
+  LocalWorld world;
+  std::string error = error_of(rpc_async("a", "add", {torch::ones({1}), std::string("x")}));
+  EXPECT_TRUE(contains(error, "argument 1 of \"add\" must be Tensor but got str")) << error;
+  try {
+    rpc_async("nobody", "add", {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_TRUE(contains(e.what(), "no worker is named \"nobody\""));
+  }
+}
+
+TEST(Agent, TimeoutReportsTheElapsedTime) {
+  LocalWorld world;
+  auto start = Clock::now();
+  std::string error = error_of(rpc_async("a", "sleep_ms", {int64_t{2000}}, milliseconds(300)));
+  auto elapsed = Clock::now() - start;
+  EXPECT_TRUE(contains(error, "Timeout: call \"sleep_ms\" to worker \"a\"")) << error;
+  EXPECT_TRUE(contains(error, "timed out after 0.3")) << error;
+  EXPECT_LT(elapsed, milliseconds(1000));
+}
+
+TEST(Agent, PeerKilledMidCallFailsPendingFuturesWithinASecond) {
+  LocalWorld::Settings settings;
+  settings.shutdown_timeout = milliseconds(2000);
+  LocalWorld world(settings);
+  std::vector<FuturePtr> futures;
+  for (int i = 0; i < 5; ++i) futures.push_back(rpc_async("b", "sleep_ms", {int64_t{10000}}));
+  std::this_thread::sleep_for(milliseconds(200));
+  auto killed = Clock::now();
+  world.peer(1).kill(SIGKILL);
+  for (auto& f : futures) {
+    std::string error = error_of(f);
+    EXPECT_TRUE(contains(error, "PeerDied: worker \"b\" (rank 2, 127.0.0.1:")) << error;
+    EXPECT_TRUE(contains(error, "died during call \"sleep_ms\"")) << error;
+  }
+  EXPECT_LT(Clock::now() - killed, milliseconds(1000));
+  // A new call to the dead peer fails promptly too; the living peer still answers.
+  std::string again = error_of(rpc_async("b", "echo", {int64_t{1}}));
+  EXPECT_TRUE(contains(again, "PeerDied")) << again;
+  EXPECT_EQ(rpc_sync("a", "echo", {int64_t{2}}).toInt(), 2);
+}
+
+TEST(Agent, ShutdownWithADeadPeerIsBounded) {
+  LocalWorld::Settings settings;
+  settings.shutdown_timeout = milliseconds(3000);
+  auto world = std::make_unique<LocalWorld>(settings);
+  EXPECT_EQ(rpc_sync("b", "echo", {int64_t{1}}).toInt(), 1);
+  world->peer(1).kill(SIGKILL);
+  ASSERT_TRUE(world->peer(1).wait(milliseconds(2000)));
+  auto start = Clock::now();
+  world.reset();  // graceful shutdown of the master, then of peer "a"
+  EXPECT_LT(Clock::now() - start, milliseconds(6000));
+  EXPECT_FALSE(is_initialized());
+}
+
+int connect_raw(const WorkerInfo& to) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(to.port);
+  inet_pton(AF_INET, to.host.c_str(), &addr.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// True if the agent closed the connection (read returns 0 or a reset) within the receive timeout.
+bool closed_by_agent(int fd) {
+  char buf[64];
+  ssize_t n = ::read(fd, buf, sizeof buf);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+TEST(Agent, MalformedAndOversizedFramesCloseOnlyThatConnection) {
+  LocalWorld world;
+  const WorkerInfo& a = world.master().worker("a");
+  std::vector<std::string> attacks;
+  attacks.push_back(std::string(64, 'x'));  // garbage
+  {
+    std::string oversized(16, '\0');
+    uint32_t magic = kFrameMagic, env = 64;
+    uint64_t payload = uint64_t{1} << 40;
+    std::memcpy(&oversized[0], &magic, 4);
+    std::memcpy(&oversized[4], &env, 4);
+    std::memcpy(&oversized[8], &payload, 8);
+    attacks.push_back(oversized);
+  }
+  {
+    // A valid request that skips the hello.
+    Message m;
+    m.kind = MessageKind::Request;
+    m.function = "echo";
+    m.value = c10::ivalue::Tuple::create({c10::IValue(int64_t{1})});
+    EncodedFrame f = encode_frame(m);
+    attacks.push_back(std::string(f.head.begin(), f.head.end()));
+  }
+  {
+    std::string garbage_envelope(16, '\0');
+    uint32_t magic = kFrameMagic, env = 32;
+    uint64_t payload = 0;
+    std::memcpy(&garbage_envelope[0], &magic, 4);
+    std::memcpy(&garbage_envelope[4], &env, 4);
+    std::memcpy(&garbage_envelope[8], &payload, 8);
+    attacks.push_back(garbage_envelope + std::string(32, '\x7f'));
+  }
+  // A healthy connection opened before the attacks stays usable throughout.
+  EXPECT_EQ(rpc_sync("a", "echo", {int64_t{0}}).toInt(), 0);
+  for (const auto& bytes : attacks) {
+    int fd = connect_raw(a);
+    ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    EXPECT_TRUE(closed_by_agent(fd));
+    ::close(fd);
+    EXPECT_EQ(rpc_sync("a", "echo", {int64_t{7}}).toInt(), 7);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::rpc

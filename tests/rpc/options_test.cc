@@ -1,0 +1,86 @@
+#include "ferry/rpc/options.h"
+
+#include <gtest/gtest.h>
+
+#include "ferry/rpc/error.h"
+
+namespace ferry::rpc {
+namespace {
+
+std::string init_error(const std::map<std::string, std::string>& env, Options options = {}) {
+  try {
+    resolve_options(options, env);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Init);
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Options, TakesTorchrunVariables) {
+  Options o = resolve_options({}, {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.1.2.3"},
+                                   {"MASTER_PORT", "29500"}});
+  EXPECT_EQ(o.rank, 2);
+  EXPECT_EQ(o.world_size, 4);
+  EXPECT_EQ(o.master_addr, "10.1.2.3");
+  EXPECT_EQ(o.master_port, 29500);
+  EXPECT_EQ(o.name, "worker2");
+}
+
+TEST(Options, TakesSlurmVariablesWithTheFirstNodeAsMaster) {
+  Options o = resolve_options({}, {{"SLURM_PROCID", "3"},
+                                   {"SLURM_NTASKS", "8"},
+                                   {"SLURM_NODELIST", "gpu[07-09,12],login1"},
+                                   {"SLURM_JOB_ID", "123456"}});
+  EXPECT_EQ(o.rank, 3);
+  EXPECT_EQ(o.world_size, 8);
+  EXPECT_EQ(o.master_addr, "gpu07");
+  EXPECT_EQ(o.master_port, 20000 + 123456 % 20000);
+}
+
+TEST(Options, TakesOpenMpiVariables) {
+  Options o = resolve_options({}, {{"OMPI_COMM_WORLD_RANK", "1"},
+                                   {"OMPI_COMM_WORLD_SIZE", "2"},
+                                   {"MASTER_ADDR", "head"},
+                                   {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(o.rank, 1);
+  EXPECT_EQ(o.world_size, 2);
+}
+
+TEST(Options, ExplicitOptionsWinOverTheEnvironment) {
+  Options given;
+  given.rank = 0;
+  given.world_size = 1;
+  given.name = "master";
+  given.master_port = 0;
+  Options o = resolve_options(given, {{"RANK", "5"}, {"WORLD_SIZE", "9"}, {"FERRY_IFNAME", "eth1"}});
+  EXPECT_EQ(o.rank, 0);
+  EXPECT_EQ(o.world_size, 1);
+  EXPECT_EQ(o.name, "master");
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.ifname, "eth1");
+}
+
+TEST(Options, FirstSlurmHostHandlesEveryForm) {
+  EXPECT_EQ(first_slurm_host("node1"), "node1");
+  EXPECT_EQ(first_slurm_host("node1,node2"), "node1");
+  EXPECT_EQ(first_slurm_host("node[3-5]"), "node3");
+  EXPECT_EQ(first_slurm_host("node[03,07-09]"), "node03");
+  EXPECT_EQ(first_slurm_host("a[1,2],b[3]"), "a1");
+}
+
+TEST(Options, MissingOrBadSettingsAreNamed) {
+  EXPECT_NE(init_error({}).find("rank is not set"), std::string::npos);
+  EXPECT_NE(init_error({{"RANK", "1"}}).find("world size is not set"), std::string::npos);
+  EXPECT_NE(init_error({{"RANK", "4"}, {"WORLD_SIZE", "4"}}).find("rank 4 is out of range"),
+            std::string::npos);
+  EXPECT_NE(init_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}}).find("master address is not set"),
+            std::string::npos);
+  EXPECT_NE(init_error({{"RANK", "x1"}}).find("RANK=\"x1\" is not an integer"), std::string::npos);
+  EXPECT_NE(init_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})
+                .find("master port -1 is not usable"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ferry::rpc

@@ -1,0 +1,102 @@
+// Start-up failures: every rank fails within its timeout, and the error names who is at fault.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include "ferry/rpc/agent.h"
+#include "ferry/rpc/error.h"
+#include "tests/support/cluster.h"
+
+namespace ferry::rpc {
+namespace {
+
+using ferry::testing::Process;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::unique_ptr<Process> spawn_peer(int rank, int world, int port, const std::string& name,
+                                    int timeout_ms) {
+  return std::make_unique<Process>(
+      ferry::testing::peer_binary(),
+      std::vector<std::string>{"--name", name, "--init-timeout-ms", std::to_string(timeout_ms)},
+      std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
+                                         {"WORLD_SIZE", std::to_string(world)},
+                                         {"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", std::to_string(port)}});
+}
+
+Options master_options(int world, int port, milliseconds timeout) {
+  Options o;
+  o.name = "master";
+  o.rank = 0;
+  o.world_size = world;
+  o.master_addr = "127.0.0.1";
+  o.master_port = port;
+  o.init_timeout = timeout;
+  return o;
+}
+
+std::string start_error(const Options& options) {
+  FunctionRegistry registry;
+  try {
+    Agent::start(options, registry);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Init);
+    return e.what();
+  }
+  return "started";
+}
+
+int exit_code(Process& p) {
+  auto status = p.wait(milliseconds(10000));
+  if (!status) return -1;
+  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
+}
+
+TEST(Rendezvous, DuplicateWorkerNameFailsEveryRank) {
+  int port = ferry::testing::free_port();
+  auto p1 = spawn_peer(1, 3, port, "twin", 10000);
+  auto p2 = spawn_peer(2, 3, port, "twin", 10000);
+  std::string error = start_error(master_options(3, port, milliseconds(10000)));
+  EXPECT_EQ(error, "rank 0: worker names must be unique: \"twin\" is used by ranks 1, 2");
+  EXPECT_EQ(exit_code(*p1), 2);
+  EXPECT_EQ(exit_code(*p2), 2);
+}
+
+TEST(Rendezvous, IncompleteWorldFailsWithinItsTimeoutNamingTheMissingRank) {
+  int port = ferry::testing::free_port();
+  auto p1 = spawn_peer(1, 3, port, "a", 1500);
+  auto start = Clock::now();
+  std::string error = start_error(master_options(3, port, milliseconds(1500)));
+  EXPECT_LT(Clock::now() - start, milliseconds(4000));
+  EXPECT_EQ(error, "rank 0: the world of 3 did not complete in time: rank 2 never joined "
+                   "(joined: 0, 1)");
+  EXPECT_EQ(exit_code(*p1), 2);
+}
+
+TEST(Rendezvous, UnreachableMasterFailsWithinItsTimeout) {
+  int port = ferry::testing::free_port();
+  Options o = master_options(2, port, milliseconds(1000));
+  o.rank = 1;
+  o.name = "lonely";
+  auto start = Clock::now();
+  std::string error = start_error(o);
+  EXPECT_LT(Clock::now() - start, milliseconds(5000));
+  EXPECT_NE(error.find("rank 1 could not reach the master at 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << error;
+}
+
+TEST(Rendezvous, ShutdownWaitsForEveryAgentAndReturns) {
+  int port = ferry::testing::free_port();
+  auto p1 = spawn_peer(1, 2, port, "a", 10000);
+  FunctionRegistry registry;
+  auto agent = Agent::start(master_options(2, port, milliseconds(10000)), registry);
+  auto start = Clock::now();
+  agent->shutdown();
+  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+  EXPECT_EQ(exit_code(*p1), 0);
+  EXPECT_THROW(agent->call_async("a", "echo", {}), Error);
+}
+
+}  // namespace
+}  // namespace ferry::rpc

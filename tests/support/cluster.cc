@@ -1,0 +1,132 @@
+#include "tests/support/cluster.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <stdexcept>
+#include <thread>
+
+#include "ferry/rpc/rpc.h"
+#include "tests/support/test_functions.h"
+
+extern char** environ;
+
+namespace ferry::testing {
+
+Process::Process(const std::string& binary, const std::vector<std::string>& args,
+                 const std::map<std::string, std::string>& env) {
+  std::map<std::string, std::string> merged;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    std::string kv(*entry);
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : env) merged[k] = v;
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_strings = {binary};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  if (int rc = posix_spawn(&pid_, binary.c_str(), nullptr, nullptr, argv.data(), envp.data())) {
+    throw std::runtime_error("cannot start " + binary + ": " + strerror(rc));
+  }
+}
+
+Process::~Process() {
+  if (!wait(std::chrono::milliseconds(0))) {
+    kill(SIGKILL);
+    wait(std::chrono::milliseconds(5000));
+  }
+}
+
+void Process::kill(int signal) {
+  if (!status_) ::kill(pid_, signal);
+}
+
+std::optional<int> Process::wait(std::chrono::milliseconds timeout) {
+  if (status_) return status_;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      status_ = status;
+      return status_;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("cannot find a free port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string peer_binary() { return FERRY_TEST_PEER; }
+
+namespace {
+
+void register_once() {
+  static bool done = [] {
+    register_test_functions(rpc::default_registry());
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
+
+LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port_(free_port()) {
+  int world = static_cast<int>(settings_.peer_names.size()) + 1;
+  for (size_t i = 0; i < settings_.peer_names.size(); ++i) {
+    peers_.push_back(std::make_unique<Process>(
+        peer_binary(),
+        std::vector<std::string>{"--name", settings_.peer_names[i], "--init-timeout-ms", "20000"},
+        std::map<std::string, std::string>{{"RANK", std::to_string(i + 1)},
+                                           {"WORLD_SIZE", std::to_string(world)},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"MASTER_PORT", std::to_string(port_)}}));
+  }
+  rpc::Options options;
+  options.name = "master";
+  options.rank = 0;
+  options.world_size = world;
+  options.master_addr = "127.0.0.1";
+  options.master_port = port_;
+  options.num_threads = settings_.threads;
+  options.rpc_timeout = settings_.rpc_timeout;
+  options.init_timeout = std::chrono::milliseconds(20000);
+  options.shutdown_timeout = settings_.shutdown_timeout;
+  register_once();
+  rpc::init(options);
+}
+
+LocalWorld::~LocalWorld() {
+  rpc::shutdown(true);
+  for (auto& peer : peers_) {
+    if (!peer->wait(std::chrono::milliseconds(10000))) peer->kill(SIGKILL);
+  }
+}
+
+}  // namespace ferry::testing

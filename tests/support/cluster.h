@@ -1,0 +1,70 @@
+// Spawning and reaping the real processes of multi-process tests. Every wait is bounded and every
+// process a test started is killed when its Process object goes away, so no test leaves
+// processes behind or hangs on one.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::testing {
+
+// A child process. Resource type.
+class Process {
+ public:
+  Process(const std::string& binary, const std::vector<std::string>& args,
+          const std::map<std::string, std::string>& env);
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void kill(int signal);
+  // The raw wait status, or nullopt if the process is still running after `timeout`.
+  std::optional<int> wait(std::chrono::milliseconds timeout);
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+};
+
+// A free TCP port on 127.0.0.1 (bound and released; good enough for a test's rendezvous).
+int free_port();
+
+// The path of ferry-test-peer.
+std::string peer_binary();
+
+// A world on loopback: this test process is rank 0 ("master"), each peer a ferry-test-peer.
+class LocalWorld {
+ public:
+  struct Settings {
+    std::vector<std::string> peer_names = {"a", "b"};
+    std::chrono::milliseconds rpc_timeout{20000};
+    std::chrono::milliseconds shutdown_timeout{5000};
+    int threads = 4;
+  };
+
+  explicit LocalWorld(Settings settings);
+  LocalWorld() : LocalWorld(Settings{}) {}
+  // Shuts the master down gracefully, waits for peers (bounded), then kills what is left.
+  ~LocalWorld();
+
+  // The master is this process's default agent (ferry::rpc::agent()).
+  rpc::Agent& master() { return rpc::agent(); }
+  Process& peer(size_t index) { return *peers_.at(index); }
+  int port() const { return port_; }
+
+ private:
+  Settings settings_;
+  int port_;
+  std::vector<std::unique_ptr<Process>> peers_;
+};
+
+}  // namespace ferry::testing

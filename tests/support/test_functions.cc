@@ -1,0 +1,30 @@
+#include "tests/support/test_functions.h"
+
+#include <unistd.h>
+
+#include <stdexcept>
+#include <thread>
+
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::testing {
+
+void register_test_functions(rpc::FunctionRegistry& registry) {
+  registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
+  registry.add("echo", [](c10::IValue v) { return v; });
+  registry.add("sleep_ms", [](int64_t ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return ms;
+  });
+  registry.add("fail", [](std::string text) -> int64_t { throw std::runtime_error(text); });
+  registry.add("whoami", []() { return rpc::self().name; });
+  registry.add("pid", []() { return static_cast<int64_t>(::getpid()); });
+  registry.add("relay", [](std::string to, std::string function, c10::IValue arg) {
+    return rpc::rpc_sync(to, function, {std::move(arg)});
+  });
+  registry.add_async("relay_async", [](std::vector<c10::IValue>& args) {
+    return rpc::rpc_async(args.at(0).toStringRef(), args.at(1).toStringRef(), {args.at(2)});
+  });
+}
+
+}  // namespace ferry::testing

@@ -1,0 +1,14 @@
+// Functions every process of the multi-process tests serves, so any of them can call any other.
+#pragma once
+
+#include "ferry/rpc/registry.h"
+
+namespace ferry::testing {
+
+// add(a, b) -> a + b; echo(v) -> v; sleep_ms(ms) -> ms after sleeping; fail(text) throws text;
+// whoami() -> the serving worker's name; pid() -> its process id;
+// relay(to, function, arg) -> rpc_sync(to, function, [arg]) from inside the handler (nested);
+// relay_async(to, function, arg) -> the same without holding a pool thread while waiting.
+void register_test_functions(rpc::FunctionRegistry& registry);
+
+}  // namespace ferry::testing

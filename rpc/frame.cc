@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "rpc/receive_allocator.h"
 #include "rpc/wire.capnp.h"
 
 namespace ferry::rpc {
@@ -466,7 +467,7 @@ void FrameDecoder::finish_envelope(std::vector<Message>* out) {
       }
       total += desc.getByteLength();
       if (total > payload_bytes_) break;
-      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+      at::Tensor t = empty_for_receive(shape, dtype);
       tensors_.push_back(std::move(t));
     }
     if (total != payload_bytes_) {

@@ -177,6 +177,22 @@ void Rendezvous::wait_left(const std::set<int>& ignore, Clock::time_point deadli
   }
 }
 
+int pick_free_port(const std::string& host) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  socklen_t len = sizeof addr;
+  bool ok = fd >= 0 && inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1 &&
+            ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+            getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  int saved = errno;
+  if (fd >= 0) ::close(fd);
+  if (!ok) {
+    throw Error(ErrorKind::Init, fmt::format("no free port on {}: {}", host, strerror(saved)));
+  }
+  return ntohs(addr.sin_port);
+}
+
 std::string choose_listen_host(const std::string& master_addr, const std::string& ifname) {
   if (!ifname.empty()) {
     ifaddrs* list = nullptr;

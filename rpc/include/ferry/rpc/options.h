@@ -32,6 +32,10 @@ struct Options {
 Options resolve_options(Options options, const std::map<std::string, std::string>& env);
 Options resolve_options(Options options);
 
+// A TCP port that is free on `host` right now (bound, then released): what a launcher hands out
+// as MASTER_PORT. Throws Error(Init) if none can be had.
+int pick_free_port(const std::string& host = "127.0.0.1");
+
 // The first host of a Slurm node list: "node[03-05,9],gpu1" -> "node03".
 std::string first_slurm_host(const std::string& nodelist);
 

@@ -1,0 +1,37 @@
+// ferry-bench: benchmarks that print one JSON object last.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <climits>
+
+#include "bench/rpc_bench.h"
+
+namespace {
+
+std::string self_path(const char* argv0) {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return argv0;
+  return std::string(buf, n);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("Ferry benchmarks: each prints one JSON object as its last line");
+  app.require_subcommand(1);
+  ferry::bench::RpcBenchSettings rpc;
+  rpc.self_path = self_path(argv[0]);
+  auto* rpc_cmd = app.add_subcommand("rpc", "RPC latency, bandwidth and throughput against raw TCP");
+  rpc_cmd->add_option("--rtt-iterations", rpc.rtt_iterations, "round trips timed");
+  rpc_cmd->add_option("--async-calls", rpc.async_calls, "calls in the throughput run");
+  rpc_cmd->add_option("--async-window", rpc.async_window, "calls in flight at once");
+  rpc_cmd->add_option("--echo-mib", rpc.echo_mib, "tensor sizes of the echo measurement, MiB");
+  rpc_cmd->add_option("--repeats", rpc.repeats, "repeats of each measurement");
+  auto* peer_cmd = app.add_subcommand("rpc-peer", "the peer process of `rpc` (started by it)");
+  peer_cmd->group("");
+  CLI11_PARSE(app, argc, argv);
+  if (*rpc_cmd) return ferry::bench::run_rpc_bench(rpc);
+  if (*peer_cmd) return ferry::bench::run_rpc_peer();
+  return 1;
+}

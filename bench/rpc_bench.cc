@@ -1,0 +1,182 @@
+// Both processes run this file: rank 0 drives (run_rpc_bench), rank 1 serves (run_rpc_peer).
+#include "bench/rpc_bench.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "bench/raw_tcp.h"
+#include "ferry/rpc/log.h"
+#include "ferry/rpc/rpc.h"
+
+extern char** environ;
+
+namespace ferry::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
+
+template <typename F>
+double seconds_of(F&& f) {
+  auto start = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+pid_t spawn_peer(const std::string& self_path, int port) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  env_strings.push_back("RANK=1");
+  env_strings.push_back("WORLD_SIZE=2");
+  env_strings.push_back("MASTER_ADDR=127.0.0.1");
+  env_strings.push_back("MASTER_PORT=" + std::to_string(port));
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string arg0 = self_path, arg1 = "rpc-peer";
+  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+  pid_t pid = -1;
+  if (int rc = posix_spawn(&pid, self_path.c_str(), nullptr, nullptr, argv, envp.data())) {
+    throw std::runtime_error("cannot start the peer " + self_path + ": " + strerror(rc));
+  }
+  return pid;
+}
+
+void register_bench_functions() {
+  auto& registry = rpc::default_registry();
+  registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
+  registry.add("echo", [](c10::IValue v) { return v; });
+}
+
+}  // namespace
+
+int run_rpc_peer() {
+  register_bench_functions();
+  RawEchoServer raw("127.0.0.1");
+  rpc::default_registry().add("raw_port", [&raw]() { return static_cast<int64_t>(raw.port()); });
+  rpc::init();
+  rpc::agent().wait_for_shutdown();
+  rpc::shutdown();
+  return 0;
+}
+
+int run_rpc_bench(const RpcBenchSettings& settings) {
+  register_bench_functions();
+  int port = rpc::pick_free_port();
+  pid_t peer = spawn_peer(settings.self_path, port);
+  rpc::Options options;
+  options.name = "bench";
+  options.rank = 0;
+  options.world_size = 2;
+  options.master_addr = "127.0.0.1";
+  options.master_port = port;
+  rpc::init(options);
+  const std::string to = "worker1";
+  nlohmann::ordered_json out;
+  out["benchmark"] = "rpc";
+
+  // Round trip of a small call against a raw TCP ping-pong of a similar size.
+  at::Tensor small = torch::randn({10});
+  for (int i = 0; i < 200; ++i) rpc::rpc_sync(to, "add", {small, small});
+  std::vector<double> rtt;
+  for (int i = 0; i < settings.rtt_iterations; ++i) {
+    rtt.push_back(1e6 * seconds_of([&] { rpc::rpc_sync(to, "add", {small, small}); }));
+  }
+  RawEchoClient raw("127.0.0.1", static_cast<int>(rpc::rpc_sync(to, "raw_port").toInt()));
+  std::vector<char> buffer(64);
+  for (int i = 0; i < 200; ++i) raw.echo(buffer, 80);
+  std::vector<double> raw_rtt;
+  for (int i = 0; i < settings.rtt_iterations; ++i) {
+    raw_rtt.push_back(1e6 * seconds_of([&] { raw.echo(buffer, 80); }));
+  }
+  out["rtt_us_p50"] = percentile(rtt, 0.5);
+  out["rtt_us_p99"] = percentile(rtt, 0.99);
+  out["raw_tcp_rtt_us_p50"] = percentile(raw_rtt, 0.5);
+  out["raw_tcp_rtt_us_p99"] = percentile(raw_rtt, 0.99);
+  out["rtt_ratio"] = percentile(rtt, 0.5) / percentile(raw_rtt, 0.5);
+  std::cerr << fmt::format("rtt: rpc p50 {:.1f} us, raw tcp p50 {:.1f} us\n",
+                           percentile(rtt, 0.5), percentile(raw_rtt, 0.5));
+
+  // Echo of a large tensor: bytes moved in both directions per second.
+  nlohmann::ordered_json echo, raw_echo;
+  double raw_64 = 0, echo_64 = 0;
+  for (int mib : settings.echo_mib) {
+    std::uint64_t bytes = std::uint64_t(mib) << 20;
+    at::Tensor t = torch::randn({static_cast<int64_t>(bytes / sizeof(float))});
+    rpc::rpc_sync(to, "echo", {t});
+    raw.echo(buffer, bytes);
+    std::vector<double> rpc_rates, raw_rates;
+    int reps = std::max(settings.repeats, mib == 1 ? 20 : settings.repeats);
+    for (int r = 0; r < reps; ++r) {
+      rpc_rates.push_back(2.0 * bytes / 1e9 / seconds_of([&] { rpc::rpc_sync(to, "echo", {t}); }));
+      raw_rates.push_back(2.0 * bytes / 1e9 / seconds_of([&] { raw.echo(buffer, bytes); }));
+    }
+    std::string key = std::to_string(mib) + "MiB";
+    echo[key] = median(rpc_rates);
+    raw_echo[key] = median(raw_rates);
+    if (mib == 64) {
+      echo_64 = median(rpc_rates);
+      raw_64 = median(raw_rates);
+    }
+    std::cerr << fmt::format("echo {} MiB: rpc {:.2f} GB/s, raw tcp {:.2f} GB/s\n", mib,
+                             median(rpc_rates), median(raw_rates));
+  }
+  out["echo_gbps"] = echo;
+  out["raw_tcp_echo_gbps"] = raw_echo;
+  if (raw_64 > 0) {
+    out["raw_tcp_gbps"] = raw_64;
+    out["echo_ratio_64MiB"] = echo_64 / raw_64;
+  }
+
+  // Many small calls in flight.
+  std::vector<double> rates;
+  for (int r = 0; r < std::max(1, settings.repeats / 2); ++r) {
+    std::deque<rpc::FuturePtr> window;
+    double s = seconds_of([&] {
+      for (int i = 0; i < settings.async_calls; ++i) {
+        if (static_cast<int>(window.size()) >= settings.async_window) {
+          window.front()->wait();
+          window.pop_front();
+        }
+        window.push_back(rpc::rpc_async(to, "echo", {int64_t{i}}));
+      }
+      for (auto& f : window) f->wait();
+    });
+    rates.push_back(settings.async_calls / s);
+  }
+  out["async_calls_per_s"] = median(rates);
+  out["async_window"] = settings.async_window;
+  std::cerr << fmt::format("async: {:.0f} calls/s with {} in flight\n", median(rates),
+                           settings.async_window);
+
+  rpc::shutdown();
+  int status = 0;
+  for (int i = 0; i < 200 && waitpid(peer, &status, WNOHANG) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (waitpid(peer, &status, WNOHANG) == 0) {
+    kill(peer, SIGKILL);
+    waitpid(peer, &status, 0);
+  }
+  out["threads"] = at::get_num_threads();
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace ferry::bench

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <signal.h>
 #include <uv.h>
 
 #include <condition_variable>
@@ -46,11 +47,10 @@ struct PendingCall {
   bool complete_inline = false;
 };
 
-// A frame waiting for the loop thread: a call to a rank, or a reply on an accepted connection.
+// A call waiting for the loop thread to open a connection to its callee.
 struct Outgoing {
-  int to_rank = -1;                 // a call: the callee
-  std::uint64_t call_id = 0;        // a call: its id
-  std::uint64_t connection_id = 0;  // a reply: the accepted connection the request came on
+  int to_rank = -1;
+  std::uint64_t call_id = 0;
   EncodedFrame frame;
 };
 
@@ -99,7 +99,13 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   std::mutex queue_mutex;
   std::vector<Outgoing> queue;
+  std::vector<std::uint64_t> flush_requests;  // connections whose writer queued frames
   bool loop_stopping = false;
+
+  // Writers of open connections, for threads that send directly (see SocketWriter).
+  std::mutex writers_mutex;
+  std::unordered_map<std::uint64_t, std::shared_ptr<SocketWriter>> writers_by_id;
+  std::unordered_map<int, std::shared_ptr<SocketWriter>> writers_by_rank;
 
   std::mutex pending_mutex;
   std::condition_variable pending_changed;
@@ -173,6 +179,44 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     uv_async_send(&wakeup);
   }
 
+  void request_flush(std::uint64_t connection_id) {
+    std::lock_guard<std::mutex> lock(queue_mutex);
+    if (loop_stopping) return;
+    flush_requests.push_back(connection_id);
+    uv_async_send(&wakeup);
+  }
+
+  Connection* new_connection(int outbound_rank) {
+    auto connection = std::make_unique<Connection>(
+        &loop, next_connection_id++, outbound_rank, limits(), this,
+        [this](std::uint64_t id) { request_flush(id); });
+    Connection* raw = connection.get();
+    connections.emplace(raw->id(), std::move(connection));
+    return raw;
+  }
+
+  // Lets other threads send on `connection`; for an outbound one, only once its hello is queued,
+  // so that nothing overtakes the hello.
+  void publish_writer(Connection* connection) {
+    std::lock_guard<std::mutex> lock(writers_mutex);
+    writers_by_id[connection->id()] = connection->writer();
+    if (connection->outbound_rank() >= 0) {
+      writers_by_rank[connection->outbound_rank()] = connection->writer();
+    }
+  }
+
+  std::shared_ptr<SocketWriter> writer_for_rank(int rank) {
+    std::lock_guard<std::mutex> lock(writers_mutex);
+    auto it = writers_by_rank.find(rank);
+    return it == writers_by_rank.end() ? nullptr : it->second;
+  }
+
+  std::shared_ptr<SocketWriter> writer_for_connection(std::uint64_t id) {
+    std::lock_guard<std::mutex> lock(writers_mutex);
+    auto it = writers_by_id.find(id);
+    return it == writers_by_id.end() ? nullptr : it->second;
+  }
+
   FuturePtr call(const std::string& to, const std::string& function, std::vector<c10::IValue> args,
                  std::optional<std::chrono::milliseconds> timeout, bool complete_inline) {
     if (!running.load()) {
@@ -210,10 +254,19 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     call.deadline = call.start + timeout.value_or(options.rpc_timeout);
     call.complete_inline = complete_inline;
     FuturePtr future = call.future;
+    std::shared_ptr<SocketWriter> writer = writer_for_rank(callee.rank);
+    call.connection_id = writer ? writer->id() : 0;
     {
       std::lock_guard<std::mutex> lock(pending_mutex);
       deadlines.emplace(call.deadline, request.id);
       pending.emplace(request.id, std::move(call));
+    }
+    if (writer) {
+      if (writer->send(frame) != SocketWriter::Result::Closed) return future;
+      // That connection is going away; the loop opens a new one.
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      auto it = pending.find(request.id);
+      if (it != pending.end()) it->second.connection_id = 0;
     }
     Outgoing outgoing;
     outgoing.to_rank = callee.rank;
@@ -267,29 +320,26 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   static void on_wakeup(uv_async_t* handle) {
     auto* self = static_cast<State*>(handle->data);
     std::vector<Outgoing> batch;
+    std::vector<std::uint64_t> flushes;
     bool stopping;
     {
       std::lock_guard<std::mutex> lock(self->queue_mutex);
       batch.swap(self->queue);
+      flushes.swap(self->flush_requests);
       stopping = self->loop_stopping;
     }
     if (stopping) {
       self->close_all();
       return;
     }
+    for (std::uint64_t id : flushes) {
+      auto it = self->connections.find(id);
+      if (it != self->connections.end()) it->second->flush();
+    }
     for (auto& outgoing : batch) self->send(std::move(outgoing));
   }
 
   void send(Outgoing outgoing) {
-    if (outgoing.to_rank < 0) {
-      auto it = connections.find(outgoing.connection_id);
-      if (it == connections.end() || it->second->closing()) {
-        log::debug("dropping a reply: its connection is gone");
-        return;
-      }
-      it->second->write(std::move(outgoing.frame));
-      return;
-    }
     Connection* connection = outbound_to(outgoing.to_rank);
     {
       // Record which connection carries the call, so that losing it fails the call.
@@ -307,9 +357,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     auto it = outbound.find(rank);
     if (it != outbound.end() && !it->second->closing()) return it->second;
     const WorkerInfo& peer = workers[rank];
-    auto connection = std::make_unique<Connection>(&loop, next_connection_id++, rank, limits(), this);
-    Connection* raw = connection.get();
-    connections.emplace(raw->id(), std::move(connection));
+    Connection* raw = new_connection(rank);
     outbound[rank] = raw;
     int rc = raw->start_connect(peer.host, peer.port);
     if (rc != 0) {
@@ -321,6 +369,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     hello.peer_name = self.name;
     hello.peer_rank = self.rank;
     raw->write(encode_frame(hello));
+    publish_writer(raw);
     return raw;
   }
 
@@ -330,13 +379,14 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       log::warn("accept failed: {}", uv_strerror(status));
       return;
     }
-    auto connection = std::make_unique<Connection>(&self->loop, self->next_connection_id++, -1,
-                                                   self->limits(), self);
-    Connection* raw = connection.get();
-    self->connections.emplace(raw->id(), std::move(connection));
+    Connection* raw = self->new_connection(-1);
     int rc = uv_accept(server, reinterpret_cast<uv_stream_t*>(raw->handle()));
     if (rc == 0) rc = raw->start_accepted();
-    if (rc != 0) raw->close(fmt::format("accept failed: {}", uv_strerror(rc)));
+    if (rc != 0) {
+      raw->close(fmt::format("accept failed: {}", uv_strerror(rc)));
+      return;
+    }
+    self->publish_writer(raw);
   }
 
   static void on_timer(uv_timer_t* handle) {
@@ -428,6 +478,12 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       auto it = outbound.find(connection.outbound_rank());
       if (it != outbound.end() && it->second == &connection) outbound.erase(it);
     }
+    {
+      std::lock_guard<std::mutex> lock(writers_mutex);
+      writers_by_id.erase(id);
+      auto it = writers_by_rank.find(connection.outbound_rank());
+      if (it != writers_by_rank.end() && it->second == connection.writer()) writers_by_rank.erase(it);
+    }
     std::vector<PendingCall> lost;
     {
       std::lock_guard<std::mutex> lock(pending_mutex);
@@ -509,10 +565,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       response.kind = MessageKind::Response;
       response.value = done.value();
     }
-    Outgoing outgoing;
-    outgoing.connection_id = connection_id;
+    EncodedFrame frame;
     try {
-      outgoing.frame = encode_frame(response, options.max_nesting_depth);
+      frame = encode_frame(response, options.max_nesting_depth);
     } catch (const Error& e) {
       response = Message();
       response.kind = MessageKind::Error;
@@ -520,9 +575,12 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       response.error_kind = ErrorKind::InvalidArgument;
       response.error_message = fmt::format("the result of \"{}\" cannot be sent: {}", function, e.what());
       response.error_worker = self.name;
-      outgoing.frame = encode_frame(response);
+      frame = encode_frame(response);
     }
-    enqueue(std::move(outgoing));
+    std::shared_ptr<SocketWriter> writer = writer_for_connection(connection_id);
+    if (!writer || writer->send(frame) == SocketWriter::Result::Closed) {
+      log::debug("dropping the reply to call {}: its connection is gone", id);
+    }
   }
 
   // ---- shutdown (user thread) ----------------------------------------------------------------
@@ -597,6 +655,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 };
 
 std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry) {
+  // libuv writes with plain write(2): a peer that dies mid-write must fail that write, not kill
+  // this process with SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
   options = resolve_options(std::move(options));
   log::set_worker_name(options.name);
   auto state = std::make_shared<State>(options, registry);

@@ -2,6 +2,9 @@
 #include "rpc/connection.h"
 
 #include <arpa/inet.h>
+#include <climits>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <fmt/format.h>
 
 #include "ferry/rpc/log.h"
@@ -21,14 +24,63 @@ struct WriteRequest {
   std::vector<uv_buf_t> bufs;
 };
 
+// The buffers of `frame` from byte `offset` on.
+std::vector<iovec> frame_buffers(EncodedFrame& frame, std::uint64_t offset) {
+  std::vector<iovec> out;
+  out.reserve(1 + frame.tensors.size());
+  auto add = [&](char* data, std::uint64_t len) {
+    if (offset >= len) {
+      offset -= len;
+      return;
+    }
+    out.push_back({data + offset, static_cast<size_t>(len - offset)});
+    offset = 0;
+  };
+  add(frame.head.data(), frame.head.size());
+  for (const at::Tensor& t : frame.tensors) {
+    if (t.defined()) add(static_cast<char*>(const_cast<void*>(t.data_ptr())), t.nbytes());
+  }
+  return out;
+}
+
 }  // namespace
 
+SocketWriter::Result SocketWriter::send(EncodedFrame& frame) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!open_) return Result::Closed;
+    if (loop_busy_ || !queue_.empty()) {
+      queue_.push_back({std::move(frame), 0});
+      // Already queued work means the loop was already asked to flush.
+      if (queue_.size() > 1) return Result::Queued;
+    } else {
+      std::vector<iovec> bufs = frame_buffers(frame, 0);
+      std::uint64_t written = 0;
+      if (bufs.size() <= IOV_MAX) {
+        msghdr msg{};
+        msg.msg_iov = bufs.data();
+        msg.msg_iovlen = bufs.size();
+        // MSG_NOSIGNAL: a dead peer must fail the write, not raise SIGPIPE.
+        ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) written = static_cast<std::uint64_t>(n);
+      }
+      if (written == frame.size()) return Result::Sent;
+      // The rest goes through the loop, which also notices and reports a broken socket.
+      loop_busy_ = true;
+      queue_.push_front({std::move(frame), written});
+    }
+  }
+  wake_loop_(id_);
+  return Result::Queued;
+}
+
 Connection::Connection(uv_loop_t* loop, std::uint64_t id, int outbound_rank, FrameLimits limits,
-                       ConnectionObserver* observer)
+                       ConnectionObserver* observer, std::function<void(std::uint64_t)> wake_loop)
     : id_(id),
       outbound_rank_(outbound_rank),
       observer_(observer),
       decoder_(limits),
+      writer_(std::make_shared<SocketWriter>(id, std::move(wake_loop))),
       buffer_(new char[kBufferBytes]) {
   uv_tcp_init(loop, &handle_);
   handle_.data = this;
@@ -66,7 +118,17 @@ int Connection::start_reading() {
 
 int Connection::start_accepted() {
   if (int rc = configure_socket()) return rc;
-  return start_reading();
+  if (int rc = start_reading()) return rc;
+  open_for_direct_writes();
+  return 0;
+}
+
+void Connection::open_for_direct_writes() {
+  uv_os_fd_t fd;
+  if (uv_fileno(reinterpret_cast<uv_handle_t*>(&handle_), &fd) != 0) return;
+  std::lock_guard<std::mutex> lock(writer_->mutex_);
+  writer_->fd_ = fd;
+  writer_->update_busy();
 }
 
 int Connection::start_connect(const std::string& host, int port) {
@@ -88,40 +150,71 @@ void Connection::on_connect(uv_connect_t* req, int status) {
   }
   int rc = self->configure_socket();
   if (rc == 0) rc = self->start_reading();
-  if (rc != 0) self->close(fmt::format("could not start reading: {}", uv_strerror(rc)));
+  if (rc != 0) {
+    self->close(fmt::format("could not start reading: {}", uv_strerror(rc)));
+    return;
+  }
+  self->open_for_direct_writes();
 }
 
 void Connection::write(EncodedFrame frame) {
-  if (closing_) return;
-  auto* request = new WriteRequest{};
-  request->frame = std::move(frame);
-  request->req.data = request;
-  auto& f = request->frame;
-  request->bufs.reserve(1 + f.tensors.size());
-  request->bufs.push_back(uv_buf_init(f.head.data(), static_cast<unsigned>(f.head.size())));
-  for (const at::Tensor& t : f.tensors) {
-    if (!t.defined() || t.nbytes() == 0) continue;
-    uv_buf_t buf;
-    // uv_buf_init takes an unsigned length; set the size_t field directly for tensors over 4 GiB.
-    buf.base = static_cast<char*>(const_cast<void*>(t.data_ptr()));
-    buf.len = t.nbytes();
-    request->bufs.push_back(buf);
+  {
+    std::lock_guard<std::mutex> lock(writer_->mutex_);
+    if (!writer_->open_) return;
+    writer_->queue_.push_back({std::move(frame), 0});
   }
-  int rc = uv_write(&request->req, reinterpret_cast<uv_stream_t*>(&handle_), request->bufs.data(),
-                    static_cast<unsigned>(request->bufs.size()), &Connection::on_write);
-  if (rc != 0) {
-    delete request;
-    close(fmt::format("write failed: {}", uv_strerror(rc)));
+  flush();
+}
+
+void Connection::flush() {
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(writer_->mutex_);
+    while (!closing_ && !writer_->queue_.empty()) {
+      auto* request = new WriteRequest{};
+      request->frame = std::move(writer_->queue_.front().frame);
+      std::uint64_t offset = writer_->queue_.front().offset;
+      writer_->queue_.pop_front();
+      request->req.data = request;
+      for (const iovec& part : frame_buffers(request->frame, offset)) {
+        uv_buf_t buf;
+        // Set the size_t length directly: uv_buf_init takes an unsigned, too small past 4 GiB.
+        buf.base = static_cast<char*>(part.iov_base);
+        buf.len = part.iov_len;
+        request->bufs.push_back(buf);
+      }
+      writer_->loop_busy_ = true;
+      ++writer_->writes_in_flight_;
+      int rc = uv_write(&request->req, reinterpret_cast<uv_stream_t*>(&handle_),
+                        request->bufs.data(), static_cast<unsigned>(request->bufs.size()),
+                        &Connection::on_write);
+      if (rc != 0) {
+        --writer_->writes_in_flight_;
+        delete request;
+        failure = fmt::format("write failed: {}", uv_strerror(rc));
+        break;
+      }
+    }
   }
+  // close() takes the writer's lock itself.
+  if (!failure.empty()) close(failure);
 }
 
 void Connection::on_write(uv_write_t* req, int status) {
   auto* request = static_cast<WriteRequest*>(req->data);
   auto* self = static_cast<Connection*>(req->handle->data);
   delete request;
-  if (status < 0 && status != UV_ECANCELED) {
-    self->close(fmt::format("write failed: {}", uv_strerror(status)));
+  if (status < 0) {
+    {
+      std::lock_guard<std::mutex> lock(self->writer_->mutex_);
+      --self->writer_->writes_in_flight_;
+    }
+    if (status != UV_ECANCELED) self->close(fmt::format("write failed: {}", uv_strerror(status)));
+    return;
   }
+  std::lock_guard<std::mutex> lock(self->writer_->mutex_);
+  --self->writer_->writes_in_flight_;
+  self->writer_->update_busy();
 }
 
 void Connection::on_alloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
@@ -171,6 +264,12 @@ void Connection::close(const std::string& reason) {
   if (closing_) return;
   closing_ = true;
   close_reason_ = reason;
+  {
+    // From here on no thread writes to the socket, which uv_close is about to release.
+    std::lock_guard<std::mutex> lock(writer_->mutex_);
+    writer_->open_ = false;
+    writer_->queue_.clear();
+  }
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&handle_));
   uv_close(reinterpret_cast<uv_handle_t*>(&handle_), &Connection::on_close);
 }

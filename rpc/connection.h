@@ -1,13 +1,17 @@
 // One TCP connection to a peer, carried by libuv. Resource type, owned by the Agent.
 //
-// Thread rules: every method, and every callback into ConnectionObserver, runs on the agent's
-// loop thread. Nothing here may be touched from another thread.
+// Thread rules: every Connection method, and every callback into ConnectionObserver, runs on the
+// agent's loop thread. The one exception is the connection's SocketWriter, which any thread may
+// use to send.
 #pragma once
 
 #include <uv.h>
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +20,43 @@
 namespace ferry::rpc {
 
 class Connection;
+
+// The sending half of a connection, shared with every thread that sends on it.
+//
+// A frame is written straight from the sending thread with one non-blocking writev when nothing
+// is queued ahead of it: handing each frame to the loop thread would cost a thread wake-up on
+// every call, which dominates a small round trip. Whatever the socket does not take at once
+// goes to the front of the queue, and the loop thread writes the queue with uv_write while the
+// socket drains. The mutex makes writes of whole frames exclusive, so bytes never interleave.
+class SocketWriter {
+ public:
+  enum class Result { Sent, Queued, Closed };
+
+  SocketWriter(std::uint64_t id, std::function<void(std::uint64_t)> wake_loop)
+      : id_(id), wake_loop_(std::move(wake_loop)) {}
+  std::uint64_t id() const { return id_; }
+  // Any thread. Takes the frame unless the result is Closed (the connection is gone).
+  Result send(EncodedFrame& frame);
+
+ private:
+  friend class Connection;
+  struct Queued {
+    EncodedFrame frame;
+    std::uint64_t offset = 0;  // bytes of the frame already on the wire
+  };
+
+  const std::uint64_t id_;
+  const std::function<void(std::uint64_t)> wake_loop_;  // asks the loop to flush this writer
+  std::mutex mutex_;
+  int fd_ = -1;             // set once the socket is connected
+  bool open_ = true;        // false from the moment the connection starts closing
+  bool loop_busy_ = true;   // libuv holds unwritten bytes, or the socket is not connected yet
+  int writes_in_flight_ = 0;  // uv_write requests whose callback has not run
+  std::deque<Queued> queue_;
+
+  // With the mutex held: direct writes may resume once libuv has nothing left to write.
+  void update_busy() { loop_busy_ = fd_ < 0 || writes_in_flight_ > 0 || !queue_.empty(); }
+};
 
 class ConnectionObserver {
  public:
@@ -30,7 +71,7 @@ class Connection {
   // `outbound_rank` is the peer's rank for a connection we opened, -1 for one we accepted (its
   // peer is known once its hello arrives).
   Connection(uv_loop_t* loop, std::uint64_t id, int outbound_rank, FrameLimits limits,
-             ConnectionObserver* observer);
+             ConnectionObserver* observer, std::function<void(std::uint64_t)> wake_loop);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -40,8 +81,11 @@ class Connection {
   int start_accepted();
   // Starts connecting; frames written meanwhile go out once connected.
   int start_connect(const std::string& host, int port);
-  // Queues a frame: one scatter/gather write of head and every tensor's memory.
+  // Queues a frame behind anything queued and flushes.
   void write(EncodedFrame frame);
+  // Hands every queued frame to libuv: one scatter/gather uv_write of head and tensor memory each.
+  void flush();
+  const std::shared_ptr<SocketWriter>& writer() const { return writer_; }
   // Closes once; on_closed follows with `reason`.
   void close(const std::string& reason);
 
@@ -65,6 +109,8 @@ class Connection {
   static void on_close(uv_handle_t* handle);
   int configure_socket();
   int start_reading();
+  // The socket is connected: sending threads may write to it directly from now on.
+  void open_for_direct_writes();
 
   uv_tcp_t handle_;
   uv_connect_t connect_req_;
@@ -72,6 +118,7 @@ class Connection {
   int outbound_rank_;
   ConnectionObserver* observer_;
   FrameDecoder decoder_;
+  std::shared_ptr<SocketWriter> writer_;
   std::unique_ptr<char[]> buffer_;
   char* direct_ = nullptr;  // where the last alloc pointed when it chose tensor memory
   bool closing_ = false;

@@ -29,6 +29,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kDeadlineTick = std::chrono::milliseconds(10);
+constexpr auto kSyncSpin = std::chrono::microseconds(200);
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -710,6 +711,11 @@ c10::IValue Agent::call_sync(const std::string& to, const std::string& function,
                              std::vector<c10::IValue> args,
                              std::optional<std::chrono::milliseconds> timeout) {
   FuturePtr future = state_->call(to, function, std::move(args), timeout, true);
+  // A small call usually answers within tens of microseconds; yielding until then spares the
+  // sleep and wake-up that a blocking wait costs, which on virtual machines is most of a round
+  // trip. Bounded, so a slow call blocks as usual.
+  auto spin_until = Clock::now() + kSyncSpin;
+  while (!future->completed() && Clock::now() < spin_until) std::this_thread::yield();
   future->wait();
   return future->value();
 }

@@ -1,7 +1,7 @@
 // ferry-bench: benchmarks that print one JSON object last.
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <climits>
 
 #include "bench/rpc_bench.h"
@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ferry::bench::RpcBenchSettings rpc;
   rpc.self_path = self_path(argv[0]);
-  auto* rpc_cmd = app.add_subcommand("rpc", "RPC latency, bandwidth and throughput against raw TCP");
+  auto* rpc_cmd =
+      app.add_subcommand("rpc", "RPC latency, bandwidth and throughput against raw TCP");
   rpc_cmd->add_option("--rtt-iterations", rpc.rtt_iterations, "round trips timed");
   rpc_cmd->add_option("--async-calls", rpc.async_calls, "calls in the throughput run");
   rpc_cmd->add_option("--async-window", rpc.async_window, "calls in flight at once");

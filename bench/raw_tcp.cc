@@ -75,7 +75,8 @@ void RawEchoServer::serve() {
     while (read_all(fd, reinterpret_cast<char*>(&n), sizeof n)) {
       if (buffer.size() < n) buffer.resize(n);
       if (!read_all(fd, buffer.data(), n)) break;
-      if (!write_all(fd, reinterpret_cast<char*>(&n), sizeof n) || !write_all(fd, buffer.data(), n)) {
+      if (!write_all(fd, reinterpret_cast<char*>(&n), sizeof n) ||
+          !write_all(fd, buffer.data(), n)) {
         break;
       }
     }

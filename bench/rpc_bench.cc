@@ -110,8 +110,8 @@ int run_rpc_bench(const RpcBenchSettings& settings) {
   out["raw_tcp_rtt_us_p50"] = percentile(raw_rtt, 0.5);
   out["raw_tcp_rtt_us_p99"] = percentile(raw_rtt, 0.99);
   out["rtt_ratio"] = percentile(rtt, 0.5) / percentile(raw_rtt, 0.5);
-  std::cerr << fmt::format("rtt: rpc p50 {:.1f} us, raw tcp p50 {:.1f} us\n",
-                           percentile(rtt, 0.5), percentile(raw_rtt, 0.5));
+  std::cerr << fmt::format("rtt: rpc p50 {:.1f} us, raw tcp p50 {:.1f} us\n", percentile(rtt, 0.5),
+                           percentile(raw_rtt, 0.5));
 
   // Echo of a large tensor: bytes moved in both directions per second.
   nlohmann::ordered_json echo, raw_echo;

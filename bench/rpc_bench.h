@@ -12,7 +12,7 @@ struct RpcBenchSettings {
   int async_calls = 20000;
   int async_window = 500;
   std::vector<int> echo_mib = {1, 16, 64};  // tensor sizes of the echo measurement
-  int repeats = 5;  // of each bandwidth and throughput measurement; medians are reported
+  int repeats = 5;        // of each bandwidth and throughput measurement; medians are reported
   std::string self_path;  // this binary, started again as the peer
 };
 

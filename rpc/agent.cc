@@ -149,8 +149,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   void check(int rc, const std::string& what) {
     if (rc != 0) {
-      throw Error(ErrorKind::Init, fmt::format("rank {}: {} failed: {}", options.rank, what,
-                                               uv_strerror(rc)));
+      throw Error(ErrorKind::Init,
+                  fmt::format("rank {}: {} failed: {}", options.rank, what, uv_strerror(rc)));
     }
   }
 
@@ -188,9 +188,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   }
 
   Connection* new_connection(int outbound_rank) {
-    auto connection = std::make_unique<Connection>(
-        &loop, next_connection_id++, outbound_rank, limits(), this,
-        [this](std::uint64_t id) { request_flush(id); });
+    auto connection =
+        std::make_unique<Connection>(&loop, next_connection_id++, outbound_rank, limits(), this,
+                                     [this](std::uint64_t id) { request_flush(id); });
     Connection* raw = connection.get();
     connections.emplace(raw->id(), std::move(connection));
     return raw;
@@ -243,8 +243,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     }
     if (frame.size() > options.max_frame_bytes) {
       throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("call \"{}\" to {} is {} bytes, over the frame limit of {}",
-                              function, callee.describe(), frame.size(), options.max_frame_bytes));
+                  fmt::format("call \"{}\" to {} is {} bytes, over the frame limit of {}", function,
+                              callee.describe(), frame.size(), options.max_frame_bytes));
     }
 
     PendingCall call;
@@ -280,8 +280,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   Error unknown_worker(const std::string& name) const {
     std::vector<std::string> names;
     for (const auto& w : workers) names.push_back(w.name);
-    return Error(ErrorKind::InvalidArgument,
-                 fmt::format("no worker is named \"{}\" (workers: {})", name, fmt::join(names, ", ")));
+    return Error(ErrorKind::InvalidArgument, fmt::format("no worker is named \"{}\" (workers: {})",
+                                                         name, fmt::join(names, ", ")));
   }
 
   // ---- completing calls (loop thread) ---------------------------------------------------------
@@ -430,7 +430,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
         return;
       case MessageKind::Request:
         if (!connection.identified()) {
-          log::warn("closing connection from {}: request before hello", connection.remote_address());
+          log::warn("closing connection from {}: request before hello",
+                    connection.remote_address());
           connection.close("request before hello");
           return;
         }
@@ -458,18 +459,18 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       return;
     }
     const WorkerInfo& callee = workers[call->to_rank];
-    std::string text =
-        message.error_kind == ErrorKind::RemoteException
-            ? fmt::format("call \"{}\" on {} raised: {}", call->function, callee.describe(),
-                          message.error_message)
-            : fmt::format("call \"{}\" on {} failed: {}", call->function, callee.describe(),
-                          message.error_message);
+    std::string text = message.error_kind == ErrorKind::RemoteException
+                           ? fmt::format("call \"{}\" on {} raised: {}", call->function,
+                                         callee.describe(), message.error_message)
+                           : fmt::format("call \"{}\" on {} failed: {}", call->function,
+                                         callee.describe(), message.error_message);
     fail(std::move(*call), Error(message.error_kind, text));
   }
 
   void on_closed(Connection& connection, const std::string& reason) override {
     std::uint64_t id = connection.id();
-    int rank = connection.outbound_rank() >= 0 ? connection.outbound_rank() : connection.peer_rank();
+    int rank =
+        connection.outbound_rank() >= 0 ? connection.outbound_rank() : connection.peer_rank();
     bool stopping;
     {
       std::lock_guard<std::mutex> lock(queue_mutex);
@@ -483,7 +484,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       std::lock_guard<std::mutex> lock(writers_mutex);
       writers_by_id.erase(id);
       auto it = writers_by_rank.find(connection.outbound_rank());
-      if (it != writers_by_rank.end() && it->second == connection.writer()) writers_by_rank.erase(it);
+      if (it != writers_by_rank.end() && it->second == connection.writer())
+        writers_by_rank.erase(it);
     }
     std::vector<PendingCall> lost;
     {
@@ -503,9 +505,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     for (auto& call : lost) {
       const WorkerInfo& callee = workers[call.to_rank];
       if (stopping) {
-        fail(std::move(call), Error(ErrorKind::Shutdown,
-                                    fmt::format("call \"{}\" to {} was cancelled by shutdown",
-                                                call.function, callee.describe())));
+        fail(std::move(call),
+             Error(ErrorKind::Shutdown, fmt::format("call \"{}\" to {} was cancelled by shutdown",
+                                                    call.function, callee.describe())));
       } else {
         fail(std::move(call),
              Error(ErrorKind::PeerDied,
@@ -574,7 +576,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       response.kind = MessageKind::Error;
       response.id = id;
       response.error_kind = ErrorKind::InvalidArgument;
-      response.error_message = fmt::format("the result of \"{}\" cannot be sent: {}", function, e.what());
+      response.error_message =
+          fmt::format("the result of \"{}\" cannot be sent: {}", function, e.what());
       response.error_worker = self.name;
       frame = encode_frame(response);
     }
@@ -645,9 +648,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       deadlines.clear();
     }
     for (auto& [id, call] : left) {
-      auto eptr = std::make_exception_ptr(Error(
-          ErrorKind::Shutdown, fmt::format("call \"{}\" to {} was cancelled by shutdown",
-                                           call.function, workers[call.to_rank].describe())));
+      auto eptr = std::make_exception_ptr(
+          Error(ErrorKind::Shutdown, fmt::format("call \"{}\" to {} was cancelled by shutdown",
+                                                 call.function, workers[call.to_rank].describe())));
       call.future->setErrorIfNeeded(eptr);
     }
     pool.reset();

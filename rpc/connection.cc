@@ -2,10 +2,11 @@
 #include "rpc/connection.h"
 
 #include <arpa/inet.h>
-#include <climits>
+#include <fmt/format.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <fmt/format.h>
+
+#include <climits>
 
 #include "ferry/rpc/log.h"
 
@@ -185,9 +186,9 @@ void Connection::flush() {
       }
       writer_->loop_busy_ = true;
       ++writer_->writes_in_flight_;
-      int rc = uv_write(&request->req, reinterpret_cast<uv_stream_t*>(&handle_),
-                        request->bufs.data(), static_cast<unsigned>(request->bufs.size()),
-                        &Connection::on_write);
+      int rc =
+          uv_write(&request->req, reinterpret_cast<uv_stream_t*>(&handle_), request->bufs.data(),
+                   static_cast<unsigned>(request->bufs.size()), &Connection::on_write);
       if (rc != 0) {
         --writer_->writes_in_flight_;
         delete request;

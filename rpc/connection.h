@@ -48,9 +48,9 @@ class SocketWriter {
   const std::uint64_t id_;
   const std::function<void(std::uint64_t)> wake_loop_;  // asks the loop to flush this writer
   std::mutex mutex_;
-  int fd_ = -1;             // set once the socket is connected
-  bool open_ = true;        // false from the moment the connection starts closing
-  bool loop_busy_ = true;   // libuv holds unwritten bytes, or the socket is not connected yet
+  int fd_ = -1;               // set once the socket is connected
+  bool open_ = true;          // false from the moment the connection starts closing
+  bool loop_busy_ = true;     // libuv holds unwritten bytes, or the socket is not connected yet
   int writes_in_flight_ = 0;  // uv_write requests whose callback has not run
   std::deque<Queued> queue_;
 

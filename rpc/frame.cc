@@ -22,12 +22,18 @@ struct DTypeEntry {
 };
 
 constexpr DTypeEntry kDTypes[] = {
-    {at::kFloat, wire::DType::FLOAT32},       {at::kDouble, wire::DType::FLOAT64},
-    {at::kHalf, wire::DType::FLOAT16},        {at::kBFloat16, wire::DType::BFLOAT16},
-    {at::kChar, wire::DType::INT8},           {at::kShort, wire::DType::INT16},
-    {at::kInt, wire::DType::INT32},           {at::kLong, wire::DType::INT64},
-    {at::kByte, wire::DType::UINT8},          {at::kBool, wire::DType::BOOL},
-    {at::kComplexFloat, wire::DType::COMPLEX64}, {at::kComplexDouble, wire::DType::COMPLEX128},
+    {at::kFloat, wire::DType::FLOAT32},
+    {at::kDouble, wire::DType::FLOAT64},
+    {at::kHalf, wire::DType::FLOAT16},
+    {at::kBFloat16, wire::DType::BFLOAT16},
+    {at::kChar, wire::DType::INT8},
+    {at::kShort, wire::DType::INT16},
+    {at::kInt, wire::DType::INT32},
+    {at::kLong, wire::DType::INT64},
+    {at::kByte, wire::DType::UINT8},
+    {at::kBool, wire::DType::BOOL},
+    {at::kComplexFloat, wire::DType::COMPLEX64},
+    {at::kComplexDouble, wire::DType::COMPLEX128},
 };
 
 wire::DType to_wire(at::ScalarType type) {
@@ -50,23 +56,35 @@ bool from_wire(wire::DType type, at::ScalarType* out) {
 
 wire::ElementType element_type_of(const c10::TypePtr& type) {
   switch (type->kind()) {
-    case c10::TypeKind::TensorType: return wire::ElementType::TENSOR;
-    case c10::TypeKind::IntType: return wire::ElementType::INT;
-    case c10::TypeKind::FloatType: return wire::ElementType::DOUBLE;
-    case c10::TypeKind::BoolType: return wire::ElementType::BOOL;
-    case c10::TypeKind::StringType: return wire::ElementType::STRING;
-    default: return wire::ElementType::ANY;
+    case c10::TypeKind::TensorType:
+      return wire::ElementType::TENSOR;
+    case c10::TypeKind::IntType:
+      return wire::ElementType::INT;
+    case c10::TypeKind::FloatType:
+      return wire::ElementType::DOUBLE;
+    case c10::TypeKind::BoolType:
+      return wire::ElementType::BOOL;
+    case c10::TypeKind::StringType:
+      return wire::ElementType::STRING;
+    default:
+      return wire::ElementType::ANY;
   }
 }
 
 c10::TypePtr type_of(wire::ElementType type) {
   switch (type) {
-    case wire::ElementType::TENSOR: return c10::TensorType::get();
-    case wire::ElementType::INT: return c10::IntType::get();
-    case wire::ElementType::DOUBLE: return c10::FloatType::get();
-    case wire::ElementType::BOOL: return c10::BoolType::get();
-    case wire::ElementType::STRING: return c10::StringType::get();
-    default: return c10::AnyType::get();
+    case wire::ElementType::TENSOR:
+      return c10::TensorType::get();
+    case wire::ElementType::INT:
+      return c10::IntType::get();
+    case wire::ElementType::DOUBLE:
+      return c10::FloatType::get();
+    case wire::ElementType::BOOL:
+      return c10::BoolType::get();
+    case wire::ElementType::STRING:
+      return c10::StringType::get();
+    default:
+      return c10::AnyType::get();
   }
 }
 
@@ -177,12 +195,18 @@ class ValueDecoder {
                   fmt::format("value is nested deeper than the limit of {}", max_depth_));
     }
     switch (in.which()) {
-      case wire::Value::NONE: return c10::IValue();
-      case wire::Value::BOOL: return in.getBool();
-      case wire::Value::INT: return static_cast<int64_t>(in.getInt());
-      case wire::Value::DOUBLE: return in.getDouble();
-      case wire::Value::STRING: return std::string(in.getString().cStr(), in.getString().size());
-      case wire::Value::TENSOR: return tensor(in.getTensor());
+      case wire::Value::NONE:
+        return c10::IValue();
+      case wire::Value::BOOL:
+        return in.getBool();
+      case wire::Value::INT:
+        return static_cast<int64_t>(in.getInt());
+      case wire::Value::DOUBLE:
+        return in.getDouble();
+      case wire::Value::STRING:
+        return std::string(in.getString().cStr(), in.getString().size());
+      case wire::Value::TENSOR:
+        return tensor(in.getTensor());
       case wire::Value::INT_LIST: {
         c10::List<int64_t> list;
         for (auto v : in.getIntList()) list.push_back(v);
@@ -206,7 +230,8 @@ class ValueDecoder {
       case wire::Value::LIST: {
         auto generic = in.getList();
         c10::impl::GenericList list(type_of(generic.getElementType()));
-        for (auto item : generic.getItems()) list.push_back(checked(decode(item, depth + 1), list.elementType()));
+        for (auto item : generic.getItems())
+          list.push_back(checked(decode(item, depth + 1), list.elementType()));
         return list;
       }
       case wire::Value::TUPLE: {
@@ -259,10 +284,14 @@ class ValueDecoder {
 
 wire::Kind to_wire(MessageKind kind) {
   switch (kind) {
-    case MessageKind::Request: return wire::Kind::REQUEST;
-    case MessageKind::Response: return wire::Kind::RESPONSE;
-    case MessageKind::Error: return wire::Kind::ERROR;
-    case MessageKind::Control: return wire::Kind::CONTROL;
+    case MessageKind::Request:
+      return wire::Kind::REQUEST;
+    case MessageKind::Response:
+      return wire::Kind::RESPONSE;
+    case MessageKind::Error:
+      return wire::Kind::ERROR;
+    case MessageKind::Control:
+      return wire::Kind::CONTROL;
   }
   return wire::Kind::CONTROL;
 }
@@ -386,8 +415,8 @@ void FrameDecoder::finish_header() {
   envelope_bytes_ = read_u32(header_ + 4);
   payload_bytes_ = read_u64(header_ + 8);
   if (magic != kFrameMagic) {
-    throw Error(ErrorKind::BadFrame, fmt::format("bad magic 0x{:08x} (expected 0x{:08x})", magic,
-                                                 kFrameMagic));
+    throw Error(ErrorKind::BadFrame,
+                fmt::format("bad magic 0x{:08x} (expected 0x{:08x})", magic, kFrameMagic));
   }
   if (envelope_bytes_ == 0 || envelope_bytes_ % 8 != 0) {
     throw Error(ErrorKind::BadFrame,
@@ -423,10 +452,18 @@ void FrameDecoder::finish_envelope(std::vector<Message>* out) {
     message.id = env.getId();
     message.function = env.getFunction().cStr();
     switch (env.getKind()) {
-      case wire::Kind::REQUEST: message.kind = MessageKind::Request; break;
-      case wire::Kind::RESPONSE: message.kind = MessageKind::Response; break;
-      case wire::Kind::ERROR: message.kind = MessageKind::Error; break;
-      case wire::Kind::CONTROL: message.kind = MessageKind::Control; break;
+      case wire::Kind::REQUEST:
+        message.kind = MessageKind::Request;
+        break;
+      case wire::Kind::RESPONSE:
+        message.kind = MessageKind::Response;
+        break;
+      case wire::Kind::ERROR:
+        message.kind = MessageKind::Error;
+        break;
+      case wire::Kind::CONTROL:
+        message.kind = MessageKind::Control;
+        break;
       default:
         throw Error(ErrorKind::BadFrame,
                     fmt::format("unknown message kind {}", static_cast<int>(env.getKind())));
@@ -462,8 +499,8 @@ void FrameDecoder::finish_envelope(std::vector<Message>* out) {
       if (numel > limits_.max_frame_bytes / item || numel * item != desc.getByteLength()) {
         throw Error(ErrorKind::BadFrame,
                     fmt::format("tensor {} of shape {} and dtype {} declares {} bytes",
-                                tensors_.size(), c10::str(c10::IntArrayRef(shape)), c10::toString(dtype),
-                                desc.getByteLength()));
+                                tensors_.size(), c10::str(c10::IntArrayRef(shape)),
+                                c10::toString(dtype), desc.getByteLength()));
       }
       total += desc.getByteLength();
       if (total > payload_bytes_) break;

@@ -1,5 +1,6 @@
 #include "ferry/rpc/log.h"
 
+#include <strings.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -7,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <strings.h>
 
 namespace ferry::log {
 namespace {
@@ -19,7 +19,8 @@ Level level_from_env() {
   for (int i = 0; i <= static_cast<int>(Level::Off); ++i) {
     if (strcasecmp(env, kNames[i]) == 0) return static_cast<Level>(i);
   }
-  std::fprintf(stderr, "FERRY_LOG_LEVEL=%s is not one of trace, debug, info, warn, error, off\n", env);
+  std::fprintf(stderr, "FERRY_LOG_LEVEL=%s is not one of trace, debug, info, warn, error, off\n",
+               env);
   return Level::Info;
 }
 

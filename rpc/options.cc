@@ -81,7 +81,8 @@ Options resolve_options(Options options, const std::map<std::string, std::string
     if (!int_from_env(env, {"MASTER_PORT"}, &options.master_port)) {
       // Slurm gives no port: derive one from the job id so every task of a job agrees.
       if (const std::string* job = find(env, "SLURM_JOB_ID")) {
-        options.master_port = 20000 + static_cast<int>(std::strtoul(job->c_str(), nullptr, 10) % 20000);
+        options.master_port =
+            20000 + static_cast<int>(std::strtoul(job->c_str(), nullptr, 10) % 20000);
       }
     }
   }

@@ -41,8 +41,7 @@ void FunctionRegistry::add_async(const std::string& name, AsyncFunction fn) {
   }
 }
 
-FuturePtr FunctionRegistry::invoke(const std::string& name,
-                                   std::vector<c10::IValue>& args) const {
+FuturePtr FunctionRegistry::invoke(const std::string& name, std::vector<c10::IValue>& args) const {
   AsyncFunction fn;
   {
     std::shared_lock<std::shared_mutex> lock(mutex_);
@@ -52,7 +51,8 @@ FuturePtr FunctionRegistry::invoke(const std::string& name,
       for (const auto& entry : functions_) known.push_back(entry.first);
       throw Error(ErrorKind::UnknownFunction,
                   fmt::format("no function \"{}\" is registered (registered: {})", name,
-                              known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
+                              known.empty() ? std::string("none")
+                                            : fmt::format("{}", fmt::join(known, ", "))));
     }
     fn = it->second;
   }

@@ -8,12 +8,12 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <sys/socket.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
 #include <map>
 #include <sstream>
 #include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/log.h"
@@ -23,7 +23,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::vector<uint8_t> bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
 std::string text(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
 
 std::string error_text(const std::exception& e) {
@@ -36,7 +38,9 @@ void backoff(int attempt) {
   std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 + attempt * 5, 100)));
 }
 
-std::string seconds(std::chrono::milliseconds ms) { return fmt::format("{:.1f} s", ms.count() / 1000.0); }
+std::string seconds(std::chrono::milliseconds ms) {
+  return fmt::format("{:.1f} s", ms.count() / 1000.0);
+}
 
 }  // namespace
 
@@ -110,7 +114,8 @@ std::vector<WorkerInfo> Rendezvous::join(const WorkerInfo& self, Clock::time_poi
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error(ErrorKind::Init, fmt::format("rank {}: rendezvous failed: {}", rank_, error_text(e)));
+    throw Error(ErrorKind::Init,
+                fmt::format("rank {}: rendezvous failed: {}", rank_, error_text(e)));
   }
 
   std::map<std::string, std::vector<int>> by_name;
@@ -197,7 +202,8 @@ std::string choose_listen_host(const std::string& master_addr, const std::string
   if (!ifname.empty()) {
     ifaddrs* list = nullptr;
     if (getifaddrs(&list) != 0) {
-      throw Error(ErrorKind::Init, fmt::format("cannot list network interfaces: {}", strerror(errno)));
+      throw Error(ErrorKind::Init,
+                  fmt::format("cannot list network interfaces: {}", strerror(errno)));
     }
     std::string found;
     std::vector<std::string> names;
@@ -206,16 +212,18 @@ std::string choose_listen_host(const std::string& master_addr, const std::string
       names.push_back(a->ifa_name);
       if (found.empty() && ifname == a->ifa_name) {
         char host[INET_ADDRSTRLEN];
-        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, host, sizeof host);
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, host,
+                  sizeof host);
         found = host;
       }
     }
     freeifaddrs(list);
     if (found.empty()) {
-      throw Error(ErrorKind::Init,
-                  fmt::format("interface \"{}\" (FERRY_IFNAME) has no IPv4 address; interfaces with "
-                              "one: {}",
-                              ifname, fmt::join(names, ", ")));
+      throw Error(
+          ErrorKind::Init,
+          fmt::format("interface \"{}\" (FERRY_IFNAME) has no IPv4 address; interfaces with "
+                      "one: {}",
+                      ifname, fmt::join(names, ", ")));
     }
     return found;
   }
@@ -225,8 +233,8 @@ std::string choose_listen_host(const std::string& master_addr, const std::string
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* result = nullptr;
   if (int rc = getaddrinfo(master_addr.c_str(), "9", &hints, &result); rc != 0) {
-    throw Error(ErrorKind::Init,
-                fmt::format("cannot resolve master address \"{}\": {}", master_addr, gai_strerror(rc)));
+    throw Error(ErrorKind::Init, fmt::format("cannot resolve master address \"{}\": {}",
+                                             master_addr, gai_strerror(rc)));
   }
   // Connecting a UDP socket sends nothing; it only asks the kernel which source address the route
   // to the master uses, which is the interface the master (and so the cluster) can reach us on.
@@ -245,8 +253,8 @@ std::string choose_listen_host(const std::string& master_addr, const std::string
   if (fd >= 0) ::close(fd);
   freeaddrinfo(result);
   if (host.empty()) {
-    throw Error(ErrorKind::Init, fmt::format("no route to master address \"{}\": {}", master_addr,
-                                             strerror(saved)));
+    throw Error(ErrorKind::Init,
+                fmt::format("no route to master address \"{}\": {}", master_addr, strerror(saved)));
   }
   return host;
 }

@@ -30,7 +30,8 @@ class Rendezvous {
   int port() const { return port_; }
   // Publishes `self` and waits until every rank has; returns all workers ordered by rank. Throws
   // Error(Init) naming the ranks that never joined, or the ranks whose names clash.
-  std::vector<WorkerInfo> join(const WorkerInfo& self, std::chrono::steady_clock::time_point deadline);
+  std::vector<WorkerInfo> join(const WorkerInfo& self,
+                               std::chrono::steady_clock::time_point deadline);
 
   // Shutdown barrier. arrive_shutdown() says this rank is done; missing_shutdown() lists ranks
   // that have not, after publishing `lost` (ranks this agent saw die) so no agent waits for them.

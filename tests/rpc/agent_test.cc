@@ -8,8 +8,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <thread>
@@ -70,8 +70,8 @@ TEST(Agent, SyncAndAsyncCallsBothWays) {
   EXPECT_EQ(rpc_sync("a", "whoami").toStringRef(), "a");
   EXPECT_NE(rpc_sync("a", "pid").toInt(), ::getpid());
   // Peer "a" calls back into the master.
-  c10::IValue back = rpc_sync("a", "relay", {std::string("master"), std::string("echo"),
-                                             std::string("from a to master")});
+  c10::IValue back = rpc_sync(
+      "a", "relay", {std::string("master"), std::string("echo"), std::string("from a to master")});
   EXPECT_EQ(back.toStringRef(), "from a to master");
 }
 
@@ -119,8 +119,8 @@ TEST(Agent, NestedAsyncHandlersDoNotExhaustThePool) {
   LocalWorld world(settings);
   std::vector<FuturePtr> futures;
   for (int i = 0; i < 50; ++i) {
-    futures.push_back(rpc_async("a", "relay_async", {std::string("b"), std::string("sleep_ms"),
-                                                     int64_t{20}}));
+    futures.push_back(
+        rpc_async("a", "relay_async", {std::string("b"), std::string("sleep_ms"), int64_t{20}}));
   }
   for (auto& f : futures) EXPECT_EQ(error_of(f), "no error");
 }
@@ -156,8 +156,9 @@ TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
   std::string error = error_of(rpc_async("a", "no_such_function", {}));
   EXPECT_TRUE(contains(error, "UnknownFunction: call \"no_such_function\" on worker \"a\""))
       << error;
-  EXPECT_TRUE(contains(error, "registered: add, echo, fail, pid, relay, relay_async, sleep_ms, "
-                              "whoami)"))
+  EXPECT_TRUE(contains(error,
+                       "registered: add, echo, fail, pid, relay, relay_async, sleep_ms, "
+                       "whoami)"))
       << error;
 }
 

@@ -75,10 +75,10 @@ TEST_P(FrameDtype, RoundTripsTensorsOfEveryShape) {
   auto opts = torch::TensorOptions().dtype(dtype);
   std::vector<at::Tensor> cases = {
       torch::arange(0, 24).reshape({2, 3, 4}).to(opts),  // ordinary
-      torch::tensor(5).to(opts),                          // 0-dim
-      torch::empty({0}, opts),                            // empty
-      torch::empty({3, 0, 2}, opts),                      // empty with shape
-      torch::arange(0, 5000).to(opts),                    // large enough for a direct read
+      torch::tensor(5).to(opts),                         // 0-dim
+      torch::empty({0}, opts),                           // empty
+      torch::empty({3, 0, 2}, opts),                     // empty with shape
+      torch::arange(0, 5000).to(opts),                   // large enough for a direct read
   };
   for (const auto& t : cases) {
     expect_same_tensor(t, round_trip(t, 64).toTensor());
@@ -139,10 +139,11 @@ TEST(Frame, RoundTripsContainersWithTheirTypes) {
   dict.insert("bias", torch::randn({3}));
   c10::impl::GenericList nested(c10::AnyType::get());
   nested.push_back(c10::IValue(int64_t{7}));
-  nested.push_back(c10::ivalue::Tuple::create({c10::IValue(std::string("x")), c10::IValue(torch::ones({1}))}));
-  auto tuple = c10::ivalue::Tuple::create(
-      {c10::IValue(ints), c10::IValue(doubles), c10::IValue(bools), c10::IValue(tensors),
-       c10::IValue(dict), c10::IValue(nested), c10::IValue()});
+  nested.push_back(
+      c10::ivalue::Tuple::create({c10::IValue(std::string("x")), c10::IValue(torch::ones({1}))}));
+  auto tuple = c10::ivalue::Tuple::create({c10::IValue(ints), c10::IValue(doubles),
+                                           c10::IValue(bools), c10::IValue(tensors),
+                                           c10::IValue(dict), c10::IValue(nested), c10::IValue()});
 
   c10::IValue back = round_trip(tuple);
   const auto& e = back.toTupleRef().elements();

@@ -18,8 +18,9 @@ std::string init_error(const std::map<std::string, std::string>& env, Options op
 }
 
 TEST(Options, TakesTorchrunVariables) {
-  Options o = resolve_options({}, {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.1.2.3"},
-                                   {"MASTER_PORT", "29500"}});
+  Options o = resolve_options(
+      {},
+      {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}});
   EXPECT_EQ(o.rank, 2);
   EXPECT_EQ(o.world_size, 4);
   EXPECT_EQ(o.master_addr, "10.1.2.3");
@@ -53,7 +54,8 @@ TEST(Options, ExplicitOptionsWinOverTheEnvironment) {
   given.world_size = 1;
   given.name = "master";
   given.master_port = 0;
-  Options o = resolve_options(given, {{"RANK", "5"}, {"WORLD_SIZE", "9"}, {"FERRY_IFNAME", "eth1"}});
+  Options o =
+      resolve_options(given, {{"RANK", "5"}, {"WORLD_SIZE", "9"}, {"FERRY_IFNAME", "eth1"}});
   EXPECT_EQ(o.rank, 0);
   EXPECT_EQ(o.world_size, 1);
   EXPECT_EQ(o.name, "master");

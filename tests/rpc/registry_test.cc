@@ -51,7 +51,9 @@ TEST(Registry, WrongArityAndTypesAreNamedErrors) {
   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
   EXPECT_EQ(error_of([&] { call(registry, "add", {torch::ones({1})}); }),
             "InvalidArgument: \"add\" takes 2 arguments but got 1");
-  EXPECT_EQ(error_of([&] { call(registry, "add", {torch::ones({1}), int64_t{3}}); }),
+  EXPECT_EQ(error_of([&] {
+              call(registry, "add", {torch::ones({1}), int64_t{3}});
+            }),
             "InvalidArgument: argument 1 of \"add\" must be Tensor but got int");
 }
 

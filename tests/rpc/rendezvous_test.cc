@@ -1,4 +1,6 @@
 // Start-up failures: every rank fails within its timeout, and the error names who is at fault.
+#include "rpc/rendezvous.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -68,8 +70,9 @@ TEST(Rendezvous, IncompleteWorldFailsWithinItsTimeoutNamingTheMissingRank) {
   auto start = Clock::now();
   std::string error = start_error(master_options(3, port, milliseconds(1500)));
   EXPECT_LT(Clock::now() - start, milliseconds(4000));
-  EXPECT_EQ(error, "rank 0: the world of 3 did not complete in time: rank 2 never joined "
-                   "(joined: 0, 1)");
+  EXPECT_EQ(error,
+            "rank 0: the world of 3 did not complete in time: rank 2 never joined "
+            "(joined: 0, 1)");
   EXPECT_EQ(exit_code(*p1), 2);
 }
 
@@ -96,6 +99,30 @@ TEST(Rendezvous, ShutdownWaitsForEveryAgentAndReturns) {
   EXPECT_LT(Clock::now() - start, milliseconds(3000));
   EXPECT_EQ(exit_code(*p1), 0);
   EXPECT_THROW(agent->call_async("a", "echo", {}), Error);
+}
+
+}  // namespace
+}  // namespace ferry::rpc
+
+namespace ferry::rpc {
+namespace {
+
+TEST(ListenHost, FollowsTheRouteToTheMaster) {
+  EXPECT_EQ(choose_listen_host("127.0.0.1", ""), "127.0.0.1");
+  EXPECT_EQ(choose_listen_host("localhost", ""), "127.0.0.1");
+}
+
+TEST(ListenHost, NamedInterfaceWinsAndAnUnknownOneIsNamed) {
+  EXPECT_EQ(choose_listen_host("10.255.255.1", "lo"), "127.0.0.1");
+  try {
+    choose_listen_host("127.0.0.1", "nope0");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("interface \"nope0\" (FERRY_IFNAME) has no IPv4 address; "
+                                         "interfaces with one: lo"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -23,12 +23,20 @@ void emit(Level lvl, fmt::format_string<Args...> format, Args&&... args) {
 }
 
 template <typename... Args>
-void debug(fmt::format_string<Args...> f, Args&&... a) { emit(Level::Debug, f, std::forward<Args>(a)...); }
+void debug(fmt::format_string<Args...> f, Args&&... a) {
+  emit(Level::Debug, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void info(fmt::format_string<Args...> f, Args&&... a) { emit(Level::Info, f, std::forward<Args>(a)...); }
+void info(fmt::format_string<Args...> f, Args&&... a) {
+  emit(Level::Info, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void warn(fmt::format_string<Args...> f, Args&&... a) { emit(Level::Warn, f, std::forward<Args>(a)...); }
+void warn(fmt::format_string<Args...> f, Args&&... a) {
+  emit(Level::Warn, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void error(fmt::format_string<Args...> f, Args&&... a) { emit(Level::Error, f, std::forward<Args>(a)...); }
+void error(fmt::format_string<Args...> f, Args&&... a) {
+  emit(Level::Error, f, std::forward<Args>(a)...);
+}
 
 }  // namespace ferry::log

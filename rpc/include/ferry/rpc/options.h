@@ -20,9 +20,9 @@ struct Options {
   int master_port = -1;     // -1: from the environment; 0 on rank 0 picks a free port
   std::string ifname;       // interface to listen on; empty: FERRY_IFNAME, else the route to master
   int num_threads = 4;      // pool threads that run user functions
-  std::chrono::milliseconds rpc_timeout{60000};       // default deadline of a call
-  std::chrono::milliseconds init_timeout{30000};      // bound on the whole rendezvous
-  std::chrono::milliseconds shutdown_timeout{10000};  // bound on the graceful shutdown barrier
+  std::chrono::milliseconds rpc_timeout{60000};            // default deadline of a call
+  std::chrono::milliseconds init_timeout{30000};           // bound on the whole rendezvous
+  std::chrono::milliseconds shutdown_timeout{10000};       // bound on the graceful shutdown barrier
   std::uint64_t max_frame_bytes = std::uint64_t{4} << 30;  // envelope plus tensor bytes
   int max_nesting_depth = 64;                              // of containers inside a value
 };

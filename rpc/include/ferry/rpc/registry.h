@@ -92,7 +92,8 @@ c10::IValue call_typed(F& fn, const std::string& name, std::vector<c10::IValue>&
     fn(from_ivalue<c10::guts::typelist::element_t<I, Params>>(name, I, args[I])...);
     return c10::IValue();
   } else {
-    return c10::IValue(fn(from_ivalue<c10::guts::typelist::element_t<I, Params>>(name, I, args[I])...));
+    return c10::IValue(
+        fn(from_ivalue<c10::guts::typelist::element_t<I, Params>>(name, I, args[I])...));
   }
 }
 
@@ -102,7 +103,8 @@ template <typename F>
 void FunctionRegistry::add(const std::string& name, F fn) {
   using Traits = c10::guts::infer_function_traits_t<F>;
   add_raw(name, [name, fn = std::move(fn)](std::vector<c10::IValue>& args) mutable {
-    return detail::call_typed(fn, name, args, std::make_index_sequence<Traits::number_of_parameters>());
+    return detail::call_typed(fn, name, args,
+                              std::make_index_sequence<Traits::number_of_parameters>());
   });
 }
 

@@ -22,6 +22,7 @@
 #include "ferry/rpc/thread_pool.h"
 #include "rpc/connection.h"
 #include "rpc/rendezvous.h"
+#include "rpc/rref_context.h"
 
 namespace ferry::rpc {
 namespace {
@@ -83,6 +84,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   Options options;
   FunctionRegistry& registry;
+  FunctionRegistry internal;  // the agent's own functions ("ferry.*"), apart from the user's
+  std::shared_ptr<RRefContext> rrefs;
   std::unique_ptr<Rendezvous> rendezvous;
   WorkerInfo self;
   std::vector<WorkerInfo> workers;
@@ -117,6 +120,10 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   std::unique_ptr<ThreadPool> pool;
   std::atomic<bool> running{false};
+  enum class Phase { Starting, Running, Stopped };
+  std::mutex start_mutex;
+  std::condition_variable start_changed;
+  Phase phase = Phase::Starting;
   std::mutex shutdown_mutex;
   bool shut_down = false;
 
@@ -188,9 +195,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   }
 
   Connection* new_connection(int outbound_rank) {
-    auto connection =
-        std::make_unique<Connection>(&loop, next_connection_id++, outbound_rank, limits(), this,
-                                     [this](std::uint64_t id) { request_flush(id); });
+    auto connection = std::make_unique<Connection>(&loop, next_connection_id++, outbound_rank,
+                                                   limits(), rrefs.get(), this,
+                                                   [this](std::uint64_t id) { request_flush(id); });
     Connection* raw = connection.get();
     connections.emplace(raw->id(), std::move(connection));
     return raw;
@@ -220,14 +227,41 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   FuturePtr call(const std::string& to, const std::string& function, std::vector<c10::IValue> args,
                  std::optional<std::chrono::milliseconds> timeout, bool complete_inline) {
-    if (!running.load()) {
-      throw Error(ErrorKind::Shutdown,
-                  fmt::format("cannot call \"{}\" on \"{}\": the agent of {} is not running",
-                              function, to, self.name));
-    }
+    return call_rank(rank_of(to, function), function, std::move(args), timeout, complete_inline);
+  }
+
+  int rank_of(const std::string& to, const std::string& function) {
+    await_running(function);
     auto it = rank_by_name.find(to);
     if (it == rank_by_name.end()) throw unknown_worker(to);
-    const WorkerInfo& callee = workers[it->second];
+    return it->second;
+  }
+
+  // Peers may call this agent before its own start() has seen the world complete; their
+  // functions' calls wait for that (bounded by the rendezvous) instead of failing.
+  void await_running(const std::string& function) {
+    std::unique_lock<std::mutex> lock(start_mutex);
+    start_changed.wait_until(lock, Clock::now() + options.init_timeout,
+                             [this] { return phase != Phase::Starting; });
+    if (phase != Phase::Running) {
+      throw Error(
+          ErrorKind::Shutdown,
+          fmt::format("cannot call \"{}\": the agent of {} is not running", function, self.name));
+    }
+  }
+
+  void set_phase(Phase next) {
+    {
+      std::lock_guard<std::mutex> lock(start_mutex);
+      phase = next;
+    }
+    start_changed.notify_all();
+  }
+
+  FuturePtr call_rank(int rank, const std::string& function, std::vector<c10::IValue> args,
+                      std::optional<std::chrono::milliseconds> timeout, bool complete_inline) {
+    await_running(function);
+    const WorkerInfo& callee = workers.at(rank);
 
     Message request;
     request.kind = MessageKind::Request;
@@ -236,7 +270,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     request.value = c10::ivalue::Tuple::create(std::move(args));
     EncodedFrame frame;
     try {
-      frame = encode_frame(request, options.max_nesting_depth);
+      frame = encode_frame(request, options.max_nesting_depth, rrefs.get(), callee.rank);
     } catch (const Error& e) {
       throw Error(e.kind(), fmt::format("arguments of call \"{}\" to {} cannot be sent: {}",
                                         function, callee.describe(), e.what()));
@@ -435,7 +469,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
           connection.close("request before hello");
           return;
         }
-        serve(connection.id(), std::move(message));
+        serve(connection.id(), connection.peer_rank(), std::move(message));
         return;
       case MessageKind::Response:
       case MessageKind::Error:
@@ -530,9 +564,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   // ---- serving (pool threads) ------------------------------------------------------------------
 
-  void serve(std::uint64_t connection_id, Message request) {
+  void serve(std::uint64_t connection_id, int caller_rank, Message request) {
     std::weak_ptr<State> weak = weak_from_this();
-    pool->submit([weak, connection_id, request = std::move(request)]() mutable {
+    pool->submit([weak, connection_id, caller_rank, request = std::move(request)]() mutable {
       auto self = weak.lock();
       if (!self) return;
       FuturePtr result;
@@ -542,22 +576,23 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
           throw Error(ErrorKind::InvalidArgument, "the arguments of a request must be a tuple");
         }
         args = request.value.toTupleRef().elements().vec();
-        result = self->registry.invoke(request.function, args);
+        bool internal = request.function.rfind("ferry.", 0) == 0;
+        result = (internal ? self->internal : self->registry).invoke(request.function, args);
       } catch (...) {
         result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
         result->setError(std::current_exception());
       }
       // The handler's future may complete on any thread, possibly after this agent is gone:
       // hold the state only weakly.
-      result->addCallback([weak, connection_id, id = request.id,
+      result->addCallback([weak, connection_id, caller_rank, id = request.id,
                            function = request.function](c10::ivalue::Future& done) {
-        if (auto state = weak.lock()) state->reply(connection_id, id, function, done);
+        if (auto state = weak.lock()) state->reply(connection_id, caller_rank, id, function, done);
       });
     });
   }
 
-  void reply(std::uint64_t connection_id, std::uint64_t id, const std::string& function,
-             c10::ivalue::Future& done) {
+  void reply(std::uint64_t connection_id, int caller_rank, std::uint64_t id,
+             const std::string& function, c10::ivalue::Future& done) {
     Message response;
     response.id = id;
     response.error_worker = self.name;
@@ -570,7 +605,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     }
     EncodedFrame frame;
     try {
-      frame = encode_frame(response, options.max_nesting_depth);
+      frame = encode_frame(response, options.max_nesting_depth, rrefs.get(), caller_rank);
     } catch (const Error& e) {
       response = Message();
       response.kind = MessageKind::Error;
@@ -585,6 +620,49 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     if (!writer || writer->send(frame) == SocketWriter::Result::Closed) {
       log::debug("dropping the reply to call {}: its connection is gone", id);
     }
+  }
+
+  // ---- remote references ----------------------------------------------------------------------
+
+  void start_rrefs() {
+    State* s = this;  // the context belongs to this state and never outlives it
+    rrefs = std::make_shared<RRefContext>(
+        self.rank,
+        [s](int rank) {
+          return rank >= 0 && rank < static_cast<int>(s->workers.size())
+                     ? s->workers[rank].name
+                     : fmt::format("rank {}", rank);
+        },
+        [s](int rank, const std::string& function, std::vector<c10::IValue> args,
+            std::optional<std::chrono::milliseconds> timeout) {
+          return s->call_rank(rank, function, std::move(args), timeout, false);
+        },
+        [s](const std::string& function, std::vector<c10::IValue> args) {
+          return s->invoke_later(function, std::move(args));
+        });
+    rrefs->register_functions(internal);
+  }
+
+  // Runs a user function on the pool; its future completes when the function's does.
+  FuturePtr invoke_later(const std::string& function, std::vector<c10::IValue> args) {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    pool->submit([this, function, args = std::move(args), future]() mutable {
+      FuturePtr result;
+      try {
+        result = registry.invoke(function, args);
+      } catch (...) {
+        future->setError(std::current_exception());
+        return;
+      }
+      result->addCallback([future](c10::ivalue::Future& done) {
+        if (done.hasError()) {
+          future->setErrorIfNeeded(done.exception_ptr());
+        } else {
+          future->markCompleted(done.value());
+        }
+      });
+    });
+    return future;
   }
 
   // ---- shutdown (user thread) ----------------------------------------------------------------
@@ -639,6 +717,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       }
     }
     running = false;
+    set_phase(Phase::Stopped);
+    if (rrefs) rrefs->stop();
     stop_loop();
     std::vector<std::pair<std::uint64_t, PendingCall>> left;
     {
@@ -672,6 +752,7 @@ std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry)
   state->options.master_port = state->rendezvous->port();
   std::string host = choose_listen_host(options.master_addr, options.ifname);
   state->pool = std::make_unique<ThreadPool>(options.num_threads);
+  state->start_rrefs();
   state->listen(host);
   state->start_loop();
   try {
@@ -682,6 +763,7 @@ std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry)
   }
   for (const auto& w : state->workers) state->rank_by_name[w.name] = w.rank;
   state->running = true;
+  state->set_phase(State::Phase::Running);
   log::debug("joined as {} in a world of {}", state->self.describe(), options.world_size);
   return std::unique_ptr<Agent>(new Agent(std::move(state)));
 }
@@ -724,6 +806,14 @@ c10::IValue Agent::call_sync(const std::string& to, const std::string& function,
 }
 
 void Agent::shutdown(bool graceful) { state_->stop(graceful); }
+
+RRefPtr Agent::remote(const std::string& to, const std::string& function,
+                      std::vector<c10::IValue> args,
+                      std::optional<std::chrono::milliseconds> timeout) {
+  return state_->rrefs->remote(state_->rank_of(to, function), function, std::move(args), timeout);
+}
+
+std::size_t Agent::owned_rref_count() const { return state_->rrefs->owned_count(); }
 
 void Agent::wait_for_shutdown() {
   for (;;) {

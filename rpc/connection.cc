@@ -76,11 +76,12 @@ SocketWriter::Result SocketWriter::send(EncodedFrame& frame) {
 }
 
 Connection::Connection(uv_loop_t* loop, std::uint64_t id, int outbound_rank, FrameLimits limits,
-                       ConnectionObserver* observer, std::function<void(std::uint64_t)> wake_loop)
+                       RRefCodec* rrefs, ConnectionObserver* observer,
+                       std::function<void(std::uint64_t)> wake_loop)
     : id_(id),
       outbound_rank_(outbound_rank),
       observer_(observer),
-      decoder_(limits),
+      decoder_(limits, rrefs),
       writer_(std::make_shared<SocketWriter>(id, std::move(wake_loop))),
       buffer_(new char[kBufferBytes]) {
   uv_tcp_init(loop, &handle_);

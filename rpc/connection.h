@@ -71,7 +71,8 @@ class Connection {
   // `outbound_rank` is the peer's rank for a connection we opened, -1 for one we accepted (its
   // peer is known once its hello arrives).
   Connection(uv_loop_t* loop, std::uint64_t id, int outbound_rank, FrameLimits limits,
-             ConnectionObserver* observer, std::function<void(std::uint64_t)> wake_loop);
+             RRefCodec* rrefs, ConnectionObserver* observer,
+             std::function<void(std::uint64_t)> wake_loop);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;

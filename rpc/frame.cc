@@ -107,8 +107,13 @@ at::Tensor sendable(const at::Tensor& tensor) {
 
 class ValueEncoder {
  public:
-  ValueEncoder(std::vector<at::Tensor>* tensors, std::vector<bool>* requires_grad, int max_depth)
-      : tensors_(tensors), requires_grad_(requires_grad), max_depth_(max_depth) {}
+  ValueEncoder(std::vector<at::Tensor>* tensors, std::vector<bool>* requires_grad, int max_depth,
+               RRefCodec* rrefs, int to_rank)
+      : tensors_(tensors),
+        requires_grad_(requires_grad),
+        max_depth_(max_depth),
+        rrefs_(rrefs),
+        to_rank_(to_rank) {}
 
   void encode(const c10::IValue& value, wire::Value::Builder out, int depth) {
     if (depth > max_depth_) {
@@ -166,6 +171,17 @@ class ValueEncoder {
         encode(entry.value(), entries[i].initValue(), depth + 1);
         ++i;
       }
+    } else if (value.isRRef()) {
+      if (rrefs_ == nullptr) {
+        throw Error(ErrorKind::InvalidArgument, "an RRef can only be sent through an agent");
+      }
+      RRefWire wire = rrefs_->fork_for_send(value.toRRef(), to_rank_);
+      auto desc = out.initRref();
+      desc.setOwner(wire.owner);
+      desc.setIdRank(wire.id_rank);
+      desc.setIdLocal(wire.id_local);
+      desc.setForkRank(wire.fork_rank);
+      desc.setForkLocal(wire.fork_local);
     } else {
       throw Error(ErrorKind::InvalidArgument,
                   fmt::format("a value of type {} cannot be sent", value.tagKind()));
@@ -182,12 +198,14 @@ class ValueEncoder {
   std::vector<at::Tensor>* tensors_;
   std::vector<bool>* requires_grad_;
   int max_depth_;
+  RRefCodec* rrefs_;
+  int to_rank_;
 };
 
 class ValueDecoder {
  public:
-  ValueDecoder(const std::vector<at::Tensor>& tensors, int max_depth)
-      : tensors_(tensors), max_depth_(max_depth) {}
+  ValueDecoder(const std::vector<at::Tensor>& tensors, int max_depth, RRefCodec* rrefs)
+      : tensors_(tensors), max_depth_(max_depth), rrefs_(rrefs) {}
 
   c10::IValue decode(wire::Value::Reader in, int depth) {
     if (depth > max_depth_) {
@@ -255,6 +273,15 @@ class ValueDecoder {
         }
         return dict;
       }
+      case wire::Value::RREF: {
+        if (rrefs_ == nullptr) {
+          throw Error(ErrorKind::BadFrame, "an RRef arrived where none can be received");
+        }
+        auto desc = in.getRref();
+        RRefWire wire{desc.getOwner(), desc.getIdRank(), desc.getIdLocal(), desc.getForkRank(),
+                      desc.getForkLocal()};
+        return rrefs_->receive(wire);
+      }
     }
     throw Error(ErrorKind::BadFrame,
                 fmt::format("unknown value kind {}", static_cast<int>(in.which())));
@@ -280,6 +307,7 @@ class ValueDecoder {
 
   const std::vector<at::Tensor>& tensors_;
   int max_depth_;
+  RRefCodec* rrefs_;
 };
 
 wire::Kind to_wire(MessageKind kind) {
@@ -312,7 +340,8 @@ capnp::Text::Reader text(const std::string& s) { return capnp::Text::Reader(s.da
 
 }  // namespace
 
-EncodedFrame encode_frame(const Message& message, int max_nesting_depth) {
+EncodedFrame encode_frame(const Message& message, int max_nesting_depth, RRefCodec* rrefs,
+                          int to_rank) {
   EncodedFrame frame;
   std::vector<bool> requires_grad;
   capnp::MallocMessageBuilder builder;
@@ -321,7 +350,7 @@ EncodedFrame encode_frame(const Message& message, int max_nesting_depth) {
   env.setId(message.id);
   env.setKind(to_wire(message.kind));
   env.setFunction(text(message.function));
-  ValueEncoder(&frame.tensors, &requires_grad, max_nesting_depth)
+  ValueEncoder(&frame.tensors, &requires_grad, max_nesting_depth, rrefs, to_rank)
       .encode(message.value, env.initValue(), 0);
   if (message.kind == MessageKind::Error) {
     auto error = env.initError();
@@ -512,7 +541,8 @@ void FrameDecoder::finish_envelope(std::vector<Message>* out) {
                   fmt::format("tensors declare {} bytes but the header announces {}", total,
                               payload_bytes_));
     }
-    message.value = ValueDecoder(tensors_, limits_.max_nesting_depth).decode(env.getValue(), 0);
+    message.value =
+        ValueDecoder(tensors_, limits_.max_nesting_depth, rrefs_).decode(env.getValue(), 0);
     if (message.kind == MessageKind::Error) {
       auto error = env.getError();
       if (error.getKind() > static_cast<std::uint8_t>(ErrorKind::Shutdown)) {

@@ -2,6 +2,7 @@
 // keeps two threads from racing to do either.
 #include "ferry/rpc/rpc.h"
 
+#include <condition_variable>
 #include <mutex>
 
 namespace ferry::rpc {
@@ -17,28 +18,55 @@ std::unique_ptr<Agent>& default_agent() {
   return agent;
 }
 
+// Peers may call this process while init() still waits for the rest of the world, and their
+// functions may need agent(): it waits for init() to finish rather than fail.
+std::condition_variable& init_done() {
+  static std::condition_variable cv;
+  return cv;
+}
+bool initializing = false;
+
 }  // namespace
 
 void init(Options options) {
-  std::lock_guard<std::mutex> lock(default_mutex());
-  if (default_agent()) {
-    throw Error(ErrorKind::Init, fmt::format("init() was already called (this process is {})",
-                                             default_agent()->self().describe()));
+  std::unique_lock<std::mutex> lock(default_mutex());
+  if (default_agent() || initializing) {
+    throw Error(ErrorKind::Init, "ferry::rpc::init() was already called in this process");
   }
-  default_agent() = Agent::start(std::move(options));
+  initializing = true;
+  lock.unlock();
+  std::unique_ptr<Agent> agent;
+  try {
+    agent = Agent::start(std::move(options));
+  } catch (...) {
+    lock.lock();
+    initializing = false;
+    init_done().notify_all();
+    throw;
+  }
+  lock.lock();
+  default_agent() = std::move(agent);
+  initializing = false;
+  init_done().notify_all();
 }
 
 void shutdown(bool graceful) {
-  std::unique_ptr<Agent> agent;
+  Agent* running = nullptr;
   {
     std::lock_guard<std::mutex> lock(default_mutex());
-    if (!default_agent()) return;
-    default_agent()->shutdown(graceful);
-    agent = std::move(default_agent());
+    running = default_agent().get();
   }
+  if (running == nullptr) return;
+  // Not under the lock: a graceful shutdown serves peers' calls, whose functions use agent().
+  running->shutdown(graceful);
+  std::unique_ptr<Agent> finished;
+  std::lock_guard<std::mutex> lock(default_mutex());
+  finished = std::move(default_agent());
 }
 
 Agent& agent() {
+  std::unique_lock<std::mutex> lock(default_mutex());
+  init_done().wait(lock, [] { return !initializing; });
   Agent* a = default_agent().get();
   if (a == nullptr) {
     throw Error(ErrorKind::Shutdown, "ferry::rpc::init() has not been called in this process");
@@ -46,6 +74,9 @@ Agent& agent() {
   return *a;
 }
 
-bool is_initialized() { return default_agent() != nullptr; }
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(default_mutex());
+  return default_agent() != nullptr;
+}
 
 }  // namespace ferry::rpc

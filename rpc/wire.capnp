@@ -62,7 +62,18 @@ struct Value {
     list @10 :GenericList;
     tuple @11 :List(Value);
     dict @12 :Dict;
+    rref @13 :RRefDesc;
   }
+}
+
+# A reference to a value held by `owner`. `fork` names this copy of the reference, registered
+# with the owner by whoever sent it, so the owner knows when the last copy is gone.
+struct RRefDesc {
+  owner @0 :Int32;
+  idRank @1 :Int32;
+  idLocal @2 :UInt64;
+  forkRank @3 :Int32;
+  forkLocal @4 :UInt64;
 }
 
 struct GenericList {

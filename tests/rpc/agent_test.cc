@@ -157,8 +157,8 @@ TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
   EXPECT_TRUE(contains(error, "UnknownFunction: call \"no_such_function\" on worker \"a\""))
       << error;
   EXPECT_TRUE(contains(error,
-                       "registered: add, echo, fail, pid, relay, relay_async, sleep_ms, "
-                       "whoami)"))
+                       "(registered: add, echo, fail, make_remote, owned_rrefs, pid, relay, "
+                       "relay_async, rref_owner, rref_value, sleep_ms, whoami)"))
       << error;
 }
 

@@ -8,7 +8,9 @@ namespace ferry::testing {
 // add(a, b) -> a + b; echo(v) -> v; sleep_ms(ms) -> ms after sleeping; fail(text) throws text;
 // whoami() -> the serving worker's name; pid() -> its process id;
 // relay(to, function, arg) -> rpc_sync(to, function, [arg]) from inside the handler (nested);
-// relay_async(to, function, arg) -> the same without holding a pool thread while waiting.
+// relay_async(to, function, arg) -> the same without holding a pool thread while waiting;
+// owned_rrefs() -> values this worker owns; rref_value(rref) -> rref.to_here();
+// rref_owner(rref) -> the owner's name; make_remote(to, function, arg) -> remote(...) as an RRef.
 void register_test_functions(rpc::FunctionRegistry& registry);
 
 }  // namespace ferry::testing

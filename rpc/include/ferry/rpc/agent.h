@@ -18,6 +18,7 @@
 
 #include "ferry/rpc/options.h"
 #include "ferry/rpc/registry.h"
+#include "ferry/rpc/rref.h"
 #include "ferry/rpc/worker_info.h"
 
 namespace ferry::rpc {
@@ -53,6 +54,14 @@ class Agent {
   c10::IValue call_sync(const std::string& to, const std::string& function,
                         std::vector<c10::IValue> args,
                         std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // Runs `function` on worker `to`, which keeps the result: the caller gets an RRef at once,
+  // before the value exists (torch.distributed.rpc.remote). Errors of the function surface from
+  // to_here() and ready(); an unknown worker or unsendable argument throws at once.
+  RRefPtr remote(const std::string& to, const std::string& function, std::vector<c10::IValue> args,
+                 std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Values this worker owns that some RRef, here or elsewhere, still holds.
+  std::size_t owned_rref_count() const;
 
   // Graceful: waits for this agent's outstanding calls, then for every live agent to reach
   // shutdown (serving their calls meanwhile), all within Options::shutdown_timeout. Idempotent.

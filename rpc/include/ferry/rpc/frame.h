@@ -39,6 +39,27 @@ struct Message {
   int peer_rank = -1;                                 // Control
 };
 
+// An RRef as it travels: who owns the value, which value, and which copy of the reference.
+struct RRefWire {
+  int owner = -1;
+  int id_rank = -1;
+  std::uint64_t id_local = 0;
+  int fork_rank = -1;
+  std::uint64_t fork_local = 0;
+};
+
+// How frames turn RRefs into wire descriptions and back: sending forks the reference (the owner
+// must learn of the new copy), receiving makes a handle. The agent provides it.
+class RRefCodec {
+ public:
+  virtual ~RRefCodec() = default;
+  // On the sending thread, for a message going to `to_rank`.
+  virtual RRefWire fork_for_send(const c10::intrusive_ptr<c10::RRefInterface>& rref,
+                                 int to_rank) = 0;
+  // On the thread that decodes the frame.
+  virtual c10::IValue receive(const RRefWire& wire) = 0;
+};
+
 struct FrameLimits {
   std::uint64_t max_frame_bytes = std::uint64_t{4} << 30;
   int max_nesting_depth = 64;
@@ -54,15 +75,18 @@ struct EncodedFrame {
   std::uint64_t size() const { return head.size() + payload_bytes; }
 };
 
-// Throws Error(InvalidArgument) naming the part of the value that cannot be sent.
-EncodedFrame encode_frame(const Message& message, int max_nesting_depth = 64);
+// Throws Error(InvalidArgument) naming the part of the value that cannot be sent. RRefs in the
+// value need `rrefs` (and the destination `to_rank`).
+EncodedFrame encode_frame(const Message& message, int max_nesting_depth = 64,
+                          RRefCodec* rrefs = nullptr, int to_rank = -1);
 
 // Incremental decoder of a byte stream into messages. Any violation of the format or of the
 // limits throws Error(BadFrame) with the reason; the stream is then unusable and the transport
 // closes the connection.
 class FrameDecoder {
  public:
-  explicit FrameDecoder(FrameLimits limits) : limits_(limits) {}
+  explicit FrameDecoder(FrameLimits limits, RRefCodec* rrefs = nullptr)
+      : limits_(limits), rrefs_(rrefs) {}
 
   // While tensor bytes are awaited: the memory they go to and how many are still missing, so the
   // transport can read straight into the tensor. {nullptr, 0} otherwise.
@@ -84,6 +108,7 @@ class FrameDecoder {
   void skip_empty_tensors(std::vector<Message>* out);
 
   FrameLimits limits_;
+  RRefCodec* rrefs_;
   State state_ = State::Header;
   char header_[kFrameHeaderBytes];
   std::size_t filled_ = 0;  // bytes of the header or envelope received so far

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ferry/rpc/error.h"
+#include "ferry/rpc/rref.h"
 
 namespace ferry::rpc {
 
@@ -62,6 +63,9 @@ std::decay_t<T> from_ivalue(const std::string& function, size_t index, c10::IVal
   };
   if constexpr (std::is_same_v<D, c10::IValue>) {
     return std::move(value);
+  } else if constexpr (std::is_same_v<D, RRefPtr>) {
+    if (!value.isRRef()) throw mismatch("RRef");
+    return to_rref(value);
   } else if constexpr (std::is_same_v<D, bool>) {
     if (!value.isBool()) throw mismatch("bool");
     return value.toBool();

@@ -12,6 +12,7 @@
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/options.h"
 #include "ferry/rpc/registry.h"
+#include "ferry/rpc/rref.h"
 #include "ferry/rpc/worker_info.h"
 
 namespace ferry::rpc {
@@ -40,6 +41,12 @@ inline FuturePtr rpc_async(const std::string& to, const std::string& function,
                            std::vector<c10::IValue> args = {},
                            std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
   return agent().call_async(to, function, std::move(args), timeout);
+}
+
+inline RRefPtr remote(const std::string& to, const std::string& function,
+                      std::vector<c10::IValue> args = {},
+                      std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+  return agent().remote(to, function, std::move(args), timeout);
 }
 
 inline const std::vector<WorkerInfo>& workers() { return agent().workers(); }

@@ -498,7 +498,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
                                          callee.describe(), message.error_message)
                            : fmt::format("call \"{}\" on {} failed: {}", call->function,
                                          callee.describe(), message.error_message);
-    fail(std::move(*call), Error(message.error_kind, text));
+    fail(std::move(*call), Error(message.error_kind, text, message.error_message));
   }
 
   void on_closed(Connection& connection, const std::string& reason) override {
@@ -576,7 +576,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
           throw Error(ErrorKind::InvalidArgument, "the arguments of a request must be a tuple");
         }
         args = request.value.toTupleRef().elements().vec();
-        bool internal = request.function.rfind("ferry.", 0) == 0;
+        bool internal = self->internal.contains(request.function);
         result = (internal ? self->internal : self->registry).invoke(request.function, args);
       } catch (...) {
         result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());

@@ -48,7 +48,10 @@ FuturePtr FunctionRegistry::invoke(const std::string& name, std::vector<c10::IVa
     auto it = functions_.find(name);
     if (it == functions_.end()) {
       std::vector<std::string> known;
-      for (const auto& entry : functions_) known.push_back(entry.first);
+      // Ferry's own functions ("ferry.*") are not the user's to call by hand.
+      for (const auto& entry : functions_) {
+        if (entry.first.rfind("ferry.", 0) != 0) known.push_back(entry.first);
+      }
       throw Error(ErrorKind::UnknownFunction,
                   fmt::format("no function \"{}\" is registered (registered: {})", name,
                               known.empty() ? std::string("none")

@@ -5,11 +5,15 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ferry/remote_module/stage_host.h"
 #include "ferry/rpc/rpc.h"
+#include "tests/support/test_stages.h"
 
 namespace ferry::testing {
 
 void register_test_functions(rpc::FunctionRegistry& registry) {
+  register_test_stages();
+  install_stage_functions(registry);
   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
   registry.add("echo", [](c10::IValue v) { return v; });
   registry.add("sleep_ms", [](int64_t ms) {

@@ -1,4 +1,5 @@
-// Functions every process of the multi-process tests serves, so any of them can call any other.
+// Functions every process of the multi-process tests serves, so any of them can call any other,
+// together with the stage functions and the test stages (tests/support/test_stages.h).
 #pragma once
 
 #include "ferry/rpc/registry.h"

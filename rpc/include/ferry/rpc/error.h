@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace ferry::rpc {
 
@@ -22,11 +23,15 @@ const char* to_string(ErrorKind kind);
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message, std::string cause = "")
+      : std::runtime_error(message), kind_(kind), cause_(std::move(cause)) {}
   ErrorKind kind() const { return kind_; }
+  // For an error raised on another worker: its own message, without the call's description.
+  const std::string& cause() const { return cause_; }
 
  private:
   ErrorKind kind_;
+  std::string cause_;
 };
 
 }  // namespace ferry::rpc

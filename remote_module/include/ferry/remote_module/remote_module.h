@@ -1,0 +1,56 @@
+// A handle to a stage living on a worker (mirrors torch.distributed.nn.RemoteModule). Value type:
+// copies share the same remote stage, which its worker frees once no handle (and no RRef to it or
+// to its parameters) is left. Any thread except an agent's loop thread may use it; calls on one
+// stage run one at a time on its worker.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <vector>
+
+#include "ferry/remote_module/stage.h"
+#include "ferry/rpc/rref.h"
+
+namespace ferry {
+
+class RemoteModule {
+ public:
+  // Builds a registered stage type on `worker`. Throws rpc::Error naming the stage and worker
+  // if the type is unknown (with the registered ones) or the config is wrong.
+  static RemoteModule create(const std::string& worker, const std::string& type,
+                             StageConfig config = stage_config());
+
+  // Errors carry the stage's own message, the stage type and the worker.
+  c10::IValue forward(std::vector<c10::IValue> inputs) const;
+  rpc::FuturePtr forward_async(std::vector<c10::IValue> inputs) const;
+
+  void train(bool on = true) const;
+  void eval() const { train(false); }
+  // RRefs to each parameter, owned by the stage's worker (for a distributed optimizer).
+  std::vector<rpc::RRefPtr> remote_parameters() const;
+  int64_t parameter_count() const;
+  int64_t parameter_bytes() const;
+  // Parameters and buffers by name, copied here.
+  c10::Dict<std::string, at::Tensor> state_dict() const;
+  // Copies tensors into the stage by name; with `strict`, missing or unexpected names are an
+  // error. A shape mismatch always is. Each error lists the names concerned.
+  void load_state_dict(const c10::Dict<std::string, at::Tensor>& state, bool strict = true) const;
+  void to(const std::string& device) const;
+
+  const std::string& worker() const { return worker_; }
+  const std::string& type() const { return type_; }
+  const rpc::RRefPtr& module_rref() const { return module_; }
+
+ private:
+  RemoteModule(std::string worker, std::string type, rpc::RRefPtr module)
+      : worker_(std::move(worker)), type_(std::move(type)), module_(std::move(module)) {}
+  c10::IValue call(const std::string& what, const std::string& function,
+                   std::vector<c10::IValue> args) const;
+
+  std::string worker_;
+  std::string type_;
+  rpc::RRefPtr module_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,90 @@
+// Runs on the caller's thread; every method is one call to the stage's worker.
+#include "ferry/remote_module/remote_module.h"
+
+#include <fmt/format.h>
+
+#include "ferry/rpc/rpc.h"
+
+namespace ferry {
+namespace {
+
+c10::IValue as_ivalue(const rpc::RRefPtr& rref) {
+  return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
+}
+
+// The worker's own words when it raised the error, else the whole message.
+std::string reason(const rpc::Error& e) { return e.cause().empty() ? e.what() : e.cause(); }
+
+}  // namespace
+
+RemoteModule RemoteModule::create(const std::string& worker, const std::string& type,
+                                  StageConfig config) {
+  rpc::RRefPtr module = rpc::remote(worker, "ferry.stage.create", {type, config});
+  rpc::FuturePtr ready = module->ready();
+  ready->wait();
+  if (ready->hasError()) {
+    try {
+      std::rethrow_exception(ready->exception_ptr());
+    } catch (const rpc::Error& e) {
+      throw rpc::Error(e.kind(), fmt::format("cannot create stage \"{}\" on worker \"{}\": {}",
+                                             type, worker, reason(e)));
+    }
+  }
+  return RemoteModule(worker, type, std::move(module));
+}
+
+c10::IValue RemoteModule::call(const std::string& what, const std::string& function,
+                               std::vector<c10::IValue> args) const {
+  args.insert(args.begin(), as_ivalue(module_));
+  try {
+    return rpc::rpc_sync(worker_, function, std::move(args));
+  } catch (const rpc::Error& e) {
+    throw rpc::Error(e.kind(),
+                     fmt::format("{} of stage \"{}\" on worker \"{}\" failed: {}", what, type_,
+                                 worker_, reason(e)),
+                     e.cause());
+  }
+}
+
+c10::IValue RemoteModule::forward(std::vector<c10::IValue> inputs) const {
+  return call("forward", "ferry.stage.forward", {c10::ivalue::Tuple::create(std::move(inputs))});
+}
+
+rpc::FuturePtr RemoteModule::forward_async(std::vector<c10::IValue> inputs) const {
+  return rpc::rpc_async(worker_, "ferry.stage.forward",
+                        {as_ivalue(module_), c10::ivalue::Tuple::create(std::move(inputs))});
+}
+
+void RemoteModule::train(bool on) const { call("train", "ferry.stage.train", {on}); }
+
+std::vector<rpc::RRefPtr> RemoteModule::remote_parameters() const {
+  std::vector<rpc::RRefPtr> out;
+  for (const auto& item : call("remote_parameters", "ferry.stage.parameters", {}).toList()) {
+    out.push_back(rpc::to_rref(item));
+  }
+  return out;
+}
+
+int64_t RemoteModule::parameter_count() const {
+  return call("parameter_count", "ferry.stage.info", {}).toGenericDict().at("parameters").toInt();
+}
+
+int64_t RemoteModule::parameter_bytes() const {
+  return call("parameter_bytes", "ferry.stage.info", {})
+      .toGenericDict()
+      .at("parameter_bytes")
+      .toInt();
+}
+
+c10::Dict<std::string, at::Tensor> RemoteModule::state_dict() const {
+  return call("state_dict", "ferry.stage.state_dict", {}).to<c10::Dict<std::string, at::Tensor>>();
+}
+
+void RemoteModule::load_state_dict(const c10::Dict<std::string, at::Tensor>& state,
+                                   bool strict) const {
+  call("load_state_dict", "ferry.stage.load_state_dict", {state, strict});
+}
+
+void RemoteModule::to(const std::string& device) const { call("to", "ferry.stage.to", {device}); }
+
+}  // namespace ferry

@@ -1,0 +1,189 @@
+// These functions run on the hosting worker's pool threads; each stage has a mutex so that calls
+// on one stage do not overlap.
+#include "ferry/remote_module/stage_host.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/custom_class.h>
+#include <torch/torch.h>
+
+#include <mutex>
+#include <set>
+
+#include "ferry/remote_module/stage.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry {
+namespace {
+
+// A stage as an IValue, so that an RRef can own it and free it with the last reference.
+struct StageHolder : torch::CustomClassHolder {
+  StageHolder(std::string t, std::unique_ptr<Stage> s) : type(std::move(t)), stage(std::move(s)) {}
+  std::string type;
+  std::unique_ptr<Stage> stage;
+  std::mutex mutex;
+};
+
+void register_holder_class() {
+  static auto holder = torch::class_<StageHolder>("ferry", "StageHolder");
+}
+
+c10::intrusive_ptr<StageHolder> holder_of(const rpc::RRefPtr& module) {
+  return module->local_value().toCustomClass<StageHolder>();
+}
+
+// The stage's own error, said with the stage and worker it happened on.
+[[noreturn]] void rethrow_in_stage(const StageHolder& holder, const std::string& what) {
+  std::string worker = rpc::self().name;
+  try {
+    throw;
+  } catch (const rpc::Error& e) {
+    throw rpc::Error(e.kind(), fmt::format("{} of stage \"{}\" on worker \"{}\": {}", what,
+                                           holder.type, worker, e.what()));
+  } catch (const c10::Error& e) {
+    throw rpc::Error(rpc::ErrorKind::RemoteException,
+                     fmt::format("{} of stage \"{}\" on worker \"{}\": {}", what, holder.type,
+                                 worker, e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw rpc::Error(rpc::ErrorKind::RemoteException,
+                     fmt::format("{} of stage \"{}\" on worker \"{}\": {}", what, holder.type,
+                                 worker, e.what()));
+  }
+}
+
+c10::Dict<std::string, at::Tensor> state_of(Stage& stage) {
+  c10::Dict<std::string, at::Tensor> out;
+  for (auto& [name, t] : stage.named_parameters()) out.insert(name, t.detach());
+  for (auto& [name, t] : stage.named_buffers()) out.insert(name, t.detach());
+  return out;
+}
+
+void load_state(Stage& stage, const c10::Dict<std::string, at::Tensor>& state, bool strict) {
+  NamedTensors targets = stage.named_parameters();
+  for (auto& b : stage.named_buffers()) targets.push_back(b);
+  std::vector<std::string> missing, mis_shaped, unexpected;
+  std::set<std::string> known;
+  for (auto& [name, t] : targets) {
+    known.insert(name);
+    auto it = state.find(name);
+    if (it == state.end()) {
+      missing.push_back(name);
+    } else if (it->value().sizes() != t.sizes()) {
+      mis_shaped.push_back(fmt::format("{} (expected {}, got {})", name, c10::str(t.sizes()),
+                                       c10::str(it->value().sizes())));
+    }
+  }
+  for (const auto& entry : state) {
+    if (known.count(entry.key()) == 0) unexpected.push_back(entry.key());
+  }
+  std::vector<std::string> problems;
+  if (!mis_shaped.empty())
+    problems.push_back(fmt::format("mis-shaped: {}", fmt::join(mis_shaped, ", ")));
+  if (strict && !missing.empty())
+    problems.push_back(fmt::format("missing: {}", fmt::join(missing, ", ")));
+  if (strict && !unexpected.empty()) {
+    problems.push_back(fmt::format("unexpected: {}", fmt::join(unexpected, ", ")));
+  }
+  if (!problems.empty()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("state dict does not fit: {}", fmt::join(problems, "; ")));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : targets) {
+    auto it = state.find(name);
+    if (it != state.end()) t.copy_(it->value());
+  }
+}
+
+}  // namespace
+
+void install_stage_functions(rpc::FunctionRegistry& registry) {
+  register_holder_class();
+  registry.add("ferry.stage.create", [](std::string type, c10::IValue config) {
+    StageConfig typed = stage_config();
+    if (config.isGenericDict()) {
+      for (const auto& entry : config.toGenericDict()) {
+        if (!entry.key().isString()) {
+          throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                           fmt::format("config keys of stage \"{}\" must be strings", type));
+        }
+        typed.insert(entry.key(), entry.value());
+      }
+    } else if (!config.isNone()) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       fmt::format("config of stage \"{}\" must be a dict", type));
+    }
+    auto holder = c10::make_intrusive<StageHolder>(type, make_stage(type, typed));
+    return c10::IValue(std::move(holder));
+  });
+  registry.add("ferry.stage.forward", [](rpc::RRefPtr module, c10::IValue inputs) {
+    auto holder = holder_of(module);
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    try {
+      return holder->stage->forward(inputs.toTupleRef().elements().vec());
+    } catch (...) {
+      rethrow_in_stage(*holder, "forward");
+    }
+  });
+  registry.add("ferry.stage.train", [](rpc::RRefPtr module, bool on) {
+    auto holder = holder_of(module);
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    holder->stage->train(on);
+  });
+  registry.add("ferry.stage.info", [](rpc::RRefPtr module) {
+    auto holder = holder_of(module);
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    int64_t count = 0, bytes = 0;
+    for (auto& [name, t] : holder->stage->named_parameters()) {
+      count += t.numel();
+      bytes += static_cast<int64_t>(t.nbytes());
+    }
+    c10::Dict<std::string, int64_t> info;
+    info.insert("parameters", count);
+    info.insert("parameter_bytes", bytes);
+    return info;
+  });
+  registry.add("ferry.stage.parameter", [](rpc::RRefPtr module, int64_t index) {
+    auto holder = holder_of(module);
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    return holder->stage->named_parameters().at(index).second;
+  });
+  registry.add("ferry.stage.parameters", [](rpc::RRefPtr module) {
+    size_t count;
+    {
+      auto holder = holder_of(module);
+      std::lock_guard<std::mutex> lock(holder->mutex);
+      count = holder->stage->named_parameters().size();
+    }
+    c10::impl::GenericList out(c10::AnyType::get());
+    c10::IValue module_value{c10::intrusive_ptr<c10::RRefInterface>(module)};
+    for (size_t i = 0; i < count; ++i) {
+      auto rref = rpc::remote(rpc::self().name, "ferry.stage.parameter",
+                              {module_value, static_cast<int64_t>(i)});
+      out.push_back(c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref)));
+    }
+    return out;
+  });
+  registry.add("ferry.stage.state_dict", [](rpc::RRefPtr module) {
+    auto holder = holder_of(module);
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    return state_of(*holder->stage);
+  });
+  registry.add("ferry.stage.load_state_dict",
+               [](rpc::RRefPtr module, c10::Dict<std::string, at::Tensor> state, bool strict) {
+                 auto holder = holder_of(module);
+                 std::lock_guard<std::mutex> lock(holder->mutex);
+                 try {
+                   load_state(*holder->stage, state, strict);
+                 } catch (...) {
+                   rethrow_in_stage(*holder, "load_state_dict");
+                 }
+               });
+  registry.add("ferry.stage.to", [](rpc::RRefPtr module, std::string device) {
+    auto holder = holder_of(module);
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    holder->stage->to(c10::Device(device));
+  });
+}
+
+}  // namespace ferry

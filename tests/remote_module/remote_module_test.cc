@@ -1,0 +1,173 @@
+// Remote modules on real worker processes: the master (this process) builds stages on "a", "b"
+// and "c" and compares them with the same stages built here.
+#include "ferry/remote_module/remote_module.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "ferry/rpc/rpc.h"
+#include "tests/support/cluster.h"
+
+namespace ferry {
+namespace {
+
+using ferry::testing::LocalWorld;
+using std::chrono::milliseconds;
+
+LocalWorld::Settings three_workers() {
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b", "c"};
+  return settings;
+}
+
+StageConfig mlp_config(int64_t seed, double dropout = 0.0) {
+  StageConfig config = stage_config();
+  config.insert("in", int64_t{8});
+  config.insert("hidden", int64_t{16});
+  config.insert("out", int64_t{4});
+  config.insert("seed", seed);
+  config.insert("dropout", dropout);
+  return config;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const rpc::Error& e) {
+    return std::string(rpc::to_string(e.kind())) + ": " + e.what();
+  }
+  return "no error";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(RemoteModule, ForwardMatchesTheSameStageRunLocallyBitForBit) {
+  LocalWorld world(three_workers());
+  RemoteModule remote = RemoteModule::create("a", "test.mlp", mlp_config(7));
+  std::unique_ptr<Stage> local = make_stage("test.mlp", mlp_config(7));
+  at::Tensor x = torch::randn({5, 8});
+  at::Tensor expected = local->forward({x}).toTensor();
+  EXPECT_TRUE(torch::equal(remote.forward({x}).toTensor(), expected));
+  auto future = remote.forward_async({x});
+  future->wait();
+  EXPECT_TRUE(torch::equal(future->value().toTensor(), expected));
+  EXPECT_EQ(remote.worker(), "a");
+  EXPECT_EQ(remote.type(), "test.mlp");
+}
+
+TEST(RemoteModule, ListOutputsComeBackAsLists) {
+  LocalWorld world(three_workers());
+  StageConfig config = stage_config();
+  config.insert("channels", int64_t{3});
+  RemoteModule remote = RemoteModule::create("b", "test.pyramid", config);
+  std::unique_ptr<Stage> local = make_stage("test.pyramid", config);
+  remote.eval();
+  local->train(false);
+  at::Tensor x = torch::randn({2, 3, 16, 16});
+  auto got = remote.forward({x}).toTensorVector();
+  auto expected = local->forward({x}).toTensorVector();
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(got[i], expected[i]));
+  EXPECT_EQ(got[2].sizes(), (std::vector<int64_t>{2, 3, 4, 4}));
+}
+
+TEST(RemoteModule, TrainAndEvalReachTheWorker) {
+  LocalWorld world(three_workers());
+  RemoteModule remote = RemoteModule::create("a", "test.mlp", mlp_config(1, 0.5));
+  at::Tensor x = torch::randn({64, 8});
+  remote.eval();
+  EXPECT_TRUE(torch::equal(remote.forward({x}).toTensor(), remote.forward({x}).toTensor()));
+  remote.train();
+  EXPECT_FALSE(torch::equal(remote.forward({x}).toTensor(), remote.forward({x}).toTensor()));
+}
+
+TEST(RemoteModule, ParametersAreCountedAndReachableByRRef) {
+  LocalWorld world(three_workers());
+  RemoteModule remote = RemoteModule::create("c", "test.mlp", mlp_config(3));
+  std::unique_ptr<Stage> local = make_stage("test.mlp", mlp_config(3));
+  EXPECT_EQ(remote.parameter_count(), 8 * 16 + 16 + 16 * 4 + 4);
+  EXPECT_EQ(remote.parameter_bytes(), remote.parameter_count() * 4);
+  std::vector<rpc::RRefPtr> params = remote.remote_parameters();
+  auto named = local->named_parameters();
+  ASSERT_EQ(params.size(), named.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i]->ownerName(), "c");
+    EXPECT_TRUE(torch::equal(params[i]->to_here().toTensor(), named[i].second)) << named[i].first;
+  }
+}
+
+TEST(RemoteModule, StateDictRoundTripsBetweenWorkers) {
+  LocalWorld world(three_workers());
+  RemoteModule source = RemoteModule::create("a", "test.mlp", mlp_config(11));
+  RemoteModule target = RemoteModule::create("b", "test.mlp", mlp_config(12));
+  at::Tensor x = torch::randn({3, 8});
+  EXPECT_FALSE(torch::equal(source.forward({x}).toTensor(), target.forward({x}).toTensor()));
+  auto state = source.state_dict();
+  EXPECT_EQ(state.size(), 4u);
+  target.load_state_dict(state);
+  EXPECT_TRUE(torch::equal(source.forward({x}).toTensor(), target.forward({x}).toTensor()));
+}
+
+TEST(RemoteModule, DroppedModulesAreFreedOnTheirWorker) {
+  LocalWorld world(three_workers());
+  int64_t before = rpc::rpc_sync("b", "owned_rrefs").toInt();
+  {
+    RemoteModule remote = RemoteModule::create("b", "test.mlp", mlp_config(1));
+    auto params = remote.remote_parameters();
+    EXPECT_EQ(rpc::rpc_sync("b", "owned_rrefs").toInt(), before + 1 + 4);
+  }
+  int64_t after = -1;
+  for (int i = 0; i < 250 && after != before; ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+    after = rpc::rpc_sync("b", "owned_rrefs").toInt();
+  }
+  EXPECT_EQ(after, before);
+}
+
+TEST(RemoteModule, BadRequestsAreClearErrorsAndTheWorkerKeepsServing) {
+  LocalWorld world(three_workers());
+  std::string unknown = error_of([] { RemoteModule::create("a", "unet.nothing"); });
+  EXPECT_TRUE(contains(unknown,
+                       "cannot create stage \"unet.nothing\" on worker \"a\": unknown "
+                       "stage type \"unet.nothing\" (registered: test.mlp, test.pyramid)"))
+      << unknown;
+
+  StageConfig missing = mlp_config(1);
+  ASSERT_EQ(missing.erase(c10::IValue("hidden")), 1u);
+  std::string no_field = error_of([&] { RemoteModule::create("a", "test.mlp", missing); });
+  EXPECT_TRUE(contains(no_field, "stage \"test.mlp\" needs config field \"hidden\"")) << no_field;
+
+  StageConfig wrong = mlp_config(1);
+  wrong.insert_or_assign("in", std::string("eight"));
+  std::string wrong_type = error_of([&] { RemoteModule::create("a", "test.mlp", wrong); });
+  EXPECT_TRUE(contains(wrong_type,
+                       "config field \"in\" of stage \"test.mlp\" must be an int but "
+                       "is String"))
+      << wrong_type;
+
+  RemoteModule remote = RemoteModule::create("a", "test.mlp", mlp_config(1));
+  std::string shape = error_of([&] { remote.forward({torch::randn({2, 5})}); });
+  EXPECT_TRUE(contains(shape,
+                       "RemoteException: forward of stage \"test.mlp\" on worker \"a\" "
+                       "failed: forward of stage \"test.mlp\" on worker \"a\": "))
+      << shape;
+  EXPECT_TRUE(contains(shape, "mat1 and mat2 shapes cannot be multiplied")) << shape;
+
+  auto bad_state = remote.state_dict();
+  bad_state.insert_or_assign("0.weight", torch::zeros({3, 3}));
+  bad_state.insert("extra", torch::zeros({1}));
+  std::string state = error_of([&] { remote.load_state_dict(bad_state); });
+  EXPECT_TRUE(contains(state, "mis-shaped: 0.weight (expected [16, 8], got [3, 3])")) << state;
+  EXPECT_TRUE(contains(state, "unexpected: extra")) << state;
+
+  // Still serving, the stage unharmed.
+  EXPECT_EQ(remote.forward({torch::randn({2, 8})}).toTensor().sizes(),
+            (std::vector<int64_t>{2, 4}));
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,60 @@
+#include "tests/support/test_stages.h"
+
+#include <torch/torch.h>
+
+#include "ferry/rpc/error.h"
+
+namespace ferry::testing {
+namespace {
+
+std::unique_ptr<Stage> make_mlp(const StageConfig& config) {
+  int64_t in = config_int(config, "test.mlp", "in");
+  int64_t hidden = config_int(config, "test.mlp", "hidden");
+  int64_t out = config_int(config, "test.mlp", "out");
+  torch::manual_seed(config_int(config, "test.mlp", "seed", 0));
+  auto net = std::make_shared<torch::nn::SequentialImpl>(
+      torch::nn::Linear(in, hidden), torch::nn::ReLU(),
+      torch::nn::Dropout(config_double(config, "test.mlp", "dropout", 0.0)),
+      torch::nn::Linear(hidden, out));
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+    if (inputs.size() != 1 || !inputs[0].isTensor()) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument, "test.mlp takes one tensor");
+    }
+    return c10::IValue(net->forward(inputs[0].toTensor()));
+  });
+}
+
+struct PyramidImpl : torch::nn::Module {
+  explicit PyramidImpl(int64_t channels)
+      : conv(register_module(
+            "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, channels, 3).padding(1)))),
+        norm(register_module("norm", torch::nn::BatchNorm2d(channels))) {}
+  std::vector<at::Tensor> forward(const at::Tensor& x) {
+    at::Tensor full = torch::relu(norm(conv(x)));
+    at::Tensor half = torch::avg_pool2d(full, 2);
+    return {full, half, torch::avg_pool2d(half, 2)};
+  }
+  torch::nn::Conv2d conv;
+  torch::nn::BatchNorm2d norm;
+};
+
+std::unique_ptr<Stage> make_pyramid(const StageConfig& config) {
+  torch::manual_seed(config_int(config, "test.pyramid", "seed", 0));
+  auto net = std::make_shared<PyramidImpl>(config_int(config, "test.pyramid", "channels"));
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+    return c10::IValue(net->forward(inputs.at(0).toTensor()));
+  });
+}
+
+}  // namespace
+
+void register_test_stages() {
+  static bool done = [] {
+    register_stage("test.mlp", make_mlp);
+    register_stage("test.pyramid", make_pyramid);
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace ferry::testing

@@ -19,7 +19,16 @@ std::string reason(const rpc::Error& e) { return e.cause().empty() ? e.what() : 
 
 RemoteModule RemoteModule::create(const std::string& worker, const std::string& type,
                                   StageConfig config) {
-  rpc::RRefPtr module = rpc::remote(worker, "ferry.stage.create", {type, config});
+  return made(worker, type, rpc::remote(worker, "ferry.stage.create", {type, config}));
+}
+
+RemoteModule RemoteModule::from_torchscript(const std::string& worker, const std::string& path) {
+  return made(worker, "torchscript " + path,
+              rpc::remote(worker, "ferry.stage.load_torchscript", {path}));
+}
+
+RemoteModule RemoteModule::made(const std::string& worker, const std::string& type,
+                                rpc::RRefPtr module) {
   rpc::FuturePtr ready = module->ready();
   ready->wait();
   if (ready->hasError()) {

@@ -116,6 +116,10 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
     auto holder = c10::make_intrusive<StageHolder>(type, make_stage(type, typed));
     return c10::IValue(std::move(holder));
   });
+  registry.add("ferry.stage.load_torchscript", [](std::string path) {
+    return c10::IValue(
+        c10::make_intrusive<StageHolder>("torchscript " + path, load_torchscript_stage(path)));
+  });
   registry.add("ferry.stage.forward", [](rpc::RRefPtr module, c10::IValue inputs) {
     auto holder = holder_of(module);
     std::lock_guard<std::mutex> lock(holder->mutex);

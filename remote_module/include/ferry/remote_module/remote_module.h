@@ -21,6 +21,9 @@ class RemoteModule {
   static RemoteModule create(const std::string& worker, const std::string& type,
                              StageConfig config = stage_config());
 
+  // Loads a TorchScript file (a path on that worker) as a stage; it trains like any other.
+  static RemoteModule from_torchscript(const std::string& worker, const std::string& path);
+
   // Errors carry the stage's own message, the stage type and the worker.
   c10::IValue forward(std::vector<c10::IValue> inputs) const;
   rpc::FuturePtr forward_async(std::vector<c10::IValue> inputs) const;
@@ -45,6 +48,8 @@ class RemoteModule {
  private:
   RemoteModule(std::string worker, std::string type, rpc::RRefPtr module)
       : worker_(std::move(worker)), type_(std::move(type)), module_(std::move(module)) {}
+  // Waits until the worker has built `module`; its failure becomes an error naming both.
+  static RemoteModule made(const std::string& worker, const std::string& type, rpc::RRefPtr module);
   c10::IValue call(const std::string& what, const std::string& function,
                    std::vector<c10::IValue> args) const;
 

@@ -57,6 +57,10 @@ class ModuleStage final : public Stage {
   Forward forward_;
 };
 
+// A stage exported from Python with torch.jit.script or torch.jit.trace and saved to `path`.
+// Throws rpc::Error(InvalidArgument) naming the file if it is missing or does not load.
+std::unique_ptr<Stage> load_torchscript_stage(const std::string& path);
+
 using StageFactory = std::function<std::unique_ptr<Stage>(const StageConfig& config)>;
 
 // Throws rpc::Error(InvalidArgument) if `type` is taken.

@@ -1,0 +1,155 @@
+#include "ferry/remote_module/checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ferry/rpc/error.h"
+
+namespace ferry {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void fail(const std::string& message) {
+  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
+}
+
+// Writes `bytes` to `path` so that `path` holds either its old content or all of `bytes`.
+void write_atomically(const fs::path& path, const std::vector<char>& bytes) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail(fmt::format("cannot write \"{}\": {}", tmp.string(), strerror(errno)));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) {
+      ::close(fd);
+      fail(fmt::format("cannot write \"{}\": {}", tmp.string(), strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    fail(fmt::format("cannot flush \"{}\" to disk: {}", tmp.string(), strerror(errno)));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fail(fmt::format("cannot rename \"{}\": {}", tmp.string(), ec.message()));
+}
+
+void sync_directory(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::vector<char> read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(fmt::format("cannot read \"{}\"", path.string()));
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+int checkpoint_number(const fs::path& path) {
+  std::string name = path.filename().string();
+  if (name.rfind("ckpt-", 0) != 0) return -1;
+  try {
+    return std::stoi(name.substr(5));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+std::vector<int> existing(const fs::path& dir) {
+  std::vector<int> numbers;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    int n = checkpoint_number(entry.path());
+    if (n >= 0 && entry.is_directory()) numbers.push_back(n);
+  }
+  std::sort(numbers.begin(), numbers.end());
+  return numbers;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const NamedStages& stages, int keep) {
+  fs::path root(dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) fail(fmt::format("cannot create checkpoint directory \"{}\": {}", dir, ec.message()));
+  std::vector<int> numbers = existing(root);
+  int next = numbers.empty() ? 0 : numbers.back() + 1;
+  fs::path folder = root / fmt::format("ckpt-{}", next);
+  fs::create_directories(folder);
+
+  nlohmann::ordered_json manifest;
+  manifest["format"] = "ferry-checkpoint-1";
+  manifest["stages"] = nlohmann::ordered_json::array();
+  for (const auto& [name, module] : stages) {
+    auto state = module.state_dict();
+    write_atomically(folder / (name + ".pt"), torch::pickle_save(c10::IValue(state)));
+    manifest["stages"].push_back({{"name", name},
+                                  {"type", module.type()},
+                                  {"worker", module.worker()},
+                                  {"file", name + ".pt"},
+                                  {"tensors", state.size()}});
+  }
+  std::string text = manifest.dump(2);
+  write_atomically(folder / "manifest.json", std::vector<char>(text.begin(), text.end()));
+  sync_directory(folder);
+  std::string latest = folder.filename().string();
+  write_atomically(root / "LATEST", std::vector<char>(latest.begin(), latest.end()));
+  sync_directory(root);
+
+  // Older folders without a manifest are debris of saves that died; of the complete ones, the
+  // newest `keep` stay (this one among them).
+  std::vector<int> complete;
+  for (int n : numbers) {
+    fs::path old = root / fmt::format("ckpt-{}", n);
+    if (fs::exists(old / "manifest.json")) {
+      complete.push_back(n);
+    } else {
+      fs::remove_all(old, ec);
+    }
+  }
+  for (size_t i = 0; i + std::max(keep - 1, 0) < complete.size(); ++i) {
+    fs::remove_all(root / fmt::format("ckpt-{}", complete[i]), ec);
+  }
+  return folder.string();
+}
+
+void load_checkpoint(const std::string& dir, const NamedStages& stages) {
+  fs::path root(dir);
+  if (!fs::exists(root / "LATEST")) {
+    fail(fmt::format("no checkpoint in \"{}\" (it has no LATEST file)", dir));
+  }
+  std::vector<char> latest = read_file(root / "LATEST");
+  fs::path folder = root / std::string(latest.begin(), latest.end());
+  auto manifest = nlohmann::json::parse(read_file(folder / "manifest.json"));
+  std::vector<std::string> saved;
+  for (const auto& entry : manifest.at("stages")) saved.push_back(entry.at("name"));
+  for (const auto& [name, module] : stages) {
+    if (std::find(saved.begin(), saved.end(), name) == saved.end()) {
+      fail(fmt::format("checkpoint \"{}\" has no stage \"{}\" (it has: {})", folder.string(), name,
+                       fmt::join(saved, ", ")));
+    }
+    c10::IValue state = torch::pickle_load(read_file(folder / (name + ".pt")));
+    try {
+      module.load_state_dict(state.to<c10::Dict<std::string, at::Tensor>>());
+    } catch (const rpc::Error& e) {
+      throw rpc::Error(e.kind(), fmt::format("restoring stage \"{}\" from \"{}\": {}", name,
+                                             folder.string(), e.what()));
+    }
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,108 @@
+#include "ferry/remote_module/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/support/cluster.h"
+
+namespace ferry {
+namespace {
+
+using ferry::testing::LocalWorld;
+namespace fs = std::filesystem;
+
+StageConfig mlp(int64_t seed) {
+  StageConfig config = stage_config();
+  config.insert("in", int64_t{6});
+  config.insert("hidden", int64_t{10});
+  config.insert("out", int64_t{2});
+  config.insert("seed", seed);
+  return config;
+}
+
+struct TempDir {
+  TempDir() : path(::testing::TempDir() + "ferry_ckpt_" + std::to_string(::getpid())) {
+    fs::remove_all(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string path;
+};
+
+TEST(Checkpoint, RestoresEveryStageIntoStagesOnOtherWorkers) {
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b", "c"};
+  LocalWorld world(settings);
+  TempDir dir;
+  NamedStages trained = {{"encoder", RemoteModule::create("a", "test.mlp", mlp(1))},
+                         {"head", RemoteModule::create("b", "test.mlp", mlp(2))}};
+  std::string first = save_checkpoint(dir.path, trained);
+  EXPECT_TRUE(fs::exists(first + "/encoder.pt"));
+  EXPECT_TRUE(fs::exists(first + "/manifest.json"));
+
+  // Another run: the same stages, initialised differently, on other workers.
+  NamedStages resumed = {{"encoder", RemoteModule::create("c", "test.mlp", mlp(3))},
+                         {"head", RemoteModule::create("a", "test.mlp", mlp(4))}};
+  at::Tensor x = torch::randn({4, 6});
+  EXPECT_FALSE(torch::equal(resumed[0].second.forward({x}).toTensor(),
+                            trained[0].second.forward({x}).toTensor()));
+  load_checkpoint(dir.path, resumed);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(torch::equal(resumed[i].second.forward({x}).toTensor(),
+                             trained[i].second.forward({x}).toTensor()));
+  }
+}
+
+TEST(Checkpoint, LatestMovesOnlyAfterAWholeSaveAndOldOnesArePruned) {
+  LocalWorld world;
+  TempDir dir;
+  NamedStages stages = {{"only", RemoteModule::create("a", "test.mlp", mlp(1))}};
+  std::string first = save_checkpoint(dir.path, stages);
+  std::string second = save_checkpoint(dir.path, stages);
+  std::string third = save_checkpoint(dir.path, stages);
+  std::ifstream latest(dir.path + "/LATEST");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(dir.path + "/" + name, third);
+  EXPECT_FALSE(fs::exists(first));
+  EXPECT_TRUE(fs::exists(second));
+  // A save that dies half way (a folder without manifest, a stray temp file) changes nothing.
+  fs::create_directories(dir.path + "/ckpt-99");
+  std::ofstream(dir.path + "/ckpt-99/only.pt.tmp") << "partial";
+  load_checkpoint(dir.path, stages);
+  // The next save clears that debris.
+  std::string fourth = save_checkpoint(dir.path, stages);
+  EXPECT_EQ(fourth, dir.path + "/ckpt-100");
+  EXPECT_FALSE(fs::exists(dir.path + "/ckpt-99"));
+  EXPECT_TRUE(fs::exists(third));
+  EXPECT_FALSE(fs::exists(second));
+}
+
+TEST(Checkpoint, MissingCheckpointsAndStagesAreNamed) {
+  LocalWorld world;
+  TempDir dir;
+  NamedStages stages = {{"encoder", RemoteModule::create("a", "test.mlp", mlp(1))}};
+  try {
+    load_checkpoint(dir.path, stages);
+    FAIL();
+  } catch (const rpc::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no checkpoint in \"" + dir.path + "\""),
+              std::string::npos);
+  }
+  save_checkpoint(dir.path, stages);
+  NamedStages other = {{"decoder", stages[0].second}};
+  try {
+    load_checkpoint(dir.path, other);
+    FAIL();
+  } catch (const rpc::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no stage \"decoder\" (it has: encoder)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ferry

@@ -171,3 +171,33 @@ TEST(RemoteModule, BadRequestsAreClearErrorsAndTheWorkerKeepsServing) {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+std::unique_ptr<Stage> make_identity(const StageConfig&) {
+  auto module = std::make_shared<torch::nn::Module>();
+  return std::make_unique<ModuleStage>(
+      module, [](std::vector<c10::IValue>& inputs) { return inputs.at(0); });
+}
+FERRY_REGISTER_STAGE("test.identity", make_identity);
+
+TEST(StageRegistry, TheRegistrationMacroRegistersAtStartUp) {
+  auto names = registered_stages();
+  EXPECT_NE(std::find(names.begin(), names.end(), "test.identity"), names.end());
+  auto stage = make_stage("test.identity", stage_config());
+  EXPECT_EQ(stage->forward({int64_t{4}}).toInt(), 4);
+  EXPECT_THROW(register_stage("test.identity", make_identity), rpc::Error);
+}
+
+TEST(RemoteModule, MovingToADeviceThisWorkerLacksIsANamedError) {
+  LocalWorld world;
+  RemoteModule remote = RemoteModule::create("a", "test.mlp", mlp_config(1));
+  remote.to("cpu");
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has CUDA";
+  std::string error = error_of([&] { remote.to("cuda:0"); });
+  EXPECT_TRUE(contains(error, "to of stage \"test.mlp\" on worker \"a\" failed:")) << error;
+}
+
+}  // namespace
+}  // namespace ferry

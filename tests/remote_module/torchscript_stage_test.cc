@@ -84,3 +84,29 @@ TEST(TorchScriptStage, MissingOrBrokenFilesAreNamed) {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST(TorchScriptStage, GradientsFlowThroughTheLoadedStageAsThroughTheModule) {
+  torch::jit::Module module = scripted_layer();
+  std::string path = temp_path("grad.pt");
+  module.save(path);
+  std::unique_ptr<Stage> stage = load_torchscript_stage(path);
+  torch::jit::Module reference = torch::jit::load(path);
+  for (auto p : reference.parameters()) p.set_requires_grad(true);
+  for (auto& [name, p] : stage->named_parameters()) p.set_requires_grad(true);
+  at::Tensor x = torch::randn({6, 8});
+  stage->forward({x}).toTensor().pow(2).sum().backward();
+  reference.forward({x}).toTensor().pow(2).sum().backward();
+  auto named = stage->named_parameters();
+  ASSERT_EQ(named.size(), 2u);
+  for (auto& [name, p] : named) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_TRUE(torch::equal(p.grad(), reference.attr(name).toTensor().grad())) << name;
+  }
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace ferry

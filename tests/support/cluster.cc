@@ -72,6 +72,8 @@ int free_port() { return rpc::pick_free_port(); }
 
 std::string peer_binary() { return FERRY_TEST_PEER; }
 
+std::string worker_binary() { return FERRY_WORKER; }
+
 namespace {
 
 void register_once() {
@@ -88,8 +90,10 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
   int world = static_cast<int>(settings_.peer_names.size()) + 1;
   for (size_t i = 0; i < settings_.peer_names.size(); ++i) {
     peers_.push_back(std::make_unique<Process>(
-        peer_binary(),
-        std::vector<std::string>{"--name", settings_.peer_names[i], "--init-timeout-ms", "20000"},
+        settings_.use_ferry_worker ? worker_binary() : peer_binary(),
+        settings_.use_ferry_worker ? std::vector<std::string>{"--name", settings_.peer_names[i]}
+                                   : std::vector<std::string>{"--name", settings_.peer_names[i],
+                                                              "--init-timeout-ms", "20000"},
         std::map<std::string, std::string>{{"RANK", std::to_string(i + 1)},
                                            {"WORLD_SIZE", std::to_string(world)},
                                            {"MASTER_ADDR", "127.0.0.1"},
@@ -109,11 +113,18 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
   rpc::init(options);
 }
 
-LocalWorld::~LocalWorld() {
+std::vector<std::optional<int>> LocalWorld::finish() {
+  std::vector<std::optional<int>> statuses;
+  if (finished_) return statuses;
+  finished_ = true;
   rpc::shutdown(true);
   for (auto& peer : peers_) {
-    if (!peer->wait(std::chrono::milliseconds(10000))) peer->kill(SIGKILL);
+    statuses.push_back(peer->wait(std::chrono::milliseconds(10000)));
+    if (!statuses.back()) peer->kill(SIGKILL);
   }
+  return statuses;
 }
+
+LocalWorld::~LocalWorld() { finish(); }
 
 }  // namespace ferry::testing

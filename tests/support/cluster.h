@@ -40,6 +40,8 @@ int free_port();
 
 // The path of ferry-test-peer.
 std::string peer_binary();
+// The path of ferry-worker, the worker binary users run.
+std::string worker_binary();
 
 // A world on loopback: this test process is rank 0 ("master"), each peer a ferry-test-peer.
 class LocalWorld {
@@ -49,6 +51,8 @@ class LocalWorld {
     std::chrono::milliseconds rpc_timeout{20000};
     std::chrono::milliseconds shutdown_timeout{5000};
     int threads = 4;
+    // Peers are ferry-worker processes (stage functions, no test functions) instead.
+    bool use_ferry_worker = false;
   };
 
   explicit LocalWorld(Settings settings);
@@ -58,6 +62,9 @@ class LocalWorld {
 
   // The master is this process's default agent (ferry::rpc::agent()).
   rpc::Agent& master() { return rpc::agent(); }
+  // Shuts the master down gracefully and waits (bounded) for every peer; returns their raw wait
+  // statuses (nullopt: still running, then killed). The destructor does this if nobody did.
+  std::vector<std::optional<int>> finish();
   Process& peer(size_t index) { return *peers_.at(index); }
   int port() const { return port_; }
 
@@ -65,6 +72,7 @@ class LocalWorld {
   Settings settings_;
   int port_;
   std::vector<std::unique_ptr<Process>> peers_;
+  bool finished_ = false;
 };
 
 }  // namespace ferry::testing

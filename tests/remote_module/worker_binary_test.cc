@@ -1,0 +1,53 @@
+// ferry-worker, the binary users run, hosting stages for this process as master.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include "ferry/remote_module/remote_module.h"
+#include "ferry/rpc/rpc.h"
+#include "tests/support/cluster.h"
+
+namespace ferry {
+namespace {
+
+using ferry::testing::LocalWorld;
+using std::chrono::milliseconds;
+
+TEST(FerryWorker, HostsTorchScriptStagesAndExitsCleanlyAtShutdown) {
+  std::string path =
+      ::testing::TempDir() + "ferry_worker_stage_" + std::to_string(::getpid()) + ".pt";
+  torch::jit::Module m("Scale");
+  m.register_parameter("factor", torch::full({1}, 3.0), false);
+  m.define("def forward(self, x):\n    return x * self.factor\n");
+  m.save(path);
+
+  LocalWorld::Settings settings;
+  settings.peer_names = {"encoder-host", "decoder-host"};
+  settings.use_ferry_worker = true;
+  auto world = std::make_unique<LocalWorld>(settings);
+  RemoteModule stage = RemoteModule::from_torchscript("decoder-host", path);
+  at::Tensor x = torch::randn({4});
+  EXPECT_TRUE(torch::equal(stage.forward({x}).toTensor(), x * 3.0));
+  // The worker knows no stage types of the tests: only what its binary registers.
+  try {
+    RemoteModule::create("encoder-host", "test.mlp");
+    FAIL();
+  } catch (const rpc::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown stage type \"test.mlp\" (registered: none)"),
+              std::string::npos)
+        << e.what();
+  }
+  auto statuses = world->finish();  // graceful shutdown of the master; the workers follow
+  std::remove(path.c_str());
+  ASSERT_EQ(statuses.size(), 2u);
+  for (const auto& status : statuses) {
+    ASSERT_TRUE(status.has_value());
+    EXPECT_TRUE(WIFEXITED(*status));
+    EXPECT_EQ(WEXITSTATUS(*status), 0);
+  }
+}
+
+}  // namespace
+}  // namespace ferry

@@ -119,7 +119,6 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   std::atomic<std::uint64_t> next_call_id{1};
 
   std::unique_ptr<ThreadPool> pool;
-  std::atomic<bool> running{false};
   enum class Phase { Starting, Running, Stopped };
   std::mutex start_mutex;
   std::condition_variable start_changed;
@@ -248,6 +247,11 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
           ErrorKind::Shutdown,
           fmt::format("cannot call \"{}\": the agent of {} is not running", function, self.name));
     }
+  }
+
+  bool is_running() {
+    std::lock_guard<std::mutex> lock(start_mutex);
+    return phase == Phase::Running;
   }
 
   void set_phase(Phase next) {
@@ -707,7 +711,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     if (shut_down) return;
     shut_down = true;
     auto deadline = Clock::now() + options.shutdown_timeout;
-    if (graceful && running.load()) {
+    if (graceful && is_running()) {
       drain_own_calls(deadline);
       try {
         barrier(deadline);
@@ -716,7 +720,6 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
                   e.what());
       }
     }
-    running = false;
     set_phase(Phase::Stopped);
     if (rrefs) rrefs->stop();
     stop_loop();
@@ -762,7 +765,6 @@ std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry)
     throw;
   }
   for (const auto& w : state->workers) state->rank_by_name[w.name] = w.rank;
-  state->running = true;
   state->set_phase(State::Phase::Running);
   log::debug("joined as {} in a world of {}", state->self.describe(), options.world_size);
   return std::unique_ptr<Agent>(new Agent(std::move(state)));
@@ -778,7 +780,7 @@ const WorkerInfo& Agent::self() const { return state_->self; }
 const std::vector<WorkerInfo>& Agent::workers() const { return state_->workers; }
 const Options& Agent::options() const { return state_->options; }
 int Agent::master_port() const { return state_->options.master_port; }
-bool Agent::running() const { return state_->running.load(); }
+bool Agent::running() const { return state_->is_running(); }
 
 const WorkerInfo& Agent::worker(const std::string& name) const {
   auto it = state_->rank_by_name.find(name);
@@ -817,7 +819,7 @@ std::size_t Agent::owned_rref_count() const { return state_->rrefs->owned_count(
 
 void Agent::wait_for_shutdown() {
   for (;;) {
-    if (!state_->running.load()) return;
+    if (!state_->is_running()) return;
     try {
       if (state_->rendezvous->shutdown_started()) break;
     } catch (const std::exception& e) {

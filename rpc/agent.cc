@@ -226,7 +226,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   FuturePtr call(const std::string& to, const std::string& function, std::vector<c10::IValue> args,
                  std::optional<std::chrono::milliseconds> timeout, bool complete_inline) {
-    return call_rank(rank_of(to, function), function, std::move(args), timeout, complete_inline);
+    return send_call(rank_of(to, function), function, std::move(args), timeout, complete_inline);
   }
 
   int rank_of(const std::string& to, const std::string& function) {
@@ -265,6 +265,12 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   FuturePtr call_rank(int rank, const std::string& function, std::vector<c10::IValue> args,
                       std::optional<std::chrono::milliseconds> timeout, bool complete_inline) {
     await_running(function);
+    return send_call(rank, function, std::move(args), timeout, complete_inline);
+  }
+
+  // The agent is running (the caller checked).
+  FuturePtr send_call(int rank, const std::string& function, std::vector<c10::IValue> args,
+                      std::optional<std::chrono::milliseconds> timeout, bool complete_inline) {
     const WorkerInfo& callee = workers.at(rank);
 
     Message request;
@@ -641,15 +647,14 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
             std::optional<std::chrono::milliseconds> timeout) {
           return s->call_rank(rank, function, std::move(args), timeout, false);
         },
-        [s](const std::string& function, std::vector<c10::IValue> args) {
-          return s->invoke_later(function, std::move(args));
+        [s](const std::string& function, std::vector<c10::IValue> args, FuturePtr into) {
+          s->invoke_later(function, std::move(args), std::move(into));
         });
     rrefs->register_functions(internal);
   }
 
-  // Runs a user function on the pool; its future completes when the function's does.
-  FuturePtr invoke_later(const std::string& function, std::vector<c10::IValue> args) {
-    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+  // Runs a user function on the pool and completes `future` as the function's own completes.
+  void invoke_later(const std::string& function, std::vector<c10::IValue> args, FuturePtr future) {
     pool->submit([this, function, args = std::move(args), future]() mutable {
       FuturePtr result;
       try {
@@ -666,7 +671,6 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
         }
       });
     });
-    return future;
   }
 
   // ---- shutdown (user thread) ----------------------------------------------------------------

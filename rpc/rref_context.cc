@@ -18,17 +18,6 @@ GlobalId id_from(const std::vector<c10::IValue>& args, size_t at) {
 c10::IValue rank_of(const GlobalId& id) { return static_cast<int64_t>(id.rank); }
 c10::IValue local_of(const GlobalId& id) { return static_cast<int64_t>(id.local); }
 
-// Completes `target` as `source` completes.
-void forward(const FuturePtr& source, FuturePtr target) {
-  source->addCallback([target](c10::ivalue::Future& done) {
-    if (done.hasError()) {
-      target->setErrorIfNeeded(done.exception_ptr());
-    } else {
-      target->markCompleted(done.value());
-    }
-  });
-}
-
 }  // namespace
 
 RRefContext::RRefContext(int self_rank, NameFn names, CallFn call, InvokeFn invoke)
@@ -92,7 +81,7 @@ void RRefContext::register_functions(FunctionRegistry& internal) {
       context->collect(id);
     }
     std::vector<c10::IValue> call_args = args.at(5).toTupleRef().elements().vec();
-    forward(context->invoke_(args.at(0).toStringRef(), std::move(call_args)), value);
+    context->invoke_(args.at(0).toStringRef(), std::move(call_args), value);
     return c10::IValue();
   });
   internal.add_async("ferry.rref.fetch", [self](std::vector<c10::IValue>& args) {
@@ -143,7 +132,7 @@ RRefPtr RRefContext::remote(int to_rank, const std::string& function, std::vecto
       value = entry.value;
     }
     RRefPtr handle = make_handle(self_rank_, true, id, id);
-    forward(invoke_(function, std::move(args)), value);
+    invoke_(function, std::move(args), value);
     return handle;
   }
   // The creator's own fork has the id of the value, as in PyTorch.

@@ -26,9 +26,9 @@ class RRefContext : public RRefCodec, public std::enable_shared_from_this<RRefCo
   using CallFn = std::function<FuturePtr(int to_rank, const std::string& function,
                                          std::vector<c10::IValue> args,
                                          std::optional<std::chrono::milliseconds> timeout)>;
-  // Runs a user function of this agent on its pool.
-  using InvokeFn =
-      std::function<FuturePtr(const std::string& function, std::vector<c10::IValue> args)>;
+  // Runs a user function of this agent on its pool, completing `into` with its result or error.
+  using InvokeFn = std::function<void(const std::string& function, std::vector<c10::IValue> args,
+                                      FuturePtr into)>;
 
   // The worker name of a rank (known once the world has joined).
   using NameFn = std::function<std::string(int rank)>;

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <climits>
 
+#include "bench/autograd_bench.h"
 #include "bench/rpc_bench.h"
 
 namespace {
@@ -29,10 +30,21 @@ int main(int argc, char** argv) {
   rpc_cmd->add_option("--async-window", rpc.async_window, "calls in flight at once");
   rpc_cmd->add_option("--echo-mib", rpc.echo_mib, "tensor sizes of the echo measurement, MiB");
   rpc_cmd->add_option("--repeats", rpc.repeats, "repeats of each measurement");
+  ferry::bench::AutogradBenchSettings autograd;
+  autograd.self_path = rpc.self_path;
+  auto* autograd_cmd = app.add_subcommand(
+      "autograd", "U-Net training step split over three workers against one process");
+  autograd_cmd->add_option("--depth", autograd.depth, "ResNet depth of the encoder");
+  autograd_cmd->add_option("--batch", autograd.batch, "images per step");
+  autograd_cmd->add_option("--image-size", autograd.image_size, "image height and width");
+  autograd_cmd->add_option("--steps", autograd.steps, "timed steps of each kind");
+  autograd_cmd->add_option("--warmup", autograd.warmup, "untimed steps first");
+  autograd_cmd->add_option("--threads", autograd.threads, "intra-op threads per process");
   auto* peer_cmd = app.add_subcommand("rpc-peer", "the peer process of `rpc` (started by it)");
   peer_cmd->group("");
   CLI11_PARSE(app, argc, argv);
   if (*rpc_cmd) return ferry::bench::run_rpc_bench(rpc);
+  if (*autograd_cmd) return ferry::bench::run_autograd_bench(autograd);
   if (*peer_cmd) return ferry::bench::run_rpc_peer();
   return 1;
 }

@@ -1,9 +1,6 @@
 // Both processes run this file: rank 0 drives (run_rpc_bench), rank 1 serves (run_rpc_peer).
 #include "bench/rpc_bench.h"
 
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -13,50 +10,14 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench/processes.h"
 #include "bench/raw_tcp.h"
+#include "bench/stats.h"
 #include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
 
-extern char** environ;
-
 namespace ferry::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
-  return v[i];
-}
-
-double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
-
-template <typename F>
-double seconds_of(F&& f) {
-  auto start = Clock::now();
-  f();
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-pid_t spawn_peer(const std::string& self_path, int port) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  env_strings.push_back("RANK=1");
-  env_strings.push_back("WORLD_SIZE=2");
-  env_strings.push_back("MASTER_ADDR=127.0.0.1");
-  env_strings.push_back("MASTER_PORT=" + std::to_string(port));
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string arg0 = self_path, arg1 = "rpc-peer";
-  char* argv[] = {arg0.data(), arg1.data(), nullptr};
-  pid_t pid = -1;
-  if (int rc = posix_spawn(&pid, self_path.c_str(), nullptr, nullptr, argv, envp.data())) {
-    throw std::runtime_error("cannot start the peer " + self_path + ": " + strerror(rc));
-  }
-  return pid;
-}
 
 void register_bench_functions() {
   auto& registry = rpc::default_registry();
@@ -79,7 +40,11 @@ int run_rpc_peer() {
 int run_rpc_bench(const RpcBenchSettings& settings) {
   register_bench_functions();
   int port = rpc::pick_free_port();
-  pid_t peer = spawn_peer(settings.self_path, port);
+  pid_t peer = spawn_process(settings.self_path, {"rpc-peer"},
+                             {{"RANK", "1"},
+                              {"WORLD_SIZE", "2"},
+                              {"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(port)}});
   rpc::Options options;
   options.name = "bench";
   options.rank = 0;
@@ -166,14 +131,7 @@ int run_rpc_bench(const RpcBenchSettings& settings) {
                            settings.async_window);
 
   rpc::shutdown();
-  int status = 0;
-  for (int i = 0; i < 200 && waitpid(peer, &status, WNOHANG) == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (waitpid(peer, &status, WNOHANG) == 0) {
-    kill(peer, SIGKILL);
-    waitpid(peer, &status, 0);
-  }
+  reap_process(peer);
   out["threads"] = at::get_num_threads();
   std::cout << out.dump() << std::endl;
   return 0;

@@ -3,6 +3,8 @@
 // (torchrun's, Slurm's or Open MPI's variables) or from flags.
 #include <CLI/CLI.hpp>
 
+#include "ferry/dist_autograd/context.h"
+#include "ferry/models/unet.h"
 #include "ferry/remote_module/stage_host.h"
 #include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
@@ -18,7 +20,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.num_threads, "threads running requests");
   CLI11_PARSE(app, argc, argv);
 
+  ferry::models::register_unet_stages();
   ferry::install_stage_functions(ferry::rpc::default_registry());
+  ferry::dist_autograd::install(ferry::rpc::default_registry());
   try {
     ferry::rpc::init(options);
   } catch (const ferry::rpc::Error& e) {

@@ -81,7 +81,13 @@ std::vector<int> existing(const fs::path& dir) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const NamedStages& stages, int keep) {
+std::string save_checkpoint(const std::string& dir, const NamedStages& stages, int keep,
+                            const NamedValues& extra) {
+  for (const auto& [name, module] : stages) {
+    if (extra.count(name)) {
+      fail(fmt::format("checkpoint value \"{}\" has the name of a stage", name));
+    }
+  }
   fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -102,6 +108,11 @@ std::string save_checkpoint(const std::string& dir, const NamedStages& stages, i
                                   {"worker", module.worker()},
                                   {"file", name + ".pt"},
                                   {"tensors", state.size()}});
+  }
+  manifest["extra"] = nlohmann::ordered_json::array();
+  for (const auto& [name, value] : extra) {
+    write_atomically(folder / (name + ".pt"), torch::pickle_save(value));
+    manifest["extra"].push_back({{"name", name}, {"file", name + ".pt"}});
   }
   std::string text = manifest.dump(2);
   write_atomically(folder / "manifest.json", std::vector<char>(text.begin(), text.end()));
@@ -127,7 +138,7 @@ std::string save_checkpoint(const std::string& dir, const NamedStages& stages, i
   return folder.string();
 }
 
-void load_checkpoint(const std::string& dir, const NamedStages& stages) {
+NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
   fs::path root(dir);
   if (!fs::exists(root / "LATEST")) {
     fail(fmt::format("no checkpoint in \"{}\" (it has no LATEST file)", dir));
@@ -150,6 +161,14 @@ void load_checkpoint(const std::string& dir, const NamedStages& stages) {
                                              folder.string(), e.what()));
     }
   }
+  NamedValues extra;
+  if (manifest.contains("extra")) {
+    for (const auto& entry : manifest.at("extra")) {
+      std::string name = entry.at("name");
+      extra[name] = torch::pickle_load(read_file(folder / entry.at("file").get<std::string>()));
+    }
+  }
+  return extra;
 }
 
 }  // namespace ferry

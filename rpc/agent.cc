@@ -18,6 +18,7 @@
 
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/frame.h"
+#include "ferry/rpc/grad_observer.h"
 #include "ferry/rpc/log.h"
 #include "ferry/rpc/thread_pool.h"
 #include "rpc/connection.h"
@@ -278,6 +279,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     request.id = next_call_id.fetch_add(1);
     request.function = function;
     request.value = c10::ivalue::Tuple::create(std::move(args));
+    if (GradObserver* observer = grad_observer()) {
+      request.grad = observer->on_send_request(function, request.value, callee.rank);
+    }
     EncodedFrame frame;
     try {
       frame = encode_frame(request, options.max_nesting_depth, rrefs.get(), callee.rank);
@@ -499,6 +503,18 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       return;
     }
     if (message.kind == MessageKind::Response) {
+      if (message.grad.valid()) {
+        try {
+          grad_observer()->on_receive(message.grad, message.value, call->to_rank);
+        } catch (const std::exception& e) {
+          fail(std::move(*call),
+               Error(ErrorKind::InvalidArgument,
+                     fmt::format("the result of call \"{}\" from {} could not be recorded for "
+                                 "autograd: {}",
+                                 call->function, workers[call->to_rank].describe(), e.what())));
+          return;
+        }
+      }
       complete(std::move(*call), std::move(message.value));
       return;
     }
@@ -581,9 +597,15 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       if (!self) return;
       FuturePtr result;
       std::vector<c10::IValue> args;
+      GradObserver* observer = request.grad.valid() ? grad_observer() : nullptr;
       try {
         if (!request.value.isTuple()) {
           throw Error(ErrorKind::InvalidArgument, "the arguments of a request must be a tuple");
+        }
+        std::shared_ptr<void> in_context;
+        if (observer) {
+          observer->on_receive(request.grad, request.value, caller_rank);
+          in_context = observer->enter(request.grad);
         }
         args = request.value.toTupleRef().elements().vec();
         bool internal = self->internal.contains(request.function);
@@ -595,14 +617,17 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       // The handler's future may complete on any thread, possibly after this agent is gone:
       // hold the state only weakly.
       result->addCallback([weak, connection_id, caller_rank, id = request.id,
-                           function = request.function](c10::ivalue::Future& done) {
-        if (auto state = weak.lock()) state->reply(connection_id, caller_rank, id, function, done);
+                           function = request.function,
+                           tag = observer ? request.grad : GradTag()](c10::ivalue::Future& done) {
+        if (auto state = weak.lock()) {
+          state->reply(connection_id, caller_rank, id, function, tag, done);
+        }
       });
     });
   }
 
   void reply(std::uint64_t connection_id, int caller_rank, std::uint64_t id,
-             const std::string& function, c10::ivalue::Future& done) {
+             const std::string& function, const GradTag& request_tag, c10::ivalue::Future& done) {
     Message response;
     response.id = id;
     response.error_worker = self.name;
@@ -615,8 +640,11 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     }
     EncodedFrame frame;
     try {
+      if (request_tag.valid() && response.kind == MessageKind::Response) {
+        response.grad = grad_observer()->on_send_response(request_tag, response.value, caller_rank);
+      }
       frame = encode_frame(response, options.max_nesting_depth, rrefs.get(), caller_rank);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       response = Message();
       response.kind = MessageKind::Error;
       response.id = id;

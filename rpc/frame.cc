@@ -350,6 +350,8 @@ EncodedFrame encode_frame(const Message& message, int max_nesting_depth, RRefCod
   env.setId(message.id);
   env.setKind(to_wire(message.kind));
   env.setFunction(text(message.function));
+  env.setGradContext(message.grad.context_id);
+  env.setGradMessage(message.grad.message_id);
   ValueEncoder(&frame.tensors, &requires_grad, max_nesting_depth, rrefs, to_rank)
       .encode(message.value, env.initValue(), 0);
   if (message.kind == MessageKind::Error) {
@@ -480,6 +482,8 @@ void FrameDecoder::finish_envelope(std::vector<Message>* out) {
     }
     message.id = env.getId();
     message.function = env.getFunction().cStr();
+    message.grad.context_id = env.getGradContext();
+    message.grad.message_id = env.getGradMessage();
     switch (env.getKind()) {
       case wire::Kind::REQUEST:
         message.kind = MessageKind::Request;

@@ -1,9 +1,12 @@
-// The default agent is created and destroyed by init()/shutdown() on user threads; the mutex
-// keeps two threads from racing to do either.
+// The process-wide state of rpc/: the default agent, created and destroyed by init()/shutdown()
+// on user threads (the mutex keeps two threads from racing to do either), and the grad observer.
 #include "ferry/rpc/rpc.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
+
+#include "ferry/rpc/grad_observer.h"
 
 namespace ferry::rpc {
 namespace {
@@ -78,5 +81,25 @@ bool is_initialized() {
   std::lock_guard<std::mutex> lock(default_mutex());
   return default_agent() != nullptr;
 }
+
+namespace {
+
+std::mutex& observer_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::atomic<GradObserver*> current_observer{nullptr};
+
+}  // namespace
+
+void set_grad_observer(std::shared_ptr<GradObserver> observer) {
+  // Replaced observers stay alive: another thread may be inside one through grad_observer().
+  static std::vector<std::shared_ptr<GradObserver>> kept;
+  std::lock_guard<std::mutex> lock(observer_mutex());
+  kept.push_back(observer);
+  current_observer.store(observer.get());
+}
+
+GradObserver* grad_observer() { return current_observer.load(std::memory_order_acquire); }
 
 }  // namespace ferry::rpc

@@ -113,4 +113,8 @@ struct Envelope {
   tensors @5 :List(TensorDesc);
   error @6 :ErrorInfo;
   hello @7 :Hello;
+  # Set on messages sent inside a distributed autograd context (see ferry/rpc/grad_observer.h);
+  # zero otherwise.
+  gradContext @8 :Int64;
+  gradMessage @9 :Int64;
 }

@@ -35,7 +35,7 @@ TEST(FerryWorker, HostsTorchScriptStagesAndExitsCleanlyAtShutdown) {
     RemoteModule::create("encoder-host", "test.mlp");
     FAIL();
   } catch (const rpc::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown stage type \"test.mlp\" (registered: none)"),
+    EXPECT_NE(std::string(e.what()).find("unknown stage type \"test.mlp\" (registered: unet.decoder, unet.encoder, unet.head)"),
               std::string::npos)
         << e.what();
   }

@@ -89,15 +89,17 @@ void register_once() {
 LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port_(free_port()) {
   int world = static_cast<int>(settings_.peer_names.size()) + 1;
   for (size_t i = 0; i < settings_.peer_names.size(); ++i) {
+    std::map<std::string, std::string> env = settings_.env;
+    env["RANK"] = std::to_string(i + 1);
+    env["WORLD_SIZE"] = std::to_string(world);
+    env["MASTER_ADDR"] = "127.0.0.1";
+    env["MASTER_PORT"] = std::to_string(port_);
     peers_.push_back(std::make_unique<Process>(
         settings_.use_ferry_worker ? worker_binary() : peer_binary(),
         settings_.use_ferry_worker ? std::vector<std::string>{"--name", settings_.peer_names[i]}
                                    : std::vector<std::string>{"--name", settings_.peer_names[i],
                                                               "--init-timeout-ms", "20000"},
-        std::map<std::string, std::string>{{"RANK", std::to_string(i + 1)},
-                                           {"WORLD_SIZE", std::to_string(world)},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", std::to_string(port_)}}));
+        env));
   }
   rpc::Options options;
   options.name = "master";

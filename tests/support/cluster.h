@@ -53,6 +53,8 @@ class LocalWorld {
     int threads = 4;
     // Peers are ferry-worker processes (stage functions, no test functions) instead.
     bool use_ferry_worker = false;
+    // Extra environment of every peer.
+    std::map<std::string, std::string> env;
   };
 
   explicit LocalWorld(Settings settings);

@@ -5,15 +5,58 @@
 #include <stdexcept>
 #include <thread>
 
+#include <torch/torch.h>
+
+#include "ferry/dist_autograd/context.h"
+#include "ferry/models/unet.h"
 #include "ferry/remote_module/stage_host.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/test_stages.h"
 
 namespace ferry::testing {
+namespace {
+
+struct FailBackward : torch::autograd::Function<FailBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
+    throw std::runtime_error("injected backward failure");
+  }
+};
+
+struct SlowBackward : torch::autograd::Function<SlowBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t ms) {
+    ctx->saved_data["ms"] = ms;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ctx->saved_data["ms"].toInt()));
+    return {grads.at(0), at::Tensor()};
+  }
+};
+
+}  // namespace
 
 void register_test_functions(rpc::FunctionRegistry& registry) {
   register_test_stages();
+  models::register_unet_stages();
   install_stage_functions(registry);
+  dist_autograd::install(registry);
+  registry.add("double_it", [](at::Tensor x) { return x * 2; });
+  registry.add("chain", [](std::vector<std::string> hops, at::Tensor x) {
+    at::Tensor y = x * 2;
+    if (hops.empty()) return y;
+    std::string next = hops.front();
+    hops.erase(hops.begin());
+    return rpc::rpc_sync(next, "chain", {hops, y}).toTensor();
+  });
+  registry.add("fail_backward", [](at::Tensor x) { return FailBackward::apply(x); });
+  registry.add("slow_backward",
+               [](at::Tensor x, int64_t ms) { return SlowBackward::apply(x, ms); });
   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
   registry.add("echo", [](c10::IValue v) { return v; });
   registry.add("sleep_ms", [](int64_t ms) {

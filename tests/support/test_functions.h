@@ -12,6 +12,10 @@ namespace ferry::testing {
 // relay_async(to, function, arg) -> the same without holding a pool thread while waiting;
 // owned_rrefs() -> values this worker owns; rref_value(rref) -> rref.to_here();
 // rref_owner(rref) -> the owner's name; make_remote(to, function, arg) -> remote(...) as an RRef.
+// For distributed autograd: double_it(x) -> 2 x; chain(hops, x) -> 2 x, passed on through
+// the workers named in `hops` (each doubles it again); fail_backward(x) -> x, whose backward
+// throws "injected backward failure"; slow_backward(x, ms) -> x, whose backward sleeps `ms`.
+// Every process also serves the stage functions, the U-Net stages and distributed autograd.
 void register_test_functions(rpc::FunctionRegistry& registry);
 
 }  // namespace ferry::testing

@@ -57,4 +57,14 @@ void register_test_stages() {
   (void)done;
 }
 
+std::unique_ptr<Stage> make_local_stage(const std::string& type, const StageConfig& config,
+                                        const c10::Dict<std::string, at::Tensor>& state) {
+  std::unique_ptr<Stage> stage = make_stage(type, config);
+  torch::NoGradGuard no_grad;
+  for (auto named : {stage->named_parameters(), stage->named_buffers()}) {
+    for (auto& [name, tensor] : named) tensor.copy_(state.at(name));
+  }
+  return stage;
+}
+
 }  // namespace ferry::testing

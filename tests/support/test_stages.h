@@ -13,4 +13,9 @@ namespace ferry::testing {
 // full, half and quarter size.
 void register_test_stages();
 
+// A stage built here, as a worker would build it, holding `state` (from RemoteModule::state_dict)
+// so that a test can compare a remote stage with a local one.
+std::unique_ptr<Stage> make_local_stage(const std::string& type, const StageConfig& config,
+                                        const c10::Dict<std::string, at::Tensor>& state);
+
 }  // namespace ferry::testing

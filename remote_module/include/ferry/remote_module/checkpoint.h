@@ -8,6 +8,7 @@
 // the latest. Called from one thread at a time per directory.
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,12 +18,16 @@
 namespace ferry {
 
 using NamedStages = std::vector<std::pair<std::string, RemoteModule>>;
+// Other values saved beside the stages, by name: the optimizer's state, the step reached.
+using NamedValues = std::map<std::string, c10::IValue>;
 
 // Returns the checkpoint's folder. Keeps the `keep` newest checkpoints, removes older ones.
-std::string save_checkpoint(const std::string& dir, const NamedStages& stages, int keep = 2);
-// Loads the latest checkpoint of `dir` into `stages` by stage name. Throws rpc::Error naming the
-// directory, the stage and what is wrong (no checkpoint, a stage it lacks, a tensor that does
-// not fit).
-void load_checkpoint(const std::string& dir, const NamedStages& stages);
+// Each of `extra` goes to DIR/ckpt-<n>/<name>.pt; its names must differ from the stages'.
+std::string save_checkpoint(const std::string& dir, const NamedStages& stages, int keep = 2,
+                            const NamedValues& extra = {});
+// Loads the latest checkpoint of `dir` into `stages` by stage name and returns the extra values
+// saved with it. Throws rpc::Error naming the directory, the stage and what is wrong (no
+// checkpoint, a stage it lacks, a tensor that does not fit).
+NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages);
 
 }  // namespace ferry

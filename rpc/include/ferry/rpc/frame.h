@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ferry/rpc/error.h"
+#include "ferry/rpc/grad_observer.h"
 
 namespace ferry::rpc {
 
@@ -37,6 +38,7 @@ struct Message {
   std::string error_worker;                           // Error: the worker that raised it
   std::string peer_name;                              // Control: hello from the connecting side
   int peer_rank = -1;                                 // Control
+  GradTag grad;  // Request, Response: the autograd context it was sent in, if any
 };
 
 // An RRef as it travels: who owns the value, which value, and which copy of the reference.

@@ -1,0 +1,187 @@
+// Steps alternate between the split model and the local one so that both see the same noise of
+// this shared machine. Each process gets the same intra-op threads: the stages of a naive split
+// run one at a time, so each has the machine to itself while it runs, as the local model does.
+#include "bench/autograd_bench.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "bench/processes.h"
+#include "bench/stats.h"
+#include "ferry/dist_autograd/context.h"
+#include "ferry/dist_autograd/optimizer.h"
+#include "ferry/models/unet.h"
+#include "ferry/models/weights.h"
+#include "ferry/remote_module/remote_module.h"
+#include "ferry/rpc/options.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::bench {
+namespace {
+
+constexpr double kLr = 0.01;
+constexpr double kMomentum = 0.9;
+
+struct Split {
+  std::vector<RemoteModule> stages;  // encoder, decoder, head
+
+  at::Tensor forward(const at::Tensor& x) const {
+    c10::IValue features = stages[0].forward({x});
+    c10::IValue decoded = stages[1].forward({features});
+    return stages[2].forward({decoded}).toTensor();
+  }
+  std::vector<rpc::RRefPtr> parameters() const {
+    std::vector<rpc::RRefPtr> all;
+    for (const auto& stage : stages) {
+      for (auto& p : stage.remote_parameters()) all.push_back(p);
+    }
+    return all;
+  }
+};
+
+at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& target) {
+  return torch::binary_cross_entropy_with_logits(logits, target);
+}
+
+double max_relative_error(const std::vector<at::Tensor>& got,
+                          const std::vector<at::Tensor>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double scale = std::max(want[i].abs().max().item<double>(), 1e-12);
+    worst = std::max(worst, (got[i] - want[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+// The measurement itself, with the world up; stages and optimizer are gone when it returns.
+nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int threads) {
+  StageConfig config = stage_config();
+  config.insert("depth", static_cast<int64_t>(settings.depth));
+  Split split{{RemoteModule::create("worker1", "unet.encoder", config),
+               RemoteModule::create("worker2", "unet.decoder", config),
+               RemoteModule::create("worker3", "unet.head", config)}};
+  models::Unet local(settings.depth, 1);
+  const char* prefixes[] = {"encoder.", "decoder.", "segmentation_head."};
+  for (size_t s = 0; s < 3; ++s) {
+    auto report = models::load_state_dict(*local, split.stages[s].state_dict(), prefixes[s]);
+    if (!report.ok()) throw std::runtime_error("local copy of the U-Net: " + report.describe());
+  }
+
+  torch::manual_seed(0);
+  at::Tensor x = torch::randn({settings.batch, 3, settings.image_size, settings.image_size});
+  at::Tensor target =
+      (torch::rand({settings.batch, 1, settings.image_size, settings.image_size}) > 0.5)
+          .to(torch::kFloat);
+
+  // Gradients of the same weights on the same batch, before any step changes them.
+  double grad_error;
+  {
+    dist_autograd::Context context;
+    dist_autograd::backward(context.id(), {loss_of(split.forward(x), target)});
+    std::vector<at::Tensor> dist = dist_autograd::get_gradients(context.id(), split.parameters());
+    loss_of(local->forward(x), target).backward();
+    std::vector<at::Tensor> want;
+    for (const auto& p : local->parameters()) want.push_back(p.grad());
+    grad_error = max_relative_error(dist, want);
+  }
+
+  dist_autograd::DistributedOptimizer optimizer(
+      dist_autograd::OptimizerSpec::sgd(kLr, kMomentum), split.parameters());
+  torch::optim::SGD local_optimizer(local->parameters(),
+                                    torch::optim::SGDOptions(kLr).momentum(kMomentum));
+  std::vector<double> dist_steps, local_steps, forward_s, backward_s, optimizer_s;
+  for (int step = 0; step < settings.warmup + settings.steps; ++step) {
+    bool timed = step >= settings.warmup;
+    double f = 0, b = 0, o = 0;
+    double dist = seconds_of([&] {
+      dist_autograd::Context context;
+      at::Tensor loss;
+      f = seconds_of([&] { loss = loss_of(split.forward(x), target); });
+      b = seconds_of([&] { dist_autograd::backward(context.id(), {loss}); });
+      o = seconds_of([&] { optimizer.step(context.id()); });
+    });
+    double one = seconds_of([&] {
+      local_optimizer.zero_grad();
+      loss_of(local->forward(x), target).backward();
+      local_optimizer.step();
+    });
+    if (!timed) continue;
+    dist_steps.push_back(dist);
+    local_steps.push_back(one);
+    forward_s.push_back(f);
+    backward_s.push_back(b);
+    optimizer_s.push_back(o);
+    std::cerr << fmt::format("step {}: distributed {:.3f} s (forward {:.3f}, backward {:.3f}, "
+                             "optimizer {:.3f}), one process {:.3f} s\n",
+                             step - settings.warmup, dist, f, b, o, one);
+  }
+
+  int64_t contexts_left = static_cast<int64_t>(dist_autograd::context_count());
+  for (int rank = 1; rank <= 3; ++rank) {
+    contexts_left += dist_autograd::context_count(fmt::format("worker{}", rank));
+  }
+  nlohmann::ordered_json out;
+  out["bench"] = "autograd";
+  out["model"] = fmt::format("unet-resnet{}", settings.depth);
+  out["batch"] = settings.batch;
+  out["image_size"] = settings.image_size;
+  out["threads_per_process"] = threads;
+  out["steps"] = settings.steps;
+  out["max_rel_grad_err"] = grad_error;
+  out["dist_step_s"] = median(dist_steps);
+  out["local_step_s"] = median(local_steps);
+  out["ratio"] = median(dist_steps) / median(local_steps);
+  out["dist_forward_s"] = median(forward_s);
+  out["dist_backward_s"] = median(backward_s);
+  out["dist_optimizer_s"] = median(optimizer_s);
+  out["contexts_left"] = contexts_left;
+  return out;
+}
+
+}  // namespace
+
+int run_autograd_bench(const AutogradBenchSettings& settings) {
+  int threads = settings.threads > 0 ? settings.threads
+                                     : static_cast<int>(std::thread::hardware_concurrency());
+  at::set_num_threads(threads);
+  dist_autograd::install(rpc::default_registry());
+  models::register_unet_stages();
+
+  int port = rpc::pick_free_port();
+  std::vector<pid_t> workers;
+  std::string worker_binary = binary_dir(settings.self_path) + "/ferry-worker";
+  for (int rank = 1; rank <= 3; ++rank) {
+    workers.push_back(spawn_process(worker_binary, {"--name", fmt::format("worker{}", rank)},
+                                    {{"RANK", std::to_string(rank)},
+                                     {"WORLD_SIZE", "4"},
+                                     {"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", std::to_string(port)},
+                                     {"OMP_NUM_THREADS", std::to_string(threads)},
+                                     {"FERRY_LOG_LEVEL", "warn"}}));
+  }
+  rpc::Options options;
+  options.name = "master";
+  options.rank = 0;
+  options.world_size = 4;
+  options.master_addr = "127.0.0.1";
+  options.master_port = port;
+  rpc::init(options);
+
+  nlohmann::ordered_json out = measure(settings, threads);
+  nlohmann::ordered_json rss;
+  rss["master"] = peak_rss_mib(getpid());
+  for (int rank = 1; rank <= 3; ++rank) {
+    rss[fmt::format("worker{}", rank)] = peak_rss_mib(workers[rank - 1]);
+  }
+  out["peak_rss_mib"] = rss;
+  rpc::shutdown();
+  for (pid_t pid : workers) reap_process(pid);
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace ferry::bench

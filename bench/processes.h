@@ -1,0 +1,25 @@
+// The other processes a benchmark starts: spawned with this process's environment plus a world
+// of its own, and reaped (killed if they outlive a grace period) at the end.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ferry::bench {
+
+// Starts `binary` with `args`; `env` is added to this process's environment. Throws
+// std::runtime_error naming the binary if it cannot start.
+pid_t spawn_process(const std::string& binary, const std::vector<std::string>& args,
+                    const std::map<std::string, std::string>& env);
+// Waits up to `grace` for `pid` to exit, then kills it.
+void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
+// The peak resident memory of `pid` (VmHWM), MiB; -1 if unknown.
+double peak_rss_mib(pid_t pid);
+// The folder this binary lives in (other Ferry binaries are built beside it).
+std::string binary_dir(const std::string& self_path);
+
+}  // namespace ferry::bench

@@ -1,0 +1,250 @@
+// Distributed backward, FAST mode. Each process runs its own part of the graph with the local
+// engine, from the roots (on the master) or from a send function whose gradients just arrived.
+// The engine is asked only for the gradients at the edges where this process's part ends: leaves,
+// whose gradients the context keeps, and RecvBackward inputs, whose gradients go back by RPC to
+// the sender, which runs its part the same way. A part's future completes when every part it
+// started has completed, so the master's backward() returns when the whole graph is done.
+//
+// A part reached through several send functions (a tensor sent to two workers) runs once per
+// incoming gradient; backward is linear in its incoming gradient, so the sum is exact, and those
+// parts keep their buffers until the context is released.
+#include <fmt/format.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <map>
+#include <unordered_set>
+
+#include "dist_autograd/context_store.h"
+#include "dist_autograd/install.h"
+#include "dist_autograd/recv_backward.h"
+#include "dist_autograd/when_all.h"
+#include "ferry/dist_autograd/context.h"
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::dist_autograd {
+namespace {
+
+using torch::autograd::AccumulateGrad;
+using torch::autograd::Edge;
+using torch::autograd::edge_list;
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+bool ends_part(const Node* node) {
+  return dynamic_cast<const AccumulateGrad*>(node) || dynamic_cast<const RecvBackward*>(node);
+}
+
+// The edges where this process's part of the graph reachable from `roots` ends.
+edge_list part_ends(const edge_list& roots) {
+  edge_list ends;
+  std::unordered_set<const Node*> seen;
+  std::vector<std::shared_ptr<Node>> stack;
+  auto visit = [&](const Edge& edge) {
+    if (edge.function && seen.insert(edge.function.get()).second) stack.push_back(edge.function);
+  };
+  for (const Edge& root : roots) visit(root);
+  while (!stack.empty()) {
+    std::shared_ptr<Node> node = std::move(stack.back());
+    stack.pop_back();
+    if (dynamic_cast<AccumulateGrad*>(node.get())) {
+      ends.emplace_back(node, 0);
+    } else if (dynamic_cast<RecvBackward*>(node.get())) {
+      for (std::uint32_t i = 0; i < node->num_inputs(); ++i) ends.emplace_back(node, i);
+    } else {
+      for (const Edge& next : node->next_edges()) visit(next);
+    }
+  }
+  return ends;
+}
+
+// Gradients arriving at the ends of a part: leaves go into the context, RecvBackward inputs are
+// gathered per node to be sent back.
+class PartResult {
+ public:
+  explicit PartResult(ContextState& context) : context_(context) {}
+
+  void add(const Edge& edge, const at::Tensor& grad) {
+    if (!grad.defined()) return;
+    if (auto* leaf = dynamic_cast<AccumulateGrad*>(edge.function.get())) {
+      context_.accumulate(leaf->variable, grad);
+      return;
+    }
+    auto recv = std::static_pointer_cast<RecvBackward>(edge.function);
+    auto& grads = to_send_[recv];
+    grads.resize(recv->num_inputs());
+    at::Tensor& slot = grads[edge.input_nr];
+    slot = slot.defined() ? slot + grad : grad;
+  }
+
+  // Sends each gathered gradient to its sender; the futures of those calls.
+  std::vector<FuturePtr> send() {
+    std::vector<FuturePtr> calls;
+    const auto& workers = rpc::workers();
+    for (auto& [recv, grads] : to_send_) {
+      c10::List<at::Tensor> list;
+      for (auto& g : grads) list.push_back(g);
+      calls.push_back(rpc::rpc_async(workers.at(recv->from_rank()).name,
+                                     "ferry.autograd.backward",
+                                     {context_.id(), recv->message_id(), std::move(list)}));
+    }
+    return calls;
+  }
+
+ private:
+  ContextState& context_;
+  std::map<std::shared_ptr<RecvBackward>, std::vector<at::Tensor>> to_send_;
+};
+
+std::string self_name() { return rpc::self().name; }
+
+// The error of a part that failed here.
+rpc::Error part_failed(std::int64_t context_id, const std::string& what) {
+  return rpc::Error(rpc::ErrorKind::RemoteException,
+                    fmt::format("distributed backward of context {} failed on worker \"{}\": {}",
+                                context_id, self_name(), what));
+}
+
+// Passes the first failure among `calls` on unchanged when another worker raised it (its message
+// already names that worker), or says what happened to the call (a worker died, a deadline).
+void rethrow_first_failure(std::int64_t context_id, const std::vector<FuturePtr>& calls) {
+  for (const auto& call : calls) {
+    if (!call->hasError()) continue;
+    try {
+      std::rethrow_exception(call->exception_ptr());
+    } catch (const rpc::Error& e) {
+      if (!e.cause().empty()) throw rpc::Error(e.kind(), e.cause());
+      throw rpc::Error(e.kind(), fmt::format("distributed backward of context {} failed: {}",
+                                             context_id, e.what()));
+    } catch (const std::exception& e) {
+      throw part_failed(context_id, e.what());
+    }
+  }
+}
+
+// Runs this process's part from `roots` with `grads`; the future completes when every part it
+// started elsewhere has completed. Throws if the local part fails.
+FuturePtr run_part(ContextState& context, const edge_list& roots, const variable_list& grads,
+                   bool keep_graph) {
+  PartResult result(context);
+  edge_list engine_roots;
+  variable_list engine_grads;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    if (!roots[i].function || !grads[i].defined()) continue;
+    // A root that is itself an end needs no engine (and the engine could not capture a
+    // gradient at the node it starts from).
+    if (ends_part(roots[i].function.get())) {
+      result.add(roots[i], grads[i]);
+    } else {
+      engine_roots.push_back(roots[i]);
+      engine_grads.push_back(grads[i]);
+    }
+  }
+  edge_list ends = part_ends(engine_roots);
+  if (!ends.empty()) {
+    try {
+      variable_list captured = torch::autograd::Engine::get_default_engine().execute(
+          engine_roots, engine_grads, keep_graph, /*create_graph=*/false,
+          /*accumulate_grad=*/false, ends);
+      for (size_t i = 0; i < ends.size(); ++i) result.add(ends[i], captured[i]);
+    } catch (const c10::Error& e) {
+      throw part_failed(context.id(), e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      throw part_failed(context.id(), e.what());
+    }
+  }
+  std::vector<FuturePtr> calls = result.send();
+  std::int64_t id = context.id();
+  return when_all(calls)->then(
+      [id, calls](c10::ivalue::Future&) {
+        rethrow_first_failure(id, calls);
+        return c10::IValue();
+      },
+      c10::NoneType::get());
+}
+
+}  // namespace
+
+void backward(std::int64_t context_id, const std::vector<at::Tensor>& roots, bool retain_graph,
+              const std::vector<at::Tensor>& root_grads) {
+  ContextPtr context = context_or_throw(context_id, "backward");
+  if (!root_grads.empty() && root_grads.size() != roots.size()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("backward: {} roots but {} root gradients", roots.size(),
+                                 root_grads.size()));
+  }
+  edge_list edges;
+  variable_list grads;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const at::Tensor& root = roots[i];
+    if (!root.defined() || !root.requires_grad()) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       fmt::format("backward: root {} does not require grad", i));
+    }
+    if (root_grads.empty() && root.numel() != 1) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       fmt::format("backward: root {} has {} elements; give its gradient or "
+                                   "reduce it to a scalar",
+                                   i, root.numel()));
+    }
+    edges.push_back(torch::autograd::impl::gradient_edge(root));
+    grads.push_back(root_grads.empty() ? at::ones_like(root) : root_grads[i]);
+  }
+  run_part(*context, edges, grads, retain_graph)->waitAndThrow();
+}
+
+c10::Dict<at::Tensor, at::Tensor> get_gradients(std::int64_t context_id) {
+  ContextPtr context = context_or_throw(context_id, "get_gradients");
+  c10::Dict<at::Tensor, at::Tensor> out;
+  for (auto& [variable, grad] : context->gradients()) out.insert(variable, grad);
+  return out;
+}
+
+std::vector<at::Tensor> get_gradients(std::int64_t context_id,
+                                      const std::vector<rpc::RRefPtr>& tensors) {
+  // One call per owner, each with its tensors in order.
+  std::map<std::string, std::vector<size_t>> by_owner;
+  for (size_t i = 0; i < tensors.size(); ++i) by_owner[tensors[i]->ownerName()].push_back(i);
+  std::vector<at::Tensor> out(tensors.size());
+  for (auto& [owner, indices] : by_owner) {
+    c10::impl::GenericList refs(c10::AnyType::get());
+    for (size_t i : indices) {
+      refs.push_back(c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(tensors[i])));
+    }
+    c10::IValue grads = rpc::rpc_sync(owner, "ferry.autograd.gradients", {context_id, refs});
+    auto list = grads.toTensorVector();
+    for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = list.at(k);
+  }
+  return out;
+}
+
+void install_backward_functions(rpc::FunctionRegistry& registry) {
+  registry.add_async("ferry.autograd.backward", [](std::vector<c10::IValue>& args) {
+    std::int64_t id = args.at(0).toInt();
+    std::int64_t message_id = args.at(1).toInt();
+    std::vector<at::Tensor> grads = args.at(2).toTensorVector();
+    ContextPtr context = find_context(id);
+    if (!context) throw part_failed(id, "the context is unknown here (already released?)");
+    SendFunction send = context->send(message_id);
+    if (grads.size() != send.edges.size()) {
+      throw part_failed(id, fmt::format("{} gradients arrived for a message that sent {} tensors "
+                                        "requiring grad",
+                                        grads.size(), send.edges.size()));
+    }
+    return run_part(*context, send.edges, grads, /*keep_graph=*/true);
+  });
+  registry.add("ferry.autograd.gradients",
+               [](std::int64_t id, c10::IValue refs) {
+                 ContextPtr context = find_context(id);
+                 c10::List<at::Tensor> out;
+                 for (const c10::IValue& ref : refs.toListRef()) {
+                   at::Tensor variable = rpc::to_rref(ref)->local_value().toTensor();
+                   out.push_back(context ? context->gradient(variable) : at::Tensor());
+                 }
+                 return out;
+               });
+}
+
+}  // namespace ferry::dist_autograd

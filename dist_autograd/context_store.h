@@ -1,0 +1,75 @@
+// The per-process table of autograd contexts: what each context recorded here (send functions,
+// the workers it reached, accumulated gradients). Internal to dist_autograd/.
+//
+// Thread rules: every function and every ContextState member function is safe from any thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/edge.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace ferry::dist_autograd {
+
+// The sender's half of one recorded RPC: where the gradients of the tensors it sent go.
+struct SendFunction {
+  torch::autograd::edge_list edges;  // one per tensor that required grad, in message order
+  int to_rank = -1;
+};
+
+class ContextState {
+ public:
+  explicit ContextState(std::int64_t id) : id_(id) {}
+  std::int64_t id() const { return id_; }
+
+  void add_send(std::int64_t message_id, SendFunction send);
+  // Throws rpc::Error(InvalidArgument) if there is no such send function.
+  SendFunction send(std::int64_t message_id) const;
+  void add_worker(int rank);
+  std::set<int> workers() const;
+
+  // Adds `grad` to the gradient of leaf `variable` (out of place: `grad` may alias a buffer the
+  // engine still uses).
+  void accumulate(const at::Tensor& variable, const at::Tensor& grad);
+  // The accumulated gradient of `variable`, undefined if none.
+  at::Tensor gradient(const at::Tensor& variable) const;
+  std::vector<std::pair<at::Tensor, at::Tensor>> gradients() const;
+
+ private:
+  const std::int64_t id_;
+  mutable std::mutex mutex_;
+  std::unordered_map<std::int64_t, SendFunction> sends_;
+  std::set<int> workers_;
+  std::unordered_map<const void*, std::pair<at::Tensor, at::Tensor>> gradients_;
+};
+
+using ContextPtr = std::shared_ptr<ContextState>;
+
+// A new id for a context or a message, unique in the world: this rank in the high bits.
+std::int64_t next_id();
+
+// Opens a new context here.
+ContextPtr create_context();
+// The context, made on first contact from another worker; nullptr for one released recently
+// (a straggling message must not bring it back).
+ContextPtr join_context(std::int64_t id);
+// The context, or nullptr.
+ContextPtr find_context(std::int64_t id);
+// Throws rpc::Error(InvalidArgument) naming the id and this worker if it is unknown.
+ContextPtr context_or_throw(std::int64_t id, const char* what);
+// Forgets the context here; returns it (nullptr if it was unknown) so the caller can reach the
+// workers it touched.
+ContextPtr erase_context(std::int64_t id);
+std::size_t live_contexts();
+
+// The context current on this thread (0: none).
+std::int64_t current_id();
+void set_current_id(std::int64_t id);
+
+}  // namespace ferry::dist_autograd

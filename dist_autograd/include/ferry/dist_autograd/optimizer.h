@@ -1,0 +1,93 @@
+// DistributedOptimizer (mirrors torch.distributed.optim.DistributedOptimizer): one local
+// optimizer on each worker that owns some of the parameters, all stepped at once with the
+// gradients an autograd context accumulated there. No code travels: a worker builds the
+// optimizer from its name and hyper-parameters.
+//
+// Thread rules: a DistributedOptimizer is used by one thread at a time (any thread but an agent's
+// loop thread); steps of two optimizers, or of one from two threads in turn, do not interleave
+// on a worker.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/rpc/rref.h"
+
+namespace torch::optim {
+class Optimizer;
+class OptimizerParamState;
+}  // namespace torch::optim
+
+namespace ferry::dist_autograd {
+
+// An optimizer by name and hyper-parameters. Value type. Built in: "sgd" (lr, momentum,
+// dampening, weight_decay, nesterov), "adam" and "adamw" (lr, beta1, beta2, eps, weight_decay,
+// amsgrad); booleans are 0 or 1.
+struct OptimizerSpec {
+  std::string name;
+  std::map<std::string, double> options;
+
+  static OptimizerSpec sgd(double lr, double momentum = 0, double weight_decay = 0);
+  static OptimizerSpec adam(double lr, double weight_decay = 0);
+  static OptimizerSpec adamw(double lr, double weight_decay = 1e-2);
+};
+
+// How a worker builds an optimizer type: over `params` with `options` (throwing for an option it
+// does not take), and an empty per-parameter state for restoring a saved one.
+struct OptimizerFactory {
+  std::function<std::unique_ptr<torch::optim::Optimizer>(
+      std::vector<at::Tensor> params, const std::map<std::string, double>& options)>
+      make;
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>()> make_state;
+};
+// Registers a type under `name` in this process (workers that host the parameters need it).
+void register_optimizer(const std::string& name, OptimizerFactory factory);
+
+class DistributedOptimizer {
+ public:
+  // Builds the local optimizer of every owner of `params` (RRefs to leaf tensors, such as
+  // RemoteModule::remote_parameters()). Throws rpc::Error naming the worker that could not.
+  DistributedOptimizer(OptimizerSpec spec, std::vector<rpc::RRefPtr> params);
+
+  // Steps every owner's optimizer concurrently with the gradients of `context_id` there; a
+  // parameter without a gradient in it is left alone. Throws rpc::Error naming every owner that
+  // failed.
+  void step(std::int64_t context_id);
+  void set_lr(double lr);
+
+  // The optimizer state of each parameter, in the order given to the constructor (a list of byte
+  // tensors, empty where a parameter has no state yet). It depends only on that order, not on
+  // which worker holds what, so it restores into stages placed anywhere.
+  c10::IValue state_dict() const;
+  // Throws rpc::Error if `state` does not match the parameters.
+  void load_state_dict(const c10::IValue& state);
+
+  const OptimizerSpec& spec() const { return spec_; }
+  std::size_t parameter_count() const { return parameter_count_; }
+  // The workers holding a local optimizer.
+  std::vector<std::string> owners() const;
+
+ private:
+  struct Owner {
+    std::string worker;
+    rpc::RRefPtr optimizer;        // the local optimizer, held by its worker
+    std::vector<std::size_t> indices;  // its parameters' positions in the constructor's list
+  };
+  // Calls `function` on every owner at once with (optimizer, extra(owner)...); throws naming each
+  // owner that failed `what`. Returns the results in owner order.
+  std::vector<c10::IValue> on_owners(
+      const std::string& what, const std::string& function,
+      const std::function<std::vector<c10::IValue>(const Owner&)>& extra) const;
+
+  OptimizerSpec spec_;
+  std::vector<Owner> owners_;
+  std::size_t parameter_count_ = 0;
+};
+
+}  // namespace ferry::dist_autograd

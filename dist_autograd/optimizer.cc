@@ -1,0 +1,389 @@
+// DistributedOptimizer and the worker's side of it: "ferry.optim.*" build a LocalOptimizer (held
+// by an RRef on the parameters' owner), step it with a context's gradients, and save or restore
+// its per-parameter state.
+#include "ferry/dist_autograd/optimizer.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/custom_class.h>
+#include <torch/optim.h>
+#include <torch/serialize.h>
+
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <sstream>
+
+#include "dist_autograd/context_store.h"
+#include "dist_autograd/install.h"
+#include "dist_autograd/when_all.h"
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::dist_autograd {
+namespace {
+
+using Options = std::map<std::string, double>;
+
+// Reads the options a type takes; any other key is an error listing the ones it takes.
+class OptionReader {
+ public:
+  OptionReader(std::string type, const Options& options, std::set<std::string> known)
+      : type_(std::move(type)), options_(options), known_(std::move(known)) {
+    for (const auto& [key, value] : options_) {
+      if (!known_.count(key)) {
+        throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                         fmt::format("optimizer \"{}\" has no option \"{}\" (it takes: {})",
+                                     type_, key, fmt::join(known_, ", ")));
+      }
+    }
+  }
+  double get(const std::string& key, double fallback) const {
+    auto it = options_.find(key);
+    return it == options_.end() ? fallback : it->second;
+  }
+  double required(const std::string& key) const {
+    auto it = options_.find(key);
+    if (it == options_.end()) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       fmt::format("optimizer \"{}\" needs option \"{}\"", type_, key));
+    }
+    return it->second;
+  }
+
+ private:
+  std::string type_;
+  const Options& options_;
+  std::set<std::string> known_;
+};
+
+template <typename AdamLike, typename AdamLikeOptions, typename State>
+OptimizerFactory adam_like(const std::string& type, double default_weight_decay) {
+  OptimizerFactory factory;
+  factory.make = [type, default_weight_decay](std::vector<at::Tensor> params,
+                                              const Options& options) {
+    OptionReader o(type, options, {"lr", "beta1", "beta2", "eps", "weight_decay", "amsgrad"});
+    AdamLikeOptions defaults(o.required("lr"));
+    defaults.betas(std::make_tuple(o.get("beta1", 0.9), o.get("beta2", 0.999)))
+        .eps(o.get("eps", 1e-8))
+        .weight_decay(o.get("weight_decay", default_weight_decay))
+        .amsgrad(o.get("amsgrad", 0) != 0);
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<AdamLike>(std::move(params), defaults));
+  };
+  factory.make_state = [] {
+    return std::unique_ptr<torch::optim::OptimizerParamState>(std::make_unique<State>());
+  };
+  return factory;
+}
+
+struct Factories {
+  std::shared_mutex mutex;
+  std::map<std::string, OptimizerFactory> by_name;
+
+  Factories() {
+    OptimizerFactory sgd;
+    sgd.make = [](std::vector<at::Tensor> params, const Options& options) {
+      OptionReader o("sgd", options, {"lr", "momentum", "dampening", "weight_decay", "nesterov"});
+      torch::optim::SGDOptions defaults(o.required("lr"));
+      defaults.momentum(o.get("momentum", 0))
+          .dampening(o.get("dampening", 0))
+          .weight_decay(o.get("weight_decay", 0))
+          .nesterov(o.get("nesterov", 0) != 0);
+      return std::unique_ptr<torch::optim::Optimizer>(
+          std::make_unique<torch::optim::SGD>(std::move(params), defaults));
+    };
+    sgd.make_state = [] {
+      return std::unique_ptr<torch::optim::OptimizerParamState>(
+          std::make_unique<torch::optim::SGDParamState>());
+    };
+    by_name["sgd"] = sgd;
+    by_name["adam"] =
+        adam_like<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(
+            "adam", 0);
+    by_name["adamw"] =
+        adam_like<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
+            "adamw", 1e-2);
+  }
+};
+
+Factories& factories() {
+  static Factories f;
+  return f;
+}
+
+OptimizerFactory factory_of(const std::string& name) {
+  Factories& f = factories();
+  std::shared_lock<std::shared_mutex> lock(f.mutex);
+  auto it = f.by_name.find(name);
+  if (it == f.by_name.end()) {
+    std::vector<std::string> names;
+    for (const auto& [known, unused] : f.by_name) names.push_back(known);
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("no optimizer is named \"{}\" on worker \"{}\" (known: {})", name,
+                                 rpc::self().name, fmt::join(names, ", ")));
+  }
+  return it->second;
+}
+
+// The optimizer of some parameters on their owner. Steps, saves and loads run one at a time.
+struct LocalOptimizer : torch::CustomClassHolder {
+  std::mutex mutex;
+  std::vector<at::Tensor> params;
+  OptimizerFactory factory;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+};
+
+void register_local_optimizer_class() {
+  static auto holder = torch::class_<LocalOptimizer>("ferry", "LocalOptimizer");
+}
+
+c10::intrusive_ptr<LocalOptimizer> local_of(const c10::IValue& ref) {
+  return rpc::to_rref(ref)->local_value().toCustomClass<LocalOptimizer>();
+}
+
+// How torch::optim keys a parameter's state.
+std::string state_key(const at::Tensor& param) {
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+}
+
+at::Tensor to_bytes(const std::string& s) {
+  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), s.data(), s.size());
+  return t;
+}
+
+c10::IValue create(std::vector<c10::IValue>& args) {
+  register_local_optimizer_class();
+  auto local = c10::make_intrusive<LocalOptimizer>();
+  local->factory = factory_of(args.at(0).toStringRef());
+  Options options;
+  for (const auto& entry : args.at(1).toGenericDict()) {
+    options[entry.key().toStringRef()] = entry.value().toDouble();
+  }
+  for (const c10::IValue& ref : args.at(2).toListRef()) {
+    local->params.push_back(rpc::to_rref(ref)->local_value().toTensor());
+  }
+  local->optimizer = local->factory.make(local->params, options);
+  return c10::IValue(std::move(local));
+}
+
+void step(const c10::IValue& ref, std::int64_t context_id) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  // A context that never reached this worker has no gradients here: nothing moves.
+  ContextPtr context = find_context(context_id);
+  for (at::Tensor& p : local->params) {
+    p.mutable_grad() = context ? context->gradient(p) : at::Tensor();
+  }
+  try {
+    local->optimizer->step();
+  } catch (...) {
+    for (at::Tensor& p : local->params) p.mutable_grad() = at::Tensor();
+    throw;
+  }
+  // The context keeps the gradients; `.grad` stays as the user left it: empty.
+  for (at::Tensor& p : local->params) p.mutable_grad() = at::Tensor();
+}
+
+c10::List<at::Tensor> save_state(const c10::IValue& ref) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  c10::List<at::Tensor> out;
+  auto& states = local->optimizer->state();
+  for (const at::Tensor& p : local->params) {
+    auto it = states.find(state_key(p));
+    if (it == states.end()) {
+      out.push_back(at::empty({0}, at::kByte));
+      continue;
+    }
+    torch::serialize::OutputArchive archive;
+    it->second->serialize(archive);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    out.push_back(to_bytes(bytes.str()));
+  }
+  return out;
+}
+
+void load_state(const c10::IValue& ref, const std::vector<at::Tensor>& saved) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  if (saved.size() != local->params.size()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("optimizer state for {} parameters given to an optimizer of {}",
+                                 saved.size(), local->params.size()));
+  }
+  auto& states = local->optimizer->state();
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const at::Tensor& p = local->params[i];
+    if (saved[i].numel() == 0) {
+      states.erase(state_key(p));
+      continue;
+    }
+    at::Tensor bytes = saved[i].contiguous();
+    std::istringstream in(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    auto state = local->factory.make_state();
+    state->serialize(archive);
+    states[state_key(p)] = std::move(state);
+  }
+}
+
+void set_lr(const c10::IValue& ref, double lr) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  for (auto& group : local->optimizer->param_groups()) group.options().set_lr(lr);
+}
+
+c10::IValue as_ivalue(const rpc::RRefPtr& rref) {
+  return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
+}
+
+}  // namespace
+
+OptimizerSpec OptimizerSpec::sgd(double lr, double momentum, double weight_decay) {
+  return {"sgd", {{"lr", lr}, {"momentum", momentum}, {"weight_decay", weight_decay}}};
+}
+OptimizerSpec OptimizerSpec::adam(double lr, double weight_decay) {
+  return {"adam", {{"lr", lr}, {"weight_decay", weight_decay}}};
+}
+OptimizerSpec OptimizerSpec::adamw(double lr, double weight_decay) {
+  return {"adamw", {{"lr", lr}, {"weight_decay", weight_decay}}};
+}
+
+void register_optimizer(const std::string& name, OptimizerFactory factory) {
+  Factories& f = factories();
+  std::unique_lock<std::shared_mutex> lock(f.mutex);
+  f.by_name[name] = std::move(factory);
+}
+
+DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec, std::vector<rpc::RRefPtr> params)
+    : spec_(std::move(spec)), parameter_count_(params.size()) {
+  std::map<std::string, size_t> slot;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::string worker = params[i]->ownerName();
+    auto [it, fresh] = slot.try_emplace(worker, owners_.size());
+    if (fresh) owners_.push_back(Owner{worker, {}, {}});
+    owners_[it->second].indices.push_back(i);
+  }
+  c10::Dict<std::string, double> options;
+  for (const auto& [key, value] : spec_.options) options.insert(key, value);
+  for (Owner& owner : owners_) {
+    c10::impl::GenericList refs(c10::AnyType::get());
+    for (size_t i : owner.indices) refs.push_back(as_ivalue(params[i]));
+    owner.optimizer = rpc::remote(owner.worker, "ferry.optim.create", {spec_.name, options, refs});
+  }
+  std::vector<std::string> failed;
+  for (const Owner& owner : owners_) {
+    auto ready = owner.optimizer->ready();
+    ready->wait();
+    if (ready->hasError()) {
+      failed.push_back(fmt::format("on worker \"{}\": {}", owner.worker,
+                                   ready->tryRetrieveErrorMessage()));
+    }
+  }
+  if (!failed.empty()) {
+    throw rpc::Error(rpc::ErrorKind::RemoteException,
+                     fmt::format("could not build optimizer \"{}\" {}", spec_.name,
+                                 fmt::join(failed, "; ")));
+  }
+}
+
+std::vector<c10::IValue> DistributedOptimizer::on_owners(
+    const std::string& what, const std::string& function,
+    const std::function<std::vector<c10::IValue>(const Owner&)>& extra) const {
+  std::vector<FuturePtr> calls;
+  for (const Owner& owner : owners_) {
+    std::vector<c10::IValue> args{as_ivalue(owner.optimizer)};
+    for (auto& arg : extra(owner)) args.push_back(std::move(arg));
+    calls.push_back(rpc::rpc_async(owner.worker, function, std::move(args)));
+  }
+  when_all(calls)->wait();
+  std::vector<std::string> failed;
+  std::vector<c10::IValue> results;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (!calls[i]->hasError()) {
+      results.push_back(calls[i]->value());
+      continue;
+    }
+    std::string cause = calls[i]->tryRetrieveErrorMessage();
+    try {
+      std::rethrow_exception(calls[i]->exception_ptr());
+    } catch (const rpc::Error& e) {
+      if (!e.cause().empty()) cause = e.cause();
+    } catch (...) {
+    }
+    failed.push_back(fmt::format("on worker \"{}\": {}", owners_[i].worker, cause));
+  }
+  if (!failed.empty()) {
+    throw rpc::Error(rpc::ErrorKind::RemoteException,
+                     fmt::format("optimizer \"{}\": {} failed {}", spec_.name, what,
+                                 fmt::join(failed, "; ")));
+  }
+  return results;
+}
+
+void DistributedOptimizer::step(std::int64_t context_id) {
+  on_owners("step", "ferry.optim.step",
+            [context_id](const Owner&) { return std::vector<c10::IValue>{context_id}; });
+}
+
+void DistributedOptimizer::set_lr(double lr) {
+  on_owners("set_lr", "ferry.optim.set_lr",
+            [lr](const Owner&) { return std::vector<c10::IValue>{lr}; });
+  spec_.options["lr"] = lr;
+}
+
+c10::IValue DistributedOptimizer::state_dict() const {
+  std::vector<c10::IValue> per_owner =
+      on_owners("state_dict", "ferry.optim.state", [](const Owner&) {
+        return std::vector<c10::IValue>{};
+      });
+  std::vector<at::Tensor> state(parameter_count_);
+  for (size_t o = 0; o < owners_.size(); ++o) {
+    auto tensors = per_owner[o].toTensorVector();
+    for (size_t k = 0; k < owners_[o].indices.size(); ++k) {
+      state[owners_[o].indices[k]] = tensors.at(k);
+    }
+  }
+  return c10::List<at::Tensor>(state);
+}
+
+void DistributedOptimizer::load_state_dict(const c10::IValue& state) {
+  if (!state.isTensorList() || state.toTensorList().size() != parameter_count_) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("optimizer state must be a list of {} byte tensors (one per "
+                                 "parameter) but is {}",
+                                 parameter_count_,
+                                 state.isTensorList()
+                                     ? fmt::format("a list of {}", state.toTensorList().size())
+                                     : state.tagKind()));
+  }
+  std::vector<at::Tensor> all = state.toTensorVector();
+  on_owners("load_state_dict", "ferry.optim.load_state", [&all](const Owner& owner) {
+    c10::List<at::Tensor> mine;
+    for (size_t i : owner.indices) mine.push_back(all[i]);
+    return std::vector<c10::IValue>{mine};
+  });
+}
+
+std::vector<std::string> DistributedOptimizer::owners() const {
+  std::vector<std::string> out;
+  for (const Owner& owner : owners_) out.push_back(owner.worker);
+  return out;
+}
+
+void install_optimizer_functions(rpc::FunctionRegistry& registry) {
+  register_local_optimizer_class();
+  registry.add_raw("ferry.optim.create", create);
+  registry.add("ferry.optim.step", [](c10::IValue ref, std::int64_t id) { step(ref, id); });
+  registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });
+  registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
+  registry.add("ferry.optim.load_state", [](c10::IValue ref, c10::IValue saved) {
+    load_state(ref, saved.toTensorVector());
+  });
+}
+
+}  // namespace ferry::dist_autograd

@@ -1,0 +1,71 @@
+// The U-Net's parts as stages a worker can host. The encoder stage returns the five features
+// after the input (strides 2 to 32): the decoder never uses the input itself, so it does not
+// travel back.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "ferry/models/unet.h"
+#include "ferry/remote_module/stage.h"
+#include "ferry/rpc/error.h"
+
+namespace ferry::models {
+namespace {
+
+at::Tensor one_tensor(const std::vector<c10::IValue>& inputs, const char* stage) {
+  if (inputs.size() != 1 || !inputs[0].isTensor()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("stage \"{}\" takes one tensor", stage));
+  }
+  return inputs[0].toTensor();
+}
+
+void seed_from(const StageConfig& config, const char* stage) {
+  torch::manual_seed(static_cast<uint64_t>(config_int(config, stage, "seed", 0)));
+}
+
+std::unique_ptr<Stage> make_encoder(const StageConfig& config) {
+  seed_from(config, "unet.encoder");
+  auto net = std::make_shared<ResNetEncoderImpl>(config_int(config, "unet.encoder", "depth", 34),
+                                                 config_int(config, "unet.encoder", "in_channels", 3));
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+    std::vector<at::Tensor> features = net->forward(one_tensor(inputs, "unet.encoder"));
+    return c10::IValue(c10::List<at::Tensor>(
+        std::vector<at::Tensor>(features.begin() + 1, features.end())));
+  });
+}
+
+std::unique_ptr<Stage> make_decoder(const StageConfig& config) {
+  seed_from(config, "unet.decoder");
+  int64_t depth = config_int(config, "unet.decoder", "depth", 34);
+  auto net = std::make_shared<UnetDecoderImpl>(resnet_channels(depth));
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+    if (inputs.size() != 1 || !inputs[0].isTensorList()) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       "stage \"unet.decoder\" takes the encoder's list of features");
+    }
+    return c10::IValue(net->forward(inputs[0].toTensorVector()));
+  });
+}
+
+std::unique_ptr<Stage> make_head(const StageConfig& config) {
+  seed_from(config, "unet.head");
+  auto net = std::make_shared<SegmentationHeadImpl>(
+      config_int(config, "unet.head", "in_channels", 16), config_int(config, "unet.head", "classes", 1));
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+    return c10::IValue(net->forward(one_tensor(inputs, "unet.head")));
+  });
+}
+
+}  // namespace
+
+void register_unet_stages() {
+  static bool done = [] {
+    register_stage("unet.encoder", make_encoder);
+    register_stage("unet.decoder", make_decoder);
+    register_stage("unet.head", make_head);
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace ferry::models

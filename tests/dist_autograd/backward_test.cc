@@ -1,0 +1,350 @@
+// Distributed backward across real worker processes: hops, fan-out, fan-in, concurrent contexts,
+// failures, release, and the U-Net split over three workers against the same model in one process.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <thread>
+
+#include "ferry/dist_autograd/context.h"
+#include "ferry/dist_autograd/optimizer.h"
+#include "ferry/models/unet.h"
+#include "ferry/models/weights.h"
+#include "ferry/remote_module/remote_module.h"
+#include "tests/support/cluster.h"
+#include "tests/support/test_stages.h"
+
+namespace ferry::dist_autograd {
+namespace {
+
+using testing::LocalWorld;
+
+LocalWorld::Settings three_workers() {
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b", "c"};
+  return settings;
+}
+
+at::Tensor leaf(std::vector<float> values) {
+  return torch::tensor(values).requires_grad_(true);
+}
+
+at::Tensor call(const std::string& to, const std::string& function,
+                std::vector<c10::IValue> args) {
+  return rpc::rpc_sync(to, function, std::move(args)).toTensor();
+}
+
+at::Tensor gradient_of(const Context& context, const at::Tensor& x) {
+  auto grads = get_gradients(context.id());
+  auto it = grads.find(x);
+  return it == grads.end() ? at::Tensor() : it->value();
+}
+
+TEST(DistBackward, OneHopGradientLandsInTheContextNotInGrad) {
+  LocalWorld world(three_workers());
+  at::Tensor x = leaf({1, 2, 3});
+  Context context;
+  at::Tensor y = call("a", "double_it", {x});
+  backward(context.id(), {(y * y).sum()});
+  // loss = sum(4 x^2)
+  EXPECT_TRUE(torch::equal(gradient_of(context, x), 8 * x.detach()));
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(DistBackward, NestedHopsThroughThreeWorkers) {
+  LocalWorld world(three_workers());
+  at::Tensor x = leaf({1, -1});
+  Context context;
+  // master -> a -> b -> c, each doubling.
+  at::Tensor y = call("a", "chain", {std::vector<std::string>{"b", "c"}, x});
+  ASSERT_TRUE(torch::equal(y.detach(), 8 * x.detach()));
+  backward(context.id(), {y.sum()});
+  EXPECT_TRUE(torch::equal(gradient_of(context, x), torch::full({2}, 8.0f)));
+}
+
+TEST(DistBackward, FanOutSumsGradientsFromTwoWorkers) {
+  LocalWorld world(three_workers());
+  at::Tensor x = leaf({1, 2});
+  Context context;
+  // h is not a leaf: its backward runs once per worker that sent a gradient back.
+  at::Tensor h = x * 1.5;
+  at::Tensor y1 = call("a", "double_it", {h});
+  at::Tensor y2 = call("b", "double_it", {h});
+  backward(context.id(), {(y1 * y2).sum()});
+  // loss = sum(4 h^2) = sum(9 x^2)
+  EXPECT_TRUE(torch::allclose(gradient_of(context, x), 18 * x.detach()));
+}
+
+TEST(DistBackward, FanInCombinesResultsOfTwoWorkersOnAThird) {
+  LocalWorld world(three_workers());
+  at::Tensor x = leaf({1, 3});
+  Context context;
+  at::Tensor a = call("a", "double_it", {x});
+  at::Tensor b = call("b", "double_it", {x});
+  at::Tensor z = call("c", "add", {a, b});
+  backward(context.id(), {(z * z).sum()});
+  // z = 4x, loss = sum(16 x^2)
+  EXPECT_TRUE(torch::allclose(gradient_of(context, x), 32 * x.detach()));
+}
+
+TEST(DistBackward, SkipConnectionsThroughAListOfFeatures) {
+  LocalWorld world(three_workers());
+  StageConfig config = stage_config();
+  config.insert("channels", 2);
+  RemoteModule pyramid = RemoteModule::create("a", "test.pyramid", config);
+  torch::manual_seed(3);
+  at::Tensor x = torch::randn({1, 2, 4, 4}).requires_grad_(true);
+  Context context;
+  // Three feature maps come back in one list; each is used again on another worker.
+  auto features = pyramid.forward({x}).toTensorVector();
+  ASSERT_EQ(features.size(), 3u);
+  at::Tensor loss = call("b", "double_it", {features[0]}).sum() +
+                    call("c", "double_it", {features[2]}).sum() + features[1].sum();
+  backward(context.id(), {loss});
+  auto remote_grads = get_gradients(context.id(), pyramid.remote_parameters());
+
+  // The same on a local copy of the stage.
+  auto local = testing::make_local_stage("test.pyramid", config, pyramid.state_dict());
+  at::Tensor lx = x.detach().requires_grad_(true);
+  auto lf = local->forward({lx}).toTensorVector();
+  (2 * lf[0].sum() + 2 * lf[2].sum() + lf[1].sum()).backward();
+  auto params = local->named_parameters();
+  ASSERT_EQ(params.size(), remote_grads.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(remote_grads[i], params[i].second.grad(), 1e-5, 1e-6))
+        << params[i].first;
+  }
+  EXPECT_TRUE(torch::allclose(gradient_of(context, x), lx.grad(), 1e-5, 1e-6));
+}
+
+TEST(DistBackward, TwoContextsFromTwoThreadsStayApart) {
+  LocalWorld world(three_workers());
+  auto run = [](const std::string& worker, float scale, std::string* failure) {
+    for (int step = 0; step < 20; ++step) {
+      at::Tensor x = leaf({scale, 2 * scale});
+      Context context;
+      at::Tensor y = call(worker, "chain", {std::vector<std::string>{"c"}, x});
+      backward(context.id(), {(y * x).sum()});
+      // loss = sum(4 x^2): 8x
+      at::Tensor g = gradient_of(context, x);
+      if (!g.defined() || !torch::allclose(g, 8 * x.detach())) {
+        *failure = "wrong gradient at step " + std::to_string(step);
+        return;
+      }
+    }
+  };
+  std::string failure_a, failure_b;
+  std::thread first(run, "a", 1.0f, &failure_a);
+  std::thread second(run, "b", -3.0f, &failure_b);
+  first.join();
+  second.join();
+  EXPECT_EQ(failure_a, "");
+  EXPECT_EQ(failure_b, "");
+}
+
+TEST(DistBackward, OneContextPerThread) {
+  LocalWorld world(three_workers());
+  Context context;
+  EXPECT_THROW(Context(), rpc::Error);
+  EXPECT_EQ(current_context_id(), context.id());
+}
+
+TEST(DistBackward, WorkerThrowingInBackwardIsNamed) {
+  LocalWorld world(three_workers());
+  at::Tensor x = leaf({1, 2});
+  {
+    Context context;
+    at::Tensor y = call("a", "chain", {std::vector<std::string>{}, x});
+    at::Tensor z = call("b", "fail_backward", {y});
+    try {
+      backward(context.id(), {z.sum()});
+      FAIL() << "backward did not fail";
+    } catch (const rpc::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("on worker \"b\""), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("injected backward failure"), std::string::npos)
+          << e.what();
+    }
+  }
+  // Nothing is left behind, and the next step works.
+  EXPECT_EQ(context_count(), 0u);
+  for (const char* worker : {"a", "b"}) EXPECT_EQ(context_count(worker), 0) << worker;
+  Context context;
+  at::Tensor y = call("b", "double_it", {x});
+  backward(context.id(), {y.sum()});
+  EXPECT_TRUE(torch::equal(gradient_of(context, x), torch::full({2}, 2.0f)));
+}
+
+TEST(DistBackward, WorkerKilledDuringBackwardFailsPromptlyAndIsNamed) {
+  LocalWorld world(three_workers());
+  at::Tensor x = leaf({1, 2});
+  Context context;
+  // c's part of backward sleeps long enough to be killed in the middle of it.
+  at::Tensor y = call("a", "double_it", {x});
+  at::Tensor z = call("c", "slow_backward", {y, int64_t{20000}});
+  std::thread killer([&world] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    world.peer(2).kill(SIGKILL);
+  });
+  auto start = std::chrono::steady_clock::now();
+  try {
+    backward(context.id(), {z.sum()});
+    ADD_FAILURE() << "backward did not fail";
+  } catch (const rpc::Error& e) {
+    EXPECT_EQ(e.kind(), rpc::ErrorKind::PeerDied) << e.what();
+    EXPECT_NE(std::string(e.what()).find("\"c\""), std::string::npos) << e.what();
+  }
+  killer.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+}
+
+TEST(DistBackward, LocalBackwardThroughAReceivedTensorPointsToDistBackward) {
+  LocalWorld world(three_workers());
+  at::Tensor x = leaf({1});
+  Context context;
+  at::Tensor y = call("a", "double_it", {x});
+  try {
+    y.sum().backward();
+    FAIL() << "local backward went through";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("dist_autograd::backward"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DistBackward, ReleaseLeavesNothingBehindAfter1000Steps) {
+  LocalWorld world(three_workers());
+  at::Tensor x = leaf({1, 2, 3});
+  for (int step = 0; step < 1000; ++step) {
+    Context context;
+    at::Tensor y = call("a", "chain", {std::vector<std::string>{"b"}, x});
+    backward(context.id(), {y.sum()});
+  }
+  EXPECT_EQ(context_count(), 0u);
+  for (const char* worker : {"a", "b", "c"}) EXPECT_EQ(context_count(worker), 0) << worker;
+}
+
+// ---- the U-Net split over three workers -------------------------------------------------------
+
+// One intra-op thread in every process, so that the split and the one-process model add their
+// floats in the same order. With two threads per process the reductions inside convolutions are
+// split differently (gradients differ by ~2e-6 relative), and batch norm over a batch of two
+// amplifies that through SGD steps; that is arithmetic, not distributed autograd.
+LocalWorld::Settings deterministic_three_workers() {
+  at::set_num_threads(1);
+  LocalWorld::Settings settings = three_workers();
+  settings.env["OMP_NUM_THREADS"] = "1";
+  return settings;
+}
+
+struct SplitUnet {
+  RemoteModule encoder, decoder, head;
+
+  static SplitUnet create(int64_t depth) {
+    auto config = [depth](int64_t seed) {
+      StageConfig c = stage_config();
+      c.insert("depth", depth);
+      c.insert("seed", seed);
+      return c;
+    };
+    return {RemoteModule::create("a", "unet.encoder", config(1)),
+            RemoteModule::create("b", "unet.decoder", config(2)),
+            RemoteModule::create("c", "unet.head", config(3))};
+  }
+  std::vector<RemoteModule> stages() const { return {encoder, decoder, head}; }
+  at::Tensor forward(const at::Tensor& x) const {
+    c10::IValue features = encoder.forward({x});
+    c10::IValue decoded = decoder.forward({features});
+    return head.forward({decoded}).toTensor();
+  }
+  std::vector<rpc::RRefPtr> parameters() const {
+    std::vector<rpc::RRefPtr> all;
+    for (const auto& stage : stages()) {
+      for (auto& p : stage.remote_parameters()) all.push_back(p);
+    }
+    return all;
+  }
+  // A one-process U-Net holding exactly the stages' current tensors.
+  models::Unet local(int64_t depth) const {
+    models::Unet net(depth, 1);
+    const char* prefixes[] = {"encoder.", "decoder.", "segmentation_head."};
+    auto all = stages();
+    for (size_t s = 0; s < all.size(); ++s) {
+      auto report = models::load_state_dict(*net, all[s].state_dict(), prefixes[s]);
+      EXPECT_TRUE(report.ok()) << report.describe();
+    }
+    return net;
+  }
+};
+
+double max_relative_error(const at::Tensor& got, const at::Tensor& want) {
+  double scale = want.abs().max().item<double>();
+  return (got - want).abs().max().item<double>() / std::max(scale, 1e-12);
+}
+
+TEST(DistBackward, UnetGradientsAcrossThreeWorkersEqualOneProcess) {
+  LocalWorld world(deterministic_three_workers());
+  SplitUnet split = SplitUnet::create(34);
+  models::Unet local = split.local(34);
+  torch::manual_seed(7);
+  at::Tensor x = torch::randn({2, 3, 64, 64});
+  at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
+
+  Context context;
+  at::Tensor loss = torch::binary_cross_entropy_with_logits(split.forward(x), target);
+  backward(context.id(), {loss});
+  std::vector<at::Tensor> grads = get_gradients(context.id(), split.parameters());
+
+  at::Tensor local_loss = torch::binary_cross_entropy_with_logits(local->forward(x), target);
+  local_loss.backward();
+  EXPECT_NEAR(loss.item<double>(), local_loss.item<double>(), 1e-6);
+  auto params = local->named_parameters(true);
+  ASSERT_EQ(grads.size(), params.size());
+  double worst = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    ASSERT_TRUE(grads[i].defined()) << params[i].key();
+    worst = std::max(worst, max_relative_error(grads[i], params[i].value().grad()));
+  }
+  EXPECT_LE(worst, 1e-5);
+  std::cout << "max relative gradient error: " << worst << "\n";
+}
+
+TEST(DistBackward, UnetFiveSgdStepsAcrossThreeWorkersEqualOneProcess) {
+  LocalWorld world(deterministic_three_workers());
+  SplitUnet split = SplitUnet::create(18);
+  models::Unet local = split.local(18);
+  DistributedOptimizer optimizer(OptimizerSpec::sgd(0.05, 0.9, 1e-4), split.parameters());
+  torch::optim::SGD local_optimizer(local->parameters(),
+                                    torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+  torch::manual_seed(11);
+  for (int step = 0; step < 5; ++step) {
+    at::Tensor x = torch::randn({2, 3, 64, 64});
+    at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
+    {
+      Context context;
+      backward(context.id(),
+               {torch::binary_cross_entropy_with_logits(split.forward(x), target)});
+      optimizer.step(context.id());
+    }
+    local_optimizer.zero_grad();
+    torch::binary_cross_entropy_with_logits(local->forward(x), target).backward();
+    local_optimizer.step();
+  }
+  models::Unet after = split.local(18);
+  auto got = after->named_parameters(true);
+  auto want = local->named_parameters(true);
+  double worst = 0;
+  for (const auto& entry : want) {
+    worst = std::max(worst, max_relative_error(*got.find(entry.key()), entry.value()));
+  }
+  EXPECT_LE(worst, 1e-4);
+  std::cout << "max relative parameter error after 5 steps: " << worst << "\n";
+  for (const auto& entry : local->named_buffers(true)) {
+    if (entry.key().find("num_batches_tracked") != std::string::npos) continue;
+    EXPECT_LE(max_relative_error(*after->named_buffers(true).find(entry.key()), entry.value()),
+              1e-4)
+        << entry.key();
+  }
+}
+
+}  // namespace
+}  // namespace ferry::dist_autograd

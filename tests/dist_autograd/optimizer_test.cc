@@ -1,0 +1,188 @@
+// DistributedOptimizer against torch::optim in one process, its errors, and its state in a
+// checkpoint.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "ferry/dist_autograd/context.h"
+#include "ferry/dist_autograd/optimizer.h"
+#include "ferry/remote_module/checkpoint.h"
+#include "ferry/remote_module/remote_module.h"
+#include "tests/support/cluster.h"
+#include "tests/support/test_stages.h"
+
+namespace ferry::dist_autograd {
+namespace {
+
+using testing::LocalWorld;
+
+LocalWorld::Settings two_workers() {
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b"};
+  return settings;
+}
+
+StageConfig mlp_config() {
+  StageConfig config = stage_config();
+  config.insert("in", 4);
+  config.insert("hidden", 8);
+  config.insert("out", 2);
+  config.insert("seed", 5);
+  return config;
+}
+
+// Two MLP stages on two workers, chained.
+struct TwoStages {
+  RemoteModule first = RemoteModule::create("a", "test.mlp", mlp_config());
+  RemoteModule second = RemoteModule::create("b", "test.mlp", second_config());
+
+  static StageConfig second_config() {
+    StageConfig config = stage_config();
+    config.insert("in", 2);
+    config.insert("hidden", 6);
+    config.insert("out", 1);
+    config.insert("seed", 6);
+    return config;
+  }
+  std::vector<rpc::RRefPtr> parameters() const {
+    auto all = first.remote_parameters();
+    for (auto& p : second.remote_parameters()) all.push_back(p);
+    return all;
+  }
+  void train_step(DistributedOptimizer& optimizer, const at::Tensor& x) const {
+    Context context;
+    at::Tensor y = second.forward({first.forward({x})}).toTensor();
+    backward(context.id(), {(y * y).mean()});
+    optimizer.step(context.id());
+  }
+};
+
+at::Tensor batch(int step) {
+  torch::manual_seed(100 + step);
+  return torch::randn({3, 4});
+}
+
+void expect_same_parameters(const RemoteModule& a, const RemoteModule& b, double tolerance) {
+  auto sa = a.state_dict();
+  auto sb = b.state_dict();
+  for (const auto& entry : sa) {
+    EXPECT_TRUE(torch::allclose(entry.value(), sb.at(entry.key()), tolerance, tolerance * 1e-2))
+        << entry.key();
+  }
+}
+
+class OptimizerKinds : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OptimizerKinds, ThreeStepsEqualTorchOptimInOneProcess) {
+  LocalWorld world(two_workers());
+  TwoStages stages;
+  auto local_first = testing::make_local_stage("test.mlp", mlp_config(), stages.first.state_dict());
+  auto local_second = testing::make_local_stage("test.mlp", TwoStages::second_config(),
+                                                stages.second.state_dict());
+  std::vector<at::Tensor> local_params;
+  for (auto* stage : {local_first.get(), local_second.get()}) {
+    for (auto& [name, p] : stage->named_parameters()) local_params.push_back(p);
+  }
+  std::unique_ptr<torch::optim::Optimizer> local;
+  OptimizerSpec spec;
+  if (GetParam() == "sgd") {
+    spec = OptimizerSpec::sgd(0.1, 0.9, 1e-3);
+    local = std::make_unique<torch::optim::SGD>(
+        local_params, torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3));
+  } else if (GetParam() == "adam") {
+    spec = OptimizerSpec::adam(0.01, 1e-3);
+    local = std::make_unique<torch::optim::Adam>(
+        local_params, torch::optim::AdamOptions(0.01).weight_decay(1e-3));
+  } else {
+    spec = OptimizerSpec::adamw(0.01, 0.05);
+    local = std::make_unique<torch::optim::AdamW>(
+        local_params, torch::optim::AdamWOptions(0.01).weight_decay(0.05));
+  }
+  DistributedOptimizer optimizer(spec, stages.parameters());
+  EXPECT_EQ(optimizer.owners(), (std::vector<std::string>{"a", "b"}));
+  for (int step = 0; step < 3; ++step) {
+    stages.train_step(optimizer, batch(step));
+    local->zero_grad();
+    at::Tensor y = local_second->forward({local_first->forward({batch(step)})}).toTensor();
+    (y * y).mean().backward();
+    local->step();
+  }
+  size_t i = 0;
+  for (const RemoteModule* stage : {&stages.first, &stages.second}) {
+    for (const auto& entry : stage->state_dict()) {
+      ASSERT_LT(i, local_params.size());
+      EXPECT_TRUE(torch::allclose(entry.value(), local_params[i], 1e-5, 1e-7)) << entry.key();
+      ++i;
+    }
+  }
+  // The context keeps the gradients; `.grad` on the workers stays empty.
+  EXPECT_EQ(i, local_params.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Builtin, OptimizerKinds, ::testing::Values("sgd", "adam", "adamw"));
+
+TEST(DistributedOptimizer, UnknownOptimizerNamesTheWorkerAndTheKnownOnes) {
+  LocalWorld world(two_workers());
+  TwoStages stages;
+  try {
+    DistributedOptimizer optimizer({"lbfgs-typo", {{"lr", 1.0}}}, stages.parameters());
+    FAIL() << "built an unknown optimizer";
+  } catch (const rpc::Error& e) {
+    std::string text = e.what();
+    EXPECT_NE(text.find("worker \"a\""), std::string::npos) << text;
+    EXPECT_NE(text.find("known: adam, adamw, sgd"), std::string::npos) << text;
+  }
+}
+
+TEST(DistributedOptimizer, UnknownOptionIsNamed) {
+  LocalWorld world(two_workers());
+  TwoStages stages;
+  try {
+    DistributedOptimizer optimizer({"sgd", {{"lr", 1.0}, {"momentun", 0.9}}}, stages.parameters());
+    FAIL() << "accepted a misspelt option";
+  } catch (const rpc::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no option \"momentun\""), std::string::npos) << e.what();
+  }
+}
+
+TEST(DistributedOptimizer, StateInACheckpointResumesExactly) {
+  LocalWorld world(two_workers());
+  std::string dir = (std::filesystem::temp_directory_path() /
+                     ("ferry-optim-ckpt-" + std::to_string(::getpid())))
+                        .string();
+  std::filesystem::remove_all(dir);
+  // Uninterrupted: four Adam steps.
+  TwoStages straight;
+  DistributedOptimizer straight_optimizer(OptimizerSpec::adam(0.01), straight.parameters());
+  for (int step = 0; step < 4; ++step) straight.train_step(straight_optimizer, batch(step));
+
+  // Interrupted after two: checkpoint, then a fresh optimizer and fresh stages restored from it.
+  {
+    TwoStages before;
+    DistributedOptimizer optimizer(OptimizerSpec::adam(0.01), before.parameters());
+    for (int step = 0; step < 2; ++step) before.train_step(optimizer, batch(step));
+    save_checkpoint(dir, {{"first", before.first}, {"second", before.second}}, 2,
+                    {{"optimizer", optimizer.state_dict()}, {"step", int64_t{2}}});
+  }
+  TwoStages after;
+  NamedValues extra = load_checkpoint(dir, {{"first", after.first}, {"second", after.second}});
+  ASSERT_EQ(extra.at("step").toInt(), 2);
+  DistributedOptimizer optimizer(OptimizerSpec::adam(0.01), after.parameters());
+  optimizer.load_state_dict(extra.at("optimizer"));
+  for (int step = 2; step < 4; ++step) after.train_step(optimizer, batch(step));
+
+  expect_same_parameters(after.first, straight.first, 1e-6);
+  expect_same_parameters(after.second, straight.second, 1e-6);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DistributedOptimizer, StateOfTheWrongSizeIsRefused) {
+  LocalWorld world(two_workers());
+  TwoStages stages;
+  DistributedOptimizer optimizer(OptimizerSpec::sgd(0.1), stages.parameters());
+  EXPECT_THROW(optimizer.load_state_dict(c10::List<at::Tensor>()), rpc::Error);
+}
+
+}  // namespace
+}  // namespace ferry::dist_autograd

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -93,7 +94,8 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
       dist_autograd::OptimizerSpec::sgd(kLr, kMomentum), split.parameters());
   torch::optim::SGD local_optimizer(local->parameters(),
                                     torch::optim::SGDOptions(kLr).momentum(kMomentum));
-  std::vector<double> dist_steps, local_steps, forward_s, backward_s, optimizer_s;
+  std::vector<double> dist_steps, local_steps;
+  std::map<std::string, std::vector<double>> parts;
   for (int step = 0; step < settings.warmup + settings.steps; ++step) {
     bool timed = step >= settings.warmup;
     double f = 0, b = 0, o = 0;
@@ -104,20 +106,25 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
       b = seconds_of([&] { dist_autograd::backward(context.id(), {loss}); });
       o = seconds_of([&] { optimizer.step(context.id()); });
     });
+    double lf = 0, lb = 0, lo = 0;
     double one = seconds_of([&] {
       local_optimizer.zero_grad();
-      loss_of(local->forward(x), target).backward();
-      local_optimizer.step();
+      at::Tensor loss;
+      lf = seconds_of([&] { loss = loss_of(local->forward(x), target); });
+      lb = seconds_of([&] { loss.backward(); });
+      lo = seconds_of([&] { local_optimizer.step(); });
     });
     if (!timed) continue;
     dist_steps.push_back(dist);
     local_steps.push_back(one);
-    forward_s.push_back(f);
-    backward_s.push_back(b);
-    optimizer_s.push_back(o);
+    for (auto [name, value] : {std::pair{"dist_forward_s", f}, {"dist_backward_s", b},
+                               {"dist_optimizer_s", o}, {"local_forward_s", lf},
+                               {"local_backward_s", lb}, {"local_optimizer_s", lo}}) {
+      parts[name].push_back(value);
+    }
     std::cerr << fmt::format("step {}: distributed {:.3f} s (forward {:.3f}, backward {:.3f}, "
-                             "optimizer {:.3f}), one process {:.3f} s\n",
-                             step - settings.warmup, dist, f, b, o, one);
+                             "optimizer {:.3f}), one process {:.3f} s ({:.3f}, {:.3f}, {:.3f})\n",
+                             step - settings.warmup, dist, f, b, o, one, lf, lb, lo);
   }
 
   int64_t contexts_left = static_cast<int64_t>(dist_autograd::context_count());
@@ -135,9 +142,7 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
   out["dist_step_s"] = median(dist_steps);
   out["local_step_s"] = median(local_steps);
   out["ratio"] = median(dist_steps) / median(local_steps);
-  out["dist_forward_s"] = median(forward_s);
-  out["dist_backward_s"] = median(backward_s);
-  out["dist_optimizer_s"] = median(optimizer_s);
+  for (const auto& [name, values] : parts) out[name] = median(values);
   out["contexts_left"] = contexts_left;
   return out;
 }

@@ -18,6 +18,7 @@
 
 #include "dist_autograd/context_store.h"
 #include "dist_autograd/install.h"
+#include "dist_autograd/owned_value.h"
 #include "dist_autograd/recv_backward.h"
 #include "dist_autograd/when_all.h"
 #include "ferry/dist_autograd/context.h"
@@ -240,7 +241,7 @@ void install_backward_functions(rpc::FunctionRegistry& registry) {
                  ContextPtr context = find_context(id);
                  c10::List<at::Tensor> out;
                  for (const c10::IValue& ref : refs.toListRef()) {
-                   at::Tensor variable = rpc::to_rref(ref)->local_value().toTensor();
+                   at::Tensor variable = owned_value(ref, "gradients").toTensor();
                    out.push_back(context ? context->gradient(variable) : at::Tensor());
                  }
                  return out;

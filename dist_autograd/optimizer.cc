@@ -16,6 +16,7 @@
 
 #include "dist_autograd/context_store.h"
 #include "dist_autograd/install.h"
+#include "dist_autograd/owned_value.h"
 #include "dist_autograd/when_all.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
@@ -139,7 +140,7 @@ void register_local_optimizer_class() {
 }
 
 c10::intrusive_ptr<LocalOptimizer> local_of(const c10::IValue& ref) {
-  return rpc::to_rref(ref)->local_value().toCustomClass<LocalOptimizer>();
+  return owned_value(ref, "optimizer").toCustomClass<LocalOptimizer>();
 }
 
 // How torch::optim keys a parameter's state.
@@ -162,7 +163,7 @@ c10::IValue create(std::vector<c10::IValue>& args) {
     options[entry.key().toStringRef()] = entry.value().toDouble();
   }
   for (const c10::IValue& ref : args.at(2).toListRef()) {
-    local->params.push_back(rpc::to_rref(ref)->local_value().toTensor());
+    local->params.push_back(owned_value(ref, "optimizer parameters").toTensor());
   }
   local->optimizer = local->factory.make(local->params, options);
   return c10::IValue(std::move(local));

@@ -22,6 +22,7 @@
 #include "ferry/rpc/log.h"
 #include "ferry/rpc/thread_pool.h"
 #include "rpc/connection.h"
+#include "rpc/tensor_cache.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rref_context.h"
 
@@ -774,6 +775,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 };
 
 std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry) {
+  install_tensor_cache();
   // libuv writes with plain write(2): a peer that dies mid-write must fail that write, not kill
   // this process with SIGPIPE.
   ::signal(SIGPIPE, SIG_IGN);

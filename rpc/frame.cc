@@ -10,7 +10,7 @@
 #include <cstring>
 #include <limits>
 
-#include "rpc/receive_allocator.h"
+#include "rpc/tensor_cache.h"
 #include "rpc/wire.capnp.h"
 
 namespace ferry::rpc {
@@ -537,7 +537,7 @@ void FrameDecoder::finish_envelope(std::vector<Message>* out) {
       }
       total += desc.getByteLength();
       if (total > payload_bytes_) break;
-      at::Tensor t = empty_for_receive(shape, dtype);
+      at::Tensor t = empty_cached(shape, dtype);
       tensors_.push_back(std::move(t));
     }
     if (total != payload_bytes_) {

@@ -1,0 +1,145 @@
+#include "rpc/tensor_cache.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace ferry::rpc {
+namespace {
+
+constexpr std::size_t kLargeBytes = std::size_t{1} << 20;  // below this, malloc reuses well
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+constexpr std::size_t kHugeFrom = std::size_t{8} << 20;  // smaller blocks would waste a page
+constexpr std::size_t kGranule = std::size_t{64} << 10;
+constexpr std::size_t kDefaultMaxCachedMib = 2048;
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+std::size_t max_cached_bytes() {
+  const char* env = std::getenv("FERRY_TENSOR_CACHE_MIB");
+  std::size_t mib = kDefaultMaxCachedMib;
+  if (env) {
+    try {
+      mib = std::stoul(env);
+    } catch (const std::exception&) {
+    }
+  }
+  return mib << 20;
+}
+
+// The context of every block is its own address, as LibTorch's raw_allocate() requires.
+class TensorCache final : public c10::Allocator {
+ public:
+  TensorCache() : fallback_(c10::GetDefaultCPUAllocator()), max_cached_(max_cached_bytes()) {}
+
+  c10::DataPtr allocate(std::size_t n) const override {
+    if (n < kLargeBytes) return fallback_->allocate(n);
+    std::size_t bytes = n >= kHugeFrom ? round_up(n, kHugePage) : round_up(n, kGranule);
+    void* data = take(bytes);
+    if (data == nullptr) data = fresh(bytes);
+    return c10::DataPtr(data, data, &TensorCache::release, c10::Device(c10::kCPU));
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &TensorCache::release; }
+
+  // LibTorch 2.x asks allocators to copy; 1.13 has no such method, so no `override` here.
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+
+  std::size_t cached_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cached_bytes_;
+  }
+  std::size_t max_cached() const { return max_cached_; }
+
+ private:
+  void* take(std::size_t bytes) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Accept a cached block up to half again the size needed rather than fault in fresh pages.
+    auto it = free_.lower_bound(bytes);
+    if (it == free_.end() || it->first > bytes + bytes / 2) return nullptr;
+    void* data = it->second;
+    cached_bytes_ -= it->first;
+    live_.emplace(data, it->first);
+    free_.erase(it);
+    return data;
+  }
+
+  void* fresh(std::size_t bytes) const {
+    void* data = nullptr;
+    bool huge = bytes >= kHugeFrom;
+    if (posix_memalign(&data, huge ? kHugePage : 64, bytes) != 0) throw std::bad_alloc();
+    // Advice only: where transparent huge pages are off this fails and nothing changes.
+    if (huge) madvise(data, bytes, MADV_HUGEPAGE);
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.emplace(data, bytes);
+    return data;
+  }
+
+  static void release(void* data);
+
+  c10::Allocator* fallback_;
+  std::size_t max_cached_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, std::size_t> live_;  // blocks in use, by address
+  mutable std::multimap<std::size_t, void*> free_;       // blocks for reuse, by size
+  mutable std::size_t cached_bytes_ = 0;
+};
+
+// Never destroyed: tensors may release their memory during static destruction.
+TensorCache& instance() {
+  static auto* cache = new TensorCache();
+  return *cache;
+}
+
+void TensorCache::release(void* data) {
+  TensorCache& self = instance();
+  bool ours = false;
+  {
+    std::lock_guard<std::mutex> lock(self.mutex_);
+    auto it = self.live_.find(data);
+    if (it != self.live_.end()) {
+      ours = true;
+      std::size_t bytes = it->second;
+      self.live_.erase(it);
+      if (self.cached_bytes_ + bytes <= self.max_cached_) {
+        self.free_.emplace(bytes, data);
+        self.cached_bytes_ += bytes;
+        return;
+      }
+    }
+  }
+  // Over the bound, or a small block of the default allocator handed out raw.
+  if (ours) {
+    std::free(data);
+  } else {
+    self.fallback_->raw_deleter()(data);
+  }
+}
+
+}  // namespace
+
+void install_tensor_cache() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (instance().max_cached() == 0) return;
+    c10::SetCPUAllocator(&instance(), /*priority=*/1);
+  });
+}
+
+at::Tensor empty_cached(c10::IntArrayRef shape, c10::ScalarType dtype) {
+  return at::detail::empty_generic(shape, &instance(), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   dtype, c10::nullopt);
+}
+
+std::size_t tensor_cache_bytes() { return instance().cached_bytes(); }
+
+}  // namespace ferry::rpc

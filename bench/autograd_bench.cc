@@ -132,7 +132,7 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
     contexts_left += dist_autograd::context_count(fmt::format("worker{}", rank));
   }
   nlohmann::ordered_json out;
-  out["bench"] = "autograd";
+  out["benchmark"] = "autograd";
   out["model"] = fmt::format("unet-resnet{}", settings.depth);
   out["batch"] = settings.batch;
   out["image_size"] = settings.image_size;
@@ -160,21 +160,13 @@ int run_autograd_bench(const AutogradBenchSettings& settings) {
   std::vector<pid_t> workers;
   std::string worker_binary = binary_dir(settings.self_path) + "/ferry-worker";
   for (int rank = 1; rank <= 3; ++rank) {
-    workers.push_back(spawn_process(worker_binary, {"--name", fmt::format("worker{}", rank)},
-                                    {{"RANK", std::to_string(rank)},
-                                     {"WORLD_SIZE", "4"},
-                                     {"MASTER_ADDR", "127.0.0.1"},
-                                     {"MASTER_PORT", std::to_string(port)},
-                                     {"OMP_NUM_THREADS", std::to_string(threads)},
-                                     {"FERRY_LOG_LEVEL", "warn"}}));
+    auto env = loopback_world_env(rank, 4, port);
+    env["OMP_NUM_THREADS"] = std::to_string(threads);
+    env["FERRY_LOG_LEVEL"] = "warn";
+    workers.push_back(
+        spawn_process(worker_binary, {"--name", fmt::format("worker{}", rank)}, env));
   }
-  rpc::Options options;
-  options.name = "master";
-  options.rank = 0;
-  options.world_size = 4;
-  options.master_addr = "127.0.0.1";
-  options.master_port = port;
-  rpc::init(options);
+  init_loopback_master("master", 4, port);
 
   nlohmann::ordered_json out = measure(settings, threads);
   nlohmann::ordered_json rss;

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ferry/rpc/rpc.h"
+
 extern char** environ;
 
 namespace ferry::bench {
@@ -56,6 +58,23 @@ double peak_rss_mib(pid_t pid) {
     if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
   }
   return -1;
+}
+
+std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world_size)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(port)}};
+}
+
+void init_loopback_master(const std::string& name, int world_size, int port) {
+  rpc::Options options;
+  options.name = name;
+  options.rank = 0;
+  options.world_size = world_size;
+  options.master_addr = "127.0.0.1";
+  options.master_port = port;
+  rpc::init(options);
 }
 
 std::string binary_dir(const std::string& self_path) {

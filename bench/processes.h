@@ -19,6 +19,11 @@ pid_t spawn_process(const std::string& binary, const std::vector<std::string>& a
 void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
 // The peak resident memory of `pid` (VmHWM), MiB; -1 if unknown.
 double peak_rss_mib(pid_t pid);
+// The environment that makes a spawned process rank `rank` of a world of `world_size` on
+// loopback whose rank 0 listens on `port`.
+std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port);
+// Joins that world as its rank 0, named `name` (rpc::init).
+void init_loopback_master(const std::string& name, int world_size, int port);
 // The folder this binary lives in (other Ferry binaries are built beside it).
 std::string binary_dir(const std::string& self_path);
 

@@ -40,18 +40,8 @@ int run_rpc_peer() {
 int run_rpc_bench(const RpcBenchSettings& settings) {
   register_bench_functions();
   int port = rpc::pick_free_port();
-  pid_t peer = spawn_process(settings.self_path, {"rpc-peer"},
-                             {{"RANK", "1"},
-                              {"WORLD_SIZE", "2"},
-                              {"MASTER_ADDR", "127.0.0.1"},
-                              {"MASTER_PORT", std::to_string(port)}});
-  rpc::Options options;
-  options.name = "bench";
-  options.rank = 0;
-  options.world_size = 2;
-  options.master_addr = "127.0.0.1";
-  options.master_port = port;
-  rpc::init(options);
+  pid_t peer = spawn_process(settings.self_path, {"rpc-peer"}, loopback_world_env(1, 2, port));
+  init_loopback_master("bench", 2, port);
   const std::string to = "worker1";
   nlohmann::ordered_json out;
   out["benchmark"] = "rpc";

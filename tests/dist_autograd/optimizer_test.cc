@@ -23,28 +23,23 @@ LocalWorld::Settings two_workers() {
   return settings;
 }
 
-StageConfig mlp_config() {
+StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
   StageConfig config = stage_config();
-  config.insert("in", 4);
-  config.insert("hidden", 8);
-  config.insert("out", 2);
-  config.insert("seed", 5);
+  config.insert("in", in);
+  config.insert("hidden", hidden);
+  config.insert("out", out);
+  config.insert("seed", seed);
   return config;
 }
 
 // Two MLP stages on two workers, chained.
 struct TwoStages {
-  RemoteModule first = RemoteModule::create("a", "test.mlp", mlp_config());
+  static StageConfig first_config() { return mlp_config(4, 8, 2, 5); }
+  static StageConfig second_config() { return mlp_config(2, 6, 1, 6); }
+
+  RemoteModule first = RemoteModule::create("a", "test.mlp", first_config());
   RemoteModule second = RemoteModule::create("b", "test.mlp", second_config());
 
-  static StageConfig second_config() {
-    StageConfig config = stage_config();
-    config.insert("in", 2);
-    config.insert("hidden", 6);
-    config.insert("out", 1);
-    config.insert("seed", 6);
-    return config;
-  }
   std::vector<rpc::RRefPtr> parameters() const {
     auto all = first.remote_parameters();
     for (auto& p : second.remote_parameters()) all.push_back(p);
@@ -77,7 +72,8 @@ class OptimizerKinds : public ::testing::TestWithParam<std::string> {};
 TEST_P(OptimizerKinds, ThreeStepsEqualTorchOptimInOneProcess) {
   LocalWorld world(two_workers());
   TwoStages stages;
-  auto local_first = testing::make_local_stage("test.mlp", mlp_config(), stages.first.state_dict());
+  auto local_first = testing::make_local_stage("test.mlp", TwoStages::first_config(),
+                                               stages.first.state_dict());
   auto local_second = testing::make_local_stage("test.mlp", TwoStages::second_config(),
                                                 stages.second.state_dict());
   std::vector<at::Tensor> local_params;

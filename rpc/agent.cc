@@ -22,9 +22,9 @@
 #include "ferry/rpc/log.h"
 #include "ferry/rpc/thread_pool.h"
 #include "rpc/connection.h"
-#include "rpc/tensor_cache.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rref_context.h"
+#include "rpc/tensor_cache.h"
 
 namespace ferry::rpc {
 namespace {

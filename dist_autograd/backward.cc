@@ -13,6 +13,8 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <unordered_set>
 
@@ -33,6 +35,9 @@ using torch::autograd::Edge;
 using torch::autograd::edge_list;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
+
+// Time this process spent running its parts of backward, all contexts (nanoseconds).
+std::atomic<std::int64_t> part_nanoseconds{0};
 
 bool ends_part(const Node* node) {
   return dynamic_cast<const AccumulateGrad*>(node) || dynamic_cast<const RecvBackward*>(node);
@@ -144,6 +149,7 @@ FuturePtr run_part(ContextState& context, const edge_list& roots, const variable
     }
   }
   edge_list ends = part_ends(engine_roots);
+  auto start = std::chrono::steady_clock::now();
   if (!ends.empty()) {
     try {
       variable_list captured = torch::autograd::Engine::get_default_engine().execute(
@@ -156,6 +162,9 @@ FuturePtr run_part(ContextState& context, const edge_list& roots, const variable
       throw part_failed(context.id(), e.what());
     }
   }
+  part_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
   std::vector<FuturePtr> calls = result.send();
   std::int64_t id = context.id();
   return when_all(calls)->then(
@@ -221,7 +230,12 @@ std::vector<at::Tensor> get_gradients(std::int64_t context_id,
   return out;
 }
 
+double backward_seconds(const std::string& worker) {
+  return rpc::rpc_sync(worker, "ferry.autograd.backward_seconds", {}).toDouble();
+}
+
 void install_backward_functions(rpc::FunctionRegistry& registry) {
+  registry.add("ferry.autograd.backward_seconds", []() { return part_nanoseconds.load() * 1e-9; });
   registry.add_async("ferry.autograd.backward", [](std::vector<c10::IValue>& args) {
     std::int64_t id = args.at(0).toInt();
     std::int64_t message_id = args.at(1).toInt();

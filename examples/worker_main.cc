@@ -3,11 +3,7 @@
 // (torchrun's, Slurm's or Open MPI's variables) or from flags.
 #include <CLI/CLI.hpp>
 
-#include "ferry/dist_autograd/context.h"
-#include "ferry/models/unet.h"
-#include "ferry/remote_module/stage_host.h"
-#include "ferry/rpc/log.h"
-#include "ferry/rpc/rpc.h"
+#include "examples/worker_loop.h"
 
 int main(int argc, char** argv) {
   CLI::App app("Ferry worker: hosts model stages for a master");
@@ -20,18 +16,5 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.num_threads, "threads running requests");
   CLI11_PARSE(app, argc, argv);
 
-  ferry::models::register_unet_stages();
-  ferry::install_stage_functions(ferry::rpc::default_registry());
-  ferry::dist_autograd::install(ferry::rpc::default_registry());
-  try {
-    ferry::rpc::init(options);
-  } catch (const ferry::rpc::Error& e) {
-    ferry::log::error("{}", e.what());
-    return 2;
-  }
-  ferry::log::info("{} is up and serving", ferry::rpc::self().describe());
-  ferry::rpc::agent().wait_for_shutdown();
-  ferry::rpc::shutdown();
-  ferry::log::info("shut down");
-  return 0;
+  return ferry::examples::serve_as_worker(options);
 }

@@ -74,16 +74,21 @@ std::vector<rpc::RRefPtr> RemoteModule::remote_parameters() const {
   return out;
 }
 
-int64_t RemoteModule::parameter_count() const {
-  return call("parameter_count", "ferry.stage.info", {}).toGenericDict().at("parameters").toInt();
+int64_t RemoteModule::parameter_count() const { return stats().parameters; }
+
+StageStats RemoteModule::stats() const {
+  auto info = call("stats", "ferry.stage.info", {}).toGenericDict();
+  StageStats stats;
+  stats.parameters = info.at("parameters").toInt();
+  stats.parameter_bytes = info.at("parameter_bytes").toInt();
+  stats.buffers = info.at("buffers").toInt();
+  stats.forward_s = info.at("forward_s").toDouble();
+  stats.forward_calls = info.at("forward_calls").toInt();
+  stats.worker_peak_rss_mib = info.at("peak_rss_mib").toDouble();
+  return stats;
 }
 
-int64_t RemoteModule::parameter_bytes() const {
-  return call("parameter_bytes", "ferry.stage.info", {})
-      .toGenericDict()
-      .at("parameter_bytes")
-      .toInt();
-}
+int64_t RemoteModule::parameter_bytes() const { return stats().parameter_bytes; }
 
 c10::Dict<std::string, at::Tensor> RemoteModule::state_dict() const {
   return call("state_dict", "ferry.stage.state_dict", {}).to<c10::Dict<std::string, at::Tensor>>();

@@ -7,6 +7,8 @@
 #include <torch/custom_class.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <fstream>
 #include <mutex>
 #include <set>
 
@@ -22,7 +24,19 @@ struct StageHolder : torch::CustomClassHolder {
   std::string type;
   std::unique_ptr<Stage> stage;
   std::mutex mutex;
+  double forward_seconds = 0;  // under `mutex`
+  int64_t forward_calls = 0;
 };
+
+// This process's peak resident memory (VmHWM), MiB.
+double peak_rss_mib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
 
 void register_holder_class() {
   static auto holder = torch::class_<StageHolder>("ferry", "StageHolder");
@@ -123,8 +137,13 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
   registry.add("ferry.stage.forward", [](rpc::RRefPtr module, c10::IValue inputs) {
     auto holder = holder_of(module);
     std::lock_guard<std::mutex> lock(holder->mutex);
+    auto start = std::chrono::steady_clock::now();
     try {
-      return holder->stage->forward(inputs.toTupleRef().elements().vec());
+      c10::IValue out = holder->stage->forward(inputs.toTupleRef().elements().vec());
+      holder->forward_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ++holder->forward_calls;
+      return out;
     } catch (...) {
       rethrow_in_stage(*holder, "forward");
     }
@@ -142,9 +161,14 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
       count += t.numel();
       bytes += static_cast<int64_t>(t.nbytes());
     }
-    c10::Dict<std::string, int64_t> info;
+    int64_t buffers = static_cast<int64_t>(holder->stage->named_buffers().size());
+    c10::impl::GenericDict info(c10::StringType::get(), c10::AnyType::get());
     info.insert("parameters", count);
     info.insert("parameter_bytes", bytes);
+    info.insert("buffers", buffers);
+    info.insert("forward_s", holder->forward_seconds);
+    info.insert("forward_calls", holder->forward_calls);
+    info.insert("peak_rss_mib", peak_rss_mib());
     return info;
   });
   registry.add("ferry.stage.parameter", [](rpc::RRefPtr module, int64_t index) {

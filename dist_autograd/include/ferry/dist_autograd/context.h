@@ -65,6 +65,9 @@ c10::Dict<at::Tensor, at::Tensor> get_gradients(std::int64_t context_id);
 std::vector<at::Tensor> get_gradients(std::int64_t context_id,
                                       const std::vector<rpc::RRefPtr>& tensors);
 
+// Seconds worker `worker` has spent computing its parts of backward, all contexts so far.
+double backward_seconds(const std::string& worker);
+
 // Contexts alive in this process, and on worker `worker` (asked by RPC).
 std::size_t context_count();
 std::int64_t context_count(const std::string& worker);

@@ -14,6 +14,16 @@
 
 namespace ferry {
 
+// What a stage's worker knows of it. Value type.
+struct StageStats {
+  int64_t parameters = 0;
+  int64_t parameter_bytes = 0;
+  int64_t buffers = 0;
+  double forward_s = 0;  // time spent in its forward on the worker, all calls
+  int64_t forward_calls = 0;
+  double worker_peak_rss_mib = 0;  // of the whole worker process
+};
+
 class RemoteModule {
  public:
   // Builds a registered stage type on `worker`. Throws rpc::Error naming the stage and worker
@@ -33,6 +43,7 @@ class RemoteModule {
   // RRefs to each parameter, owned by the stage's worker (for a distributed optimizer).
   std::vector<rpc::RRefPtr> remote_parameters() const;
   int64_t parameter_count() const;
+  StageStats stats() const;
   int64_t parameter_bytes() const;
   // Parameters and buffers by name, copied here.
   c10::Dict<std::string, at::Tensor> state_dict() const;

@@ -1,0 +1,86 @@
+// Segmentation data: images with their masks, and batches of them prepared on a background thread
+// so the stages never wait on data.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+namespace ferry::data {
+
+// One image [3, H, W] in [0, 1] and its mask [1, H, W] of 0 and 1. Value type.
+struct Sample {
+  at::Tensor image;
+  at::Tensor mask;
+};
+
+// Thread rules: get() may be called from any thread, concurrently.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual std::size_t size() const = 0;
+  virtual Sample get(std::size_t index) const = 0;
+};
+
+// Filled ellipses and convex polygons on textured noise, with their masks: deterministic from
+// (seed, index), so a run needs nothing downloaded and two runs see the same data.
+class SyntheticDataset final : public Dataset {
+ public:
+  SyntheticDataset(std::size_t count, int64_t image_size, std::uint64_t seed);
+  std::size_t size() const override { return count_; }
+  Sample get(std::size_t index) const override;
+
+ private:
+  std::size_t count_;
+  int64_t image_size_;
+  std::uint64_t seed_;
+};
+
+// A batch: images [B, 3, H, W], masks [B, 1, H, W].
+struct Batch {
+  at::Tensor images;
+  at::Tensor masks;
+};
+
+// Batches of `indices` of `dataset` in order (shuffled per epoch when `shuffle_seed` is set), the
+// next one always being built on a background thread while the current one is used. Resource
+// type; used by one thread.
+class BatchLoader {
+ public:
+  BatchLoader(std::shared_ptr<const Dataset> dataset, std::vector<std::size_t> indices,
+              int64_t batch_size, std::optional<std::uint64_t> shuffle_seed);
+  ~BatchLoader();
+  BatchLoader(const BatchLoader&) = delete;
+  BatchLoader& operator=(const BatchLoader&) = delete;
+
+  // Batches per epoch (the last may be smaller).
+  std::size_t batches() const;
+  // Starts epoch `epoch` (reshuffles); next() then yields its batches.
+  void start_epoch(int epoch);
+  // The next batch of the epoch, or nullopt at its end.
+  std::optional<Batch> next();
+
+ private:
+  Batch build(std::size_t batch_index) const;
+  void prefetch(std::size_t batch_index);
+  void join();
+
+  std::shared_ptr<const Dataset> dataset_;
+  std::vector<std::size_t> indices_;
+  std::vector<std::size_t> order_;
+  int64_t batch_size_;
+  std::optional<std::uint64_t> shuffle_seed_;
+  std::size_t cursor_ = 0;
+  std::thread worker_;
+  std::optional<Batch> ready_;
+};
+
+// Indices [0, n) split into training and validation (the last `validation_share` of them).
+std::pair<std::vector<std::size_t>, std::vector<std::size_t>> split_indices(
+    std::size_t n, double validation_share);
+
+}  // namespace ferry::data

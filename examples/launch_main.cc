@@ -1,0 +1,181 @@
+// ferry-launch: runs N copies of a command on this machine as one world, in the manner of
+// torchrun: each gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT; every
+// line it prints comes out prefixed with its rank; SIGINT and SIGTERM are passed on; and if one
+// copy dies the others are stopped and the launcher exits non-zero, saying which one and how.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/rpc/options.h"
+
+extern char** environ;
+
+namespace {
+
+volatile sig_atomic_t pending_signal = 0;
+void remember_signal(int sig) { pending_signal = sig; }
+
+struct Child {
+  int rank;
+  pid_t pid = -1;
+  int output = -1;  // read end of its stdout and stderr
+  std::string partial;
+  bool running = true;
+};
+
+pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env,
+            int out_fd) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, STDERR_FILENO);
+  std::vector<char*> argv, envp;
+  for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawnp(&pid, command[0].c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    std::fprintf(stderr, "ferry-launch: cannot start %s: %s\n", command[0].c_str(), strerror(rc));
+    return -1;
+  }
+  return pid;
+}
+
+// Passes on complete lines (ended by \n, or by \r for progress bars) with the rank in front.
+void relay(Child& child, bool flush_all) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(child.output, buf, sizeof buf);
+    if (n <= 0) break;
+    child.partial.append(buf, n);
+  }
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < child.partial.size(); ++i) {
+    char c = child.partial[i];
+    if (c != '\n' && c != '\r') continue;
+    std::string line = child.partial.substr(start, i - start);
+    std::fprintf(stdout, "[rank %d] %s%c", child.rank, line.c_str(), c);
+    start = i + 1;
+  }
+  child.partial.erase(0, start);
+  if (flush_all && !child.partial.empty()) {
+    std::fprintf(stdout, "[rank %d] %s\n", child.rank, child.partial.c_str());
+    child.partial.clear();
+  }
+  std::fflush(stdout);
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  }
+  return "stopped";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("Ferry launcher: runs N copies of a command as one world on this machine");
+  int nproc = 1;
+  int port = 0;
+  std::vector<std::string> command;
+  app.add_option("--nproc", nproc, "processes to start")->check(CLI::Range(1, 4096));
+  app.add_option("--master-port", port, "rendezvous port (default: a free one)");
+  app.add_option("command", command, "the command, after --")->required();
+  CLI11_PARSE(app, argc, argv);
+  if (port == 0) port = ferry::rpc::pick_free_port();
+
+  signal(SIGINT, remember_signal);
+  signal(SIGTERM, remember_signal);
+  std::vector<Child> children(nproc);
+  for (int rank = 0; rank < nproc; ++rank) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      std::perror("ferry-launch: pipe");
+      return 1;
+    }
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    env.push_back("RANK=" + std::to_string(rank));
+    env.push_back("LOCAL_RANK=" + std::to_string(rank));
+    env.push_back("WORLD_SIZE=" + std::to_string(nproc));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    env.push_back("MASTER_PORT=" + std::to_string(port));
+    children[rank].rank = rank;
+    children[rank].pid = spawn(command, env, fds[1]);
+    close(fds[1]);
+    children[rank].output = fds[0];
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    if (children[rank].pid < 0) {
+      children[rank].running = false;
+      for (auto& c : children) {
+        if (c.pid > 0) kill(c.pid, SIGTERM);
+      }
+      return 1;
+    }
+  }
+
+  int exit_code = 0;
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  int running = nproc;
+  while (running > 0) {
+    std::vector<pollfd> fds;
+    for (auto& c : children) fds.push_back({c.output, POLLIN, 0});
+    poll(fds.data(), fds.size(), 100);
+    for (auto& c : children) relay(c, false);
+    if (pending_signal && !stopping) {
+      std::fprintf(stderr, "ferry-launch: passing signal %d on to every rank\n",
+                   static_cast<int>(pending_signal));
+      for (auto& c : children) {
+        if (c.running) kill(c.pid, pending_signal);
+      }
+      stopping = true;
+      exit_code = 128 + pending_signal;
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    }
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& c : children) {
+        if (c.pid != pid || !c.running) continue;
+        c.running = false;
+        --running;
+        relay(c, true);
+        bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && !stopping) {
+          std::fprintf(stderr, "ferry-launch: rank %d (pid %d) %s; stopping the others\n",
+                       c.rank, static_cast<int>(pid), describe_status(status).c_str());
+          for (auto& other : children) {
+            if (other.running) kill(other.pid, SIGTERM);
+          }
+          stopping = true;
+          exit_code = 1;
+          stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        }
+      }
+    }
+    if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
+      for (auto& c : children) {
+        if (c.running) kill(c.pid, SIGKILL);
+      }
+    }
+  }
+  for (auto& c : children) relay(c, true);
+  return exit_code;
+}

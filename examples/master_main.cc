@@ -1,0 +1,48 @@
+// ferry-master: the training job (`train`) and a look at a model's stages (`describe`). Under a
+// launcher (ferry-launch, torchrun, srun) every rank runs the same command: rank 0 is the master,
+// every other rank serves as a worker.
+#include <CLI/CLI.hpp>
+
+#include "examples/train.h"
+
+int main(int argc, char** argv) {
+  CLI::App app("Ferry master: trains a model split into stages on workers");
+  app.require_subcommand(1);
+
+  ferry::examples::TrainSettings train;
+  auto* train_cmd = app.add_subcommand("train", "train a U-Net split over the workers");
+  train_cmd->add_option("--model", train.model, "unet-resnet18|34|50|101|152");
+  train_cmd->add_option("--placement", train.placement,
+                        "stage=worker,... (default: one stage per worker in rank order)");
+  train_cmd->add_option("--data", train.data, "synthetic");
+  train_cmd->add_option("--samples", train.samples, "images in the synthetic set");
+  train_cmd->add_option("--image-size", train.image_size, "image height and width");
+  train_cmd->add_option("--epochs", train.epochs, "passes over the training images");
+  train_cmd->add_option("--batch-size", train.batch_size, "images per step");
+  train_cmd->add_option("--lr", train.lr, "learning rate");
+  train_cmd->add_option("--optimizer", train.optimizer, "sgd|adam|adamw");
+  train_cmd->add_option("--loss", train.loss, "bce|dice|bce+dice");
+  train_cmd->add_option("--classes", train.classes, "output channels of the head");
+  train_cmd->add_option("--checkpoint-dir", train.checkpoint_dir, "save after every epoch here");
+  train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
+  train_cmd->add_option("--seed", train.seed, "seed of weights, data and shuffling");
+  train_cmd->add_option("--metrics-file", train.metrics_file, "write per-epoch figures as JSON");
+
+  std::string model = "unet-resnet34";
+  int64_t classes = 1, image_size = 256;
+  bool json = false;
+  auto* describe_cmd = app.add_subcommand("describe", "each stage's size and output shapes");
+  describe_cmd->add_option("--model", model, "unet-resnet18|34|50|101|152");
+  describe_cmd->add_option("--classes", classes, "output channels of the head");
+  describe_cmd->add_option("--image-size", image_size, "input height and width");
+  describe_cmd->add_flag("--json", json, "one JSON object");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (*train_cmd) return ferry::examples::run_training(train);
+    return ferry::examples::describe_model(model, classes, image_size, json);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-master: %s\n", e.what());
+    return 2;
+  }
+}

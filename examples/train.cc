@@ -1,0 +1,382 @@
+// The training loop on the master. Each step: the encoder, decoder and head run one after the
+// other on their workers (the master forwards features between them), the loss is computed here,
+// distributed backward runs through all three, and the distributed optimizer steps every owner.
+// Times are taken on both sides so that the end-of-run table can say where each stage's time went.
+#include "examples/train.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "examples/worker_loop.h"
+#include "ferry/data/dataset.h"
+#include "ferry/dist_autograd/context.h"
+#include "ferry/dist_autograd/optimizer.h"
+#include "ferry/models/unet.h"
+#include "ferry/remote_module/checkpoint.h"
+#include "ferry/remote_module/remote_module.h"
+#include "ferry/rpc/log.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::examples {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* const kStageNames[] = {"encoder", "decoder", "head"};
+const char* const kStageTypes[] = {"unet.encoder", "unet.decoder", "unet.head"};
+
+[[noreturn]] void fail(const std::string& message) {
+  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
+}
+
+int64_t depth_of(const std::string& model) {
+  const std::string prefix = "unet-resnet";
+  if (model.rfind(prefix, 0) != 0) {
+    fail(fmt::format("unknown model \"{}\" (models: unet-resnet18, unet-resnet34, unet-resnet50, "
+                     "unet-resnet101, unet-resnet152)",
+                     model));
+  }
+  int64_t depth = 0;
+  try {
+    depth = std::stoll(model.substr(prefix.size()));
+  } catch (const std::exception&) {
+    fail(fmt::format("unknown model \"{}\"", model));
+  }
+  models::resnet_channels(depth);  // throws for a depth that does not exist
+  return depth;
+}
+
+// Stage name -> worker: from --placement, else one stage per worker in rank order (the master
+// hosts them all in a world of one).
+std::map<std::string, std::string> place_stages(const std::string& placement) {
+  std::vector<std::string> names;
+  for (const auto& w : rpc::workers()) names.push_back(w.name);
+  std::map<std::string, std::string> out;
+  for (int s = 0; s < 3; ++s) {
+    out[kStageNames[s]] = names.size() == 1 ? names[0] : names[1 + s % (names.size() - 1)];
+  }
+  std::stringstream items(placement);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    auto eq = item.find('=');
+    std::string stage = item.substr(0, eq);
+    if (eq == std::string::npos || !out.count(stage)) {
+      fail(fmt::format("--placement: \"{}\" is not stage=worker with a stage among encoder, "
+                       "decoder, head",
+                       item));
+    }
+    std::string worker = item.substr(eq + 1);
+    rpc::worker(worker);  // throws listing the workers there are
+    out[stage] = worker;
+  }
+  return out;
+}
+
+at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::Tensor& masks) {
+  at::Tensor bce = torch::binary_cross_entropy_with_logits(logits, masks);
+  if (kind == "bce") return bce;
+  at::Tensor p = torch::sigmoid(logits);
+  at::Tensor dice = 1 - (2 * (p * masks).sum() + 1) / (p.sum() + masks.sum() + 1);
+  if (kind == "dice") return dice;
+  return bce + dice;
+}
+
+struct Stage {
+  std::string name;
+  RemoteModule module;
+  double master_forward_s = 0;  // the forward calls as the master saw them, network included
+};
+
+class Split {
+ public:
+  std::vector<Stage> stages;
+
+  at::Tensor forward(const at::Tensor& images) {
+    c10::IValue value = images;
+    for (Stage& stage : stages) {
+      auto start = Clock::now();
+      value = stage.module.forward({value});
+      stage.master_forward_s += std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    return value.toTensor();
+  }
+  void train(bool on) {
+    for (Stage& stage : stages) stage.module.train(on);
+  }
+  std::vector<rpc::RRefPtr> parameters() const {
+    std::vector<rpc::RRefPtr> all;
+    for (const Stage& stage : stages) {
+      for (auto& p : stage.module.remote_parameters()) all.push_back(p);
+    }
+    return all;
+  }
+  NamedStages named() const {
+    NamedStages out;
+    for (const Stage& stage : stages) out.emplace_back(stage.name, stage.module);
+    return out;
+  }
+};
+
+dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
+  if (s.optimizer == "sgd") return dist_autograd::OptimizerSpec::sgd(s.lr, 0.9, 1e-4);
+  if (s.optimizer == "adam") return dist_autograd::OptimizerSpec::adam(s.lr);
+  if (s.optimizer == "adamw") return dist_autograd::OptimizerSpec::adamw(s.lr);
+  fail(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.optimizer));
+}
+
+std::string clock_text(double seconds) {
+  int s = static_cast<int>(seconds + 0.5);
+  return fmt::format("{}:{:02d}", s / 60, s % 60);
+}
+
+// One line per epoch, redrawn in place on a terminal and printed every tenth otherwise.
+class ProgressBar {
+ public:
+  ProgressBar(int epoch, int epochs, std::size_t steps)
+      : epoch_(epoch), epochs_(epochs), steps_(steps), tty_(isatty(STDERR_FILENO)),
+        start_(Clock::now()) {}
+
+  void update(std::size_t step, double loss, double images_per_s) {
+    double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    double eta = step == 0 ? 0 : elapsed / step * (steps_ - step);
+    constexpr int kWidth = 24;
+    int filled = static_cast<int>(kWidth * step / std::max<std::size_t>(steps_, 1));
+    std::string line = fmt::format("epoch {}/{} [{}{}] {}/{} loss {:.4f} {:.1f} img/s ETA {}",
+                                   epoch_, epochs_, std::string(filled, '#'),
+                                   std::string(kWidth - filled, '.'), step, steps_, loss,
+                                   images_per_s, clock_text(eta));
+    bool last = step == steps_;
+    if (tty_) {
+      std::cerr << "\r" << line << (last ? "\n" : "") << std::flush;
+    } else if (last || step % std::max<std::size_t>(steps_ / 10, 1) == 0) {
+      std::cerr << line << "\n" << std::flush;
+    }
+  }
+
+ private:
+  int epoch_, epochs_;
+  std::size_t steps_;
+  bool tty_;
+  Clock::time_point start_;
+};
+
+struct Validation {
+  double loss = 0, iou = 0, dice = 0;
+};
+
+Validation validate(Split& split, data::BatchLoader& loader, const std::string& loss_kind) {
+  split.train(false);
+  torch::NoGradGuard no_grad;
+  loader.start_epoch(0);
+  double loss_sum = 0, intersection = 0, union_ = 0, predicted = 0, truth = 0;
+  int batches = 0;
+  while (auto batch = loader.next()) {
+    at::Tensor logits = split.forward(batch->images);
+    loss_sum += loss_of(loss_kind, logits, batch->masks).item<double>();
+    at::Tensor p = (logits > 0).to(torch::kFloat);
+    intersection += (p * batch->masks).sum().item<double>();
+    predicted += p.sum().item<double>();
+    truth += batch->masks.sum().item<double>();
+    union_ += ((p + batch->masks) > 0).sum().item<double>();
+    ++batches;
+  }
+  split.train(true);
+  Validation v;
+  v.loss = batches ? loss_sum / batches : 0;
+  v.iou = union_ > 0 ? intersection / union_ : 1;
+  v.dice = predicted + truth > 0 ? 2 * intersection / (predicted + truth) : 1;
+  return v;
+}
+
+void print_stage_table(const Split& split, double train_s) {
+  std::map<std::string, double> backward_by_worker;
+  std::cerr << fmt::format("\n{:<8} {:<10} {:>11} {:>10} {:>10} {:>10} {:>6} {:>10}\n", "stage",
+                           "worker", "parameters", "forward s", "backward s", "network s", "idle",
+                           "peak MiB");
+  for (const Stage& stage : split.stages) {
+    StageStats stats = stage.module.stats();
+    const std::string& worker = stage.module.worker();
+    if (!backward_by_worker.count(worker)) {
+      backward_by_worker[worker] = dist_autograd::backward_seconds(worker);
+    }
+    double backward = backward_by_worker[worker];
+    double network = std::max(0.0, stage.master_forward_s - stats.forward_s);
+    double idle = train_s > 0 ? std::max(0.0, 1 - (stats.forward_s + backward) / train_s) : 0;
+    std::cerr << fmt::format("{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10.2f} {:>5.0f}% {:>10.0f}\n",
+                             stage.name, worker, stats.parameters, stats.forward_s, backward,
+                             network, 100 * idle, stats.worker_peak_rss_mib);
+  }
+  std::cerr << "backward s is per worker (all stages it hosts); network s is forward time seen "
+               "by the master minus the stage's own; idle is the share of training time the "
+               "worker computed nothing.\n";
+}
+
+int train_as_master(const TrainSettings& s) {
+  int64_t depth = depth_of(s.model);
+  if (s.data != "synthetic") {
+    fail(fmt::format("--data {}: only the built-in \"synthetic\" set is available in this build",
+                     s.data));
+  }
+  if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
+    fail(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
+  }
+  auto placement = place_stages(s.placement);
+  Split split;
+  for (int k = 0; k < 3; ++k) {
+    StageConfig config = stage_config();
+    config.insert("depth", depth);
+    config.insert("classes", s.classes);
+    config.insert("seed", static_cast<int64_t>(s.seed) + k);
+    const std::string& worker = placement.at(kStageNames[k]);
+    split.stages.push_back({kStageNames[k], RemoteModule::create(worker, kStageTypes[k], config)});
+    log::info("stage {} ({}) on worker \"{}\"", kStageNames[k], kStageTypes[k], worker);
+  }
+  dist_autograd::DistributedOptimizer optimizer(optimizer_spec(s), split.parameters());
+
+  int first_epoch = 1;
+  if (s.resume) {
+    if (s.checkpoint_dir.empty()) fail("--resume needs --checkpoint-dir");
+    NamedValues extra = load_checkpoint(s.checkpoint_dir, split.named());
+    optimizer.load_state_dict(extra.at("optimizer"));
+    first_epoch = static_cast<int>(extra.at("epoch").toInt()) + 1;
+    log::info("resumed from {} after epoch {}", s.checkpoint_dir, first_epoch - 1);
+  }
+
+  auto dataset = std::make_shared<data::SyntheticDataset>(s.samples, s.image_size, s.seed);
+  auto [train_indices, validation_indices] = data::split_indices(s.samples, s.validation_share);
+  data::BatchLoader train_loader(dataset, train_indices, s.batch_size, s.seed);
+  data::BatchLoader validation_loader(dataset, validation_indices, s.batch_size, std::nullopt);
+
+  nlohmann::ordered_json metrics;
+  metrics["epochs"] = nlohmann::ordered_json::array();
+  double train_s = 0;
+  for (int epoch = first_epoch; epoch <= s.epochs; ++epoch) {
+    train_loader.start_epoch(epoch);
+    ProgressBar bar(epoch, s.epochs, train_loader.batches());
+    double loss_sum = 0, rate = 0;
+    std::size_t step = 0;
+    while (auto batch = train_loader.next()) {
+      auto start = Clock::now();
+      double loss_value;
+      {
+        dist_autograd::Context context;
+        at::Tensor loss = loss_of(s.loss, split.forward(batch->images), batch->masks);
+        dist_autograd::backward(context.id(), {loss});
+        optimizer.step(context.id());
+        loss_value = loss.item<double>();
+      }
+      double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      train_s += seconds;
+      double images_per_s = batch->images.size(0) / seconds;
+      rate = step == 0 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
+      loss_sum += loss_value;
+      ++step;
+      bar.update(step, loss_sum / step, rate);
+    }
+    Validation v = validate(split, validation_loader, s.loss);
+    std::cerr << fmt::format("epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, "
+                             "Dice {:.3f}\n",
+                             epoch, s.epochs, loss_sum / std::max<std::size_t>(step, 1), v.loss,
+                             v.iou, v.dice);
+    metrics["epochs"].push_back({{"epoch", epoch},
+                                 {"train_loss", loss_sum / std::max<std::size_t>(step, 1)},
+                                 {"val_loss", v.loss},
+                                 {"val_iou", v.iou},
+                                 {"val_dice", v.dice}});
+    if (!s.checkpoint_dir.empty()) {
+      save_checkpoint(s.checkpoint_dir, split.named(), 2,
+                      {{"optimizer", optimizer.state_dict()}, {"epoch", int64_t{epoch}}});
+    }
+  }
+  print_stage_table(split, train_s);
+  metrics["train_s"] = train_s;
+  if (!s.metrics_file.empty()) {
+    std::ofstream(s.metrics_file) << metrics.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_training(const TrainSettings& settings) {
+  rpc::Options options = rpc::resolve_options(rpc::Options{});
+  if (options.rank != 0) return serve_as_worker(options);
+  install_worker_functions();
+  options.name = "master";
+  try {
+    rpc::init(options);
+  } catch (const rpc::Error& e) {
+    log::error("{}", e.what());
+    return 2;
+  }
+  int code = 1;
+  try {
+    code = train_as_master(settings);
+  } catch (const std::exception& e) {
+    log::error("training failed: {}", e.what());
+  }
+  rpc::shutdown(code == 0);
+  return code;
+}
+
+int describe_model(const std::string& model, int64_t classes, int64_t image_size, bool json) {
+  int64_t depth = depth_of(model);
+  models::register_unet_stages();
+  nlohmann::ordered_json out;
+  out["model"] = model;
+  out["stages"] = nlohmann::ordered_json::array();
+  int64_t total = 0;
+  c10::IValue value = torch::zeros({1, 3, image_size, image_size});
+  torch::NoGradGuard no_grad;
+  for (int k = 0; k < 3; ++k) {
+    StageConfig config = stage_config();
+    config.insert("depth", depth);
+    config.insert("classes", classes);
+    auto stage = make_stage(kStageTypes[k], config);
+    stage->train(false);
+    int64_t parameters = 0, bytes = 0;
+    for (auto& [name, t] : stage->named_parameters()) {
+      parameters += t.numel();
+      bytes += static_cast<int64_t>(t.nbytes());
+    }
+    for (auto& [name, t] : stage->named_buffers()) bytes += static_cast<int64_t>(t.nbytes());
+    value = stage->forward({value});
+    nlohmann::ordered_json shapes = nlohmann::ordered_json::array();
+    std::vector<at::Tensor> outputs =
+        value.isTensor() ? std::vector<at::Tensor>{value.toTensor()} : value.toTensorVector();
+    for (const auto& t : outputs) shapes.push_back(t.sizes().vec());
+    out["stages"].push_back({{"name", kStageNames[k]},
+                             {"type", kStageTypes[k]},
+                             {"parameters", parameters},
+                             {"buffers", stage->named_buffers().size()},
+                             {"bytes", bytes},
+                             {"output_shapes", shapes}});
+    total += parameters;
+  }
+  out["total_parameters"] = total;
+  if (json) {
+    std::cout << out.dump() << std::endl;
+    return 0;
+  }
+  std::cout << fmt::format("{} for {}x{} inputs (batch 1)\n", model, image_size, image_size);
+  for (const auto& stage : out["stages"]) {
+    std::cout << fmt::format("  {:<8} {:>11} parameters {:>4} buffers {:>8.1f} MiB  out {}\n",
+                             stage["name"].get<std::string>(), stage["parameters"].get<int64_t>(),
+                             stage["buffers"].get<int64_t>(),
+                             stage["bytes"].get<int64_t>() / 1048576.0,
+                             stage["output_shapes"].dump());
+  }
+  std::cout << fmt::format("  total    {:>11} parameters\n", total);
+  return 0;
+}
+
+}  // namespace ferry::examples

@@ -1,0 +1,36 @@
+// The training job of ferry-master: a U-Net split into stages on workers, trained with
+// distributed autograd and a distributed optimizer on a segmentation data set.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ferry::examples {
+
+struct TrainSettings {
+  std::string model = "unet-resnet34";
+  std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: one per worker
+  std::string data = "synthetic";
+  int64_t samples = 512;  // of the synthetic set
+  double validation_share = 0.2;
+  int64_t image_size = 128;
+  int epochs = 3;
+  int64_t batch_size = 8;
+  double lr = 0.01;
+  std::string optimizer = "adam";  // sgd | adam | adamw
+  std::string loss = "bce+dice";   // bce | dice | bce+dice
+  int64_t classes = 1;
+  std::string checkpoint_dir;
+  bool resume = false;
+  std::uint64_t seed = 0;
+  std::string metrics_file;  // the final figures as JSON, if set
+};
+
+// Runs as rank 0 of the world described by the environment. Returns the exit code; a failure
+// (a worker lost, bad settings) is printed as one clear message.
+int run_training(const TrainSettings& settings);
+
+// Prints each stage's parameters, buffers, bytes and output shapes for an input of `image_size`.
+int describe_model(const std::string& model, int64_t classes, int64_t image_size, bool json);
+
+}  // namespace ferry::examples

@@ -1,0 +1,36 @@
+#include "examples/worker_loop.h"
+
+#include "ferry/dist_autograd/context.h"
+#include "ferry/models/unet.h"
+#include "ferry/remote_module/stage_host.h"
+#include "ferry/rpc/log.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::examples {
+
+void install_worker_functions() {
+  static bool done = [] {
+    models::register_unet_stages();
+    install_stage_functions(rpc::default_registry());
+    dist_autograd::install(rpc::default_registry());
+    return true;
+  }();
+  (void)done;
+}
+
+int serve_as_worker(const rpc::Options& options) {
+  install_worker_functions();
+  try {
+    rpc::init(options);
+  } catch (const rpc::Error& e) {
+    log::error("{}", e.what());
+    return 2;
+  }
+  log::info("{} is up and serving", rpc::self().describe());
+  rpc::agent().wait_for_shutdown();
+  rpc::shutdown();
+  log::info("shut down");
+  return 0;
+}
+
+}  // namespace ferry::examples

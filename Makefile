@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build test bench clean format
+.PHONY: deps configure build test bench demo clean format
 
 deps:
 	@bash scripts/install-deps.sh
@@ -21,6 +21,12 @@ test: build
 
 bench: build
 	$(BUILD_DIR)/bin/ferry-bench rpc
+
+# A master and three workers on this machine train the U-Net-ResNet-34 on the synthetic set.
+demo: build
+	$(BUILD_DIR)/bin/ferry-launch --nproc 4 -- $(BUILD_DIR)/bin/ferry-master train \
+	  --model unet-resnet34 --data synthetic --image-size 64 --samples 384 --epochs 5 \
+	  --batch-size 8 --optimizer adam --lr 0.003
 
 clean:
 	rm -rf $(BUILD_DIR)

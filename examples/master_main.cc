@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
   train_cmd->add_option("--seed", train.seed, "seed of weights, data and shuffling");
   train_cmd->add_option("--metrics-file", train.metrics_file, "write per-epoch figures as JSON");
+  train_cmd->add_flag("--compare-single-process", train.compare_single_process,
+                      "at the end, measure one step of the whole model in one process");
 
   std::string model = "unet-resnet34";
   int64_t classes = 1, image_size = 256;
@@ -36,10 +38,23 @@ int main(int argc, char** argv) {
   describe_cmd->add_option("--classes", classes, "output channels of the head");
   describe_cmd->add_option("--image-size", image_size, "input height and width");
   describe_cmd->add_flag("--json", json, "one JSON object");
+  int64_t batch_size = 8;
+  auto* footprint_cmd =
+      app.add_subcommand("footprint", "peak memory of one training step of the whole model");
+  footprint_cmd->add_option("--model", model, "unet-resnet18|34|50|101|152");
+  footprint_cmd->add_option("--classes", classes, "output channels of the head");
+  footprint_cmd->add_option("--image-size", image_size, "input height and width");
+  footprint_cmd->add_option("--batch-size", batch_size, "images per step");
+  std::string optimizer = "adam";
+  footprint_cmd->add_option("--optimizer", optimizer, "sgd|adam|adamw");
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (*train_cmd) return ferry::examples::run_training(train);
+    if (*footprint_cmd) {
+      return ferry::examples::measure_single_process(model, classes, image_size, batch_size,
+                                                     optimizer);
+    }
     return ferry::examples::describe_model(model, classes, image_size, json);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry-master: %s\n", e.what());

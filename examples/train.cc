@@ -197,6 +197,38 @@ Validation validate(Split& split, data::BatchLoader& loader, const std::string& 
   return v;
 }
 
+double peak_rss_mib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+
+// Runs `ferry-master footprint` as a fresh process (so nothing of this one counts) and returns
+// the peak memory it reports, or -1.
+double single_process_peak_mib(const TrainSettings& s) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return -1;
+  std::string command = fmt::format(
+      "env -u RANK -u WORLD_SIZE -u SLURM_PROCID '{}' footprint --model {} --classes {} "
+      "--image-size {} --batch-size {} --optimizer {}",
+      std::string(self, n), s.model, s.classes, s.image_size, s.batch_size, s.optimizer);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return -1;
+  char buf[256];
+  std::string last;
+  while (fgets(buf, sizeof buf, pipe)) last = buf;
+  if (pclose(pipe) != 0) return -1;
+  try {
+    return std::stod(last);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
 void print_stage_table(const Split& split, double train_s) {
   std::map<std::string, double> backward_by_worker;
   std::cerr << fmt::format("\n{:<8} {:<10} {:>11} {:>10} {:>10} {:>10} {:>6} {:>10}\n", "stage",
@@ -298,6 +330,13 @@ int train_as_master(const TrainSettings& s) {
     }
   }
   print_stage_table(split, train_s);
+  if (s.compare_single_process) {
+    double whole = single_process_peak_mib(s);
+    std::cerr << fmt::format("the whole model trained in one process (same batch) peaks at {:.0f} "
+                             "MiB\n",
+                             whole);
+    metrics["single_process_peak_mib"] = whole;
+  }
   metrics["train_s"] = train_s;
   if (!s.metrics_file.empty()) {
     std::ofstream(s.metrics_file) << metrics.dump(2) << "\n";
@@ -326,6 +365,26 @@ int run_training(const TrainSettings& settings) {
   }
   rpc::shutdown(code == 0);
   return code;
+}
+
+int measure_single_process(const std::string& model, int64_t classes, int64_t image_size,
+                           int64_t batch_size, const std::string& optimizer_name) {
+  models::Unet net(depth_of(model), classes);
+  at::Tensor x = torch::randn({batch_size, 3, image_size, image_size});
+  at::Tensor target = torch::zeros({batch_size, classes, image_size, image_size});
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (optimizer_name == "sgd") {
+    optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                    torch::optim::SGDOptions(0.01).momentum(0.9));
+  } else if (optimizer_name == "adamw") {
+    optimizer = std::make_unique<torch::optim::AdamW>(net->parameters());
+  } else {
+    optimizer = std::make_unique<torch::optim::Adam>(net->parameters());
+  }
+  torch::binary_cross_entropy_with_logits(net->forward(x), target).backward();
+  optimizer->step();
+  std::cout << peak_rss_mib() << std::endl;
+  return 0;
 }
 
 int describe_model(const std::string& model, int64_t classes, int64_t image_size, bool json) {

@@ -24,11 +24,17 @@ struct TrainSettings {
   bool resume = false;
   std::uint64_t seed = 0;
   std::string metrics_file;  // the final figures as JSON, if set
+  bool compare_single_process = false;  // also measure the whole model's step in one process
 };
 
 // Runs as rank 0 of the world described by the environment. Returns the exit code; a failure
 // (a worker lost, bad settings) is printed as one clear message.
 int run_training(const TrainSettings& settings);
+
+// One training step (forward, backward, a step of `optimizer`) of the whole model in this process;
+// prints its peak memory (MiB) as the last line. What the split saves is measured against this.
+int measure_single_process(const std::string& model, int64_t classes, int64_t image_size,
+                           int64_t batch_size, const std::string& optimizer);
 
 // Prints each stage's parameters, buffers, bytes and output shapes for an input of `image_size`.
 int describe_model(const std::string& model, int64_t classes, int64_t image_size, bool json);

@@ -19,6 +19,7 @@
 #include "ferry/models/weights.h"
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/rpc/options.h"
+#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::bench {
@@ -170,9 +171,9 @@ int run_autograd_bench(const AutogradBenchSettings& settings) {
 
   nlohmann::ordered_json out = measure(settings, threads);
   nlohmann::ordered_json rss;
-  rss["master"] = peak_rss_mib(getpid());
+  rss["master"] = rpc::peak_rss_mib();
   for (int rank = 1; rank <= 3; ++rank) {
-    rss[fmt::format("worker{}", rank)] = peak_rss_mib(workers[rank - 1]);
+    rss[fmt::format("worker{}", rank)] = rpc::peak_rss_mib(workers[rank - 1]);
   }
   out["peak_rss_mib"] = rss;
   rpc::shutdown();

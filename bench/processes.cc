@@ -5,7 +5,6 @@
 #include <sys/wait.h>
 
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <thread>
 
@@ -51,14 +50,6 @@ void reap_process(pid_t pid, std::chrono::milliseconds grace) {
   }
 }
 
-double peak_rss_mib(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
-}
 
 std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port) {
   return {{"RANK", std::to_string(rank)},

@@ -17,8 +17,6 @@ pid_t spawn_process(const std::string& binary, const std::vector<std::string>& a
                     const std::map<std::string, std::string>& env);
 // Waits up to `grace` for `pid` to exit, then kills it.
 void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
-// The peak resident memory of `pid` (VmHWM), MiB; -1 if unknown.
-double peak_rss_mib(pid_t pid);
 // The environment that makes a spawned process rank `rank` of a world of `world_size` on
 // loopback whose rank 0 listens on `port`.
 std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port);

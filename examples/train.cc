@@ -24,6 +24,7 @@
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/rpc/log.h"
+#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::examples {
@@ -197,14 +198,6 @@ Validation validate(Split& split, data::BatchLoader& loader, const std::string& 
   return v;
 }
 
-double peak_rss_mib() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
-}
 
 // Runs `ferry-master footprint` as a fresh process (so nothing of this one counts) and returns
 // the peak memory it reports, or -1.
@@ -383,7 +376,7 @@ int measure_single_process(const std::string& model, int64_t classes, int64_t im
   }
   torch::binary_cross_entropy_with_logits(net->forward(x), target).backward();
   optimizer->step();
-  std::cout << peak_rss_mib() << std::endl;
+  std::cout << rpc::peak_rss_mib() << std::endl;
   return 0;
 }
 

@@ -8,11 +8,11 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <fstream>
 #include <mutex>
 #include <set>
 
 #include "ferry/remote_module/stage.h"
+#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry {
@@ -28,15 +28,6 @@ struct StageHolder : torch::CustomClassHolder {
   int64_t forward_calls = 0;
 };
 
-// This process's peak resident memory (VmHWM), MiB.
-double peak_rss_mib() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
-}
 
 void register_holder_class() {
   static auto holder = torch::class_<StageHolder>("ferry", "StageHolder");
@@ -168,7 +159,7 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
     info.insert("buffers", buffers);
     info.insert("forward_s", holder->forward_seconds);
     info.insert("forward_calls", holder->forward_calls);
-    info.insert("peak_rss_mib", peak_rss_mib());
+    info.insert("peak_rss_mib", rpc::peak_rss_mib());
     return info;
   });
   registry.add("ferry.stage.parameter", [](rpc::RRefPtr module, int64_t index) {

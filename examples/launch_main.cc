@@ -31,6 +31,7 @@ struct Child {
   int output = -1;  // read end of its stdout and stderr
   std::string partial;
   bool running = true;
+  bool output_open = true;  // until its pipe reports end of file
 };
 
 pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env,
@@ -57,10 +58,18 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
 // Passes on complete lines (ended by \n, or by \r for progress bars) with the rank in front.
 void relay(Child& child, bool flush_all) {
   char buf[65536];
-  for (;;) {
+  while (child.output_open) {
     ssize_t n = read(child.output, buf, sizeof buf);
-    if (n <= 0) break;
-    child.partial.append(buf, n);
+    if (n > 0) {
+      child.partial.append(buf, n);
+      continue;
+    }
+    if (n == 0) {
+      // Closed pipes would make poll() return at once forever: stop watching this one.
+      close(child.output);
+      child.output_open = false;
+    }
+    break;
   }
   std::size_t start = 0;
   for (std::size_t i = 0; i < child.partial.size(); ++i) {
@@ -136,8 +145,14 @@ int main(int argc, char** argv) {
   int running = nproc;
   while (running > 0) {
     std::vector<pollfd> fds;
-    for (auto& c : children) fds.push_back({c.output, POLLIN, 0});
-    poll(fds.data(), fds.size(), 100);
+    for (auto& c : children) {
+      if (c.output_open) fds.push_back({c.output, POLLIN, 0});
+    }
+    if (fds.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } else {
+      poll(fds.data(), fds.size(), 100);
+    }
     for (auto& c : children) relay(c, false);
     if (pending_signal && !stopping) {
       std::fprintf(stderr, "ferry-launch: passing signal %d on to every rank\n",

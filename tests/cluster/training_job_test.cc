@@ -60,7 +60,7 @@ TEST(TrainingJob, LauncherStopsTheWorldWhenARankDiesAndSaysWhich) {
   auto start = std::chrono::steady_clock::now();
   CommandResult r = run(std::string(FERRY_LAUNCH) +
               " --nproc 3 -- sh -c 'echo hello from $RANK of $WORLD_SIZE; "
-              "if [ $RANK = 1 ]; then exit 3; fi; sleep 60'");
+              "if [ $RANK = 1 ]; then sleep 1; exit 3; fi; sleep 60'");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 2] hello from 2 of 3")) << r.output;
   EXPECT_TRUE(contains(r.output, "rank 1 (pid")) << r.output;

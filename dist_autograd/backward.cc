@@ -104,8 +104,6 @@ class PartResult {
   std::map<std::shared_ptr<RecvBackward>, std::vector<at::Tensor>> to_send_;
 };
 
-std::string self_name() { return rpc::self().name; }
-
 // The error of a part that failed here.
 rpc::Error part_failed(std::int64_t context_id, const std::string& what) {
   return rpc::Error(rpc::ErrorKind::RemoteException,

@@ -37,8 +37,6 @@ Table& table() {
 
 thread_local std::int64_t current = 0;
 
-std::string self_name() { return rpc::is_initialized() ? rpc::self().name : "this process"; }
-
 // Releases `id` on each of `ranks` except `skip`; the future completes when all have answered.
 rpc::FuturePtr release_on(std::int64_t id, const std::set<int>& ranks, int skip) {
   std::vector<rpc::FuturePtr> calls;
@@ -179,6 +177,8 @@ std::size_t live_contexts() {
   std::lock_guard<std::mutex> lock(t.mutex);
   return t.contexts.size();
 }
+
+std::string self_name() { return rpc::is_initialized() ? rpc::self().name : "this process"; }
 
 std::int64_t current_id() { return current; }
 void set_current_id(std::int64_t id) { current = id; }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -67,6 +68,9 @@ ContextPtr context_or_throw(std::int64_t id, const char* what);
 // workers it touched.
 ContextPtr erase_context(std::int64_t id);
 std::size_t live_contexts();
+
+// This worker's name for error messages ("this process" before rpc::init).
+std::string self_name();
 
 // The context current on this thread (0: none).
 std::int64_t current_id();

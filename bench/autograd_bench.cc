@@ -15,9 +15,8 @@
 #include "bench/stats.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/dist_autograd/optimizer.h"
-#include "ferry/models/unet.h"
-#include "ferry/models/weights.h"
-#include "ferry/remote_module/remote_module.h"
+#include "ferry/models/compare.h"
+#include "ferry/models/remote_unet.h"
 #include "ferry/rpc/options.h"
 #include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
@@ -28,50 +27,15 @@ namespace {
 constexpr double kLr = 0.01;
 constexpr double kMomentum = 0.9;
 
-struct Split {
-  std::vector<RemoteModule> stages;  // encoder, decoder, head
-
-  at::Tensor forward(const at::Tensor& x) const {
-    c10::IValue features = stages[0].forward({x});
-    c10::IValue decoded = stages[1].forward({features});
-    return stages[2].forward({decoded}).toTensor();
-  }
-  std::vector<rpc::RRefPtr> parameters() const {
-    std::vector<rpc::RRefPtr> all;
-    for (const auto& stage : stages) {
-      for (auto& p : stage.remote_parameters()) all.push_back(p);
-    }
-    return all;
-  }
-};
-
 at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& target) {
   return torch::binary_cross_entropy_with_logits(logits, target);
 }
 
-double max_relative_error(const std::vector<at::Tensor>& got,
-                          const std::vector<at::Tensor>& want) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    double scale = std::max(want[i].abs().max().item<double>(), 1e-12);
-    worst = std::max(worst, (got[i] - want[i]).abs().max().item<double>() / scale);
-  }
-  return worst;
-}
-
 // The measurement itself, with the world up; stages and optimizer are gone when it returns.
 nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int threads) {
-  StageConfig config = stage_config();
-  config.insert("depth", static_cast<int64_t>(settings.depth));
-  Split split{{RemoteModule::create("worker1", "unet.encoder", config),
-               RemoteModule::create("worker2", "unet.decoder", config),
-               RemoteModule::create("worker3", "unet.head", config)}};
-  models::Unet local(settings.depth, 1);
-  const char* prefixes[] = {"encoder.", "decoder.", "segmentation_head."};
-  for (size_t s = 0; s < 3; ++s) {
-    auto report = models::load_state_dict(*local, split.stages[s].state_dict(), prefixes[s]);
-    if (!report.ok()) throw std::runtime_error("local copy of the U-Net: " + report.describe());
-  }
+  models::RemoteUnet split =
+      models::RemoteUnet::create(settings.depth, 1, {"worker1", "worker2", "worker3"});
+  models::Unet local = split.local_copy();
 
   torch::manual_seed(0);
   at::Tensor x = torch::randn({settings.batch, 3, settings.image_size, settings.image_size});
@@ -88,7 +52,7 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
     loss_of(local->forward(x), target).backward();
     std::vector<at::Tensor> want;
     for (const auto& p : local->parameters()) want.push_back(p.grad());
-    grad_error = max_relative_error(dist, want);
+    grad_error = models::max_relative_error(dist, want);
   }
 
   dist_autograd::DistributedOptimizer optimizer(

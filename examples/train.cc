@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -20,6 +21,7 @@
 #include "ferry/data/dataset.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/dist_autograd/optimizer.h"
+#include "ferry/models/remote_unet.h"
 #include "ferry/models/unet.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
@@ -32,8 +34,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const char* const kStageNames[] = {"encoder", "decoder", "head"};
-const char* const kStageTypes[] = {"unet.encoder", "unet.decoder", "unet.head"};
+using models::RemoteUnet;
+
+constexpr auto& kStageNames = RemoteUnet::kStageNames;
+constexpr auto& kStageTypes = RemoteUnet::kStageTypes;
 
 [[noreturn]] void fail(const std::string& message) {
   throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
@@ -91,42 +95,6 @@ at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::
   return bce + dice;
 }
 
-struct Stage {
-  std::string name;
-  RemoteModule module;
-  double master_forward_s = 0;  // the forward calls as the master saw them, network included
-};
-
-class Split {
- public:
-  std::vector<Stage> stages;
-
-  at::Tensor forward(const at::Tensor& images) {
-    c10::IValue value = images;
-    for (Stage& stage : stages) {
-      auto start = Clock::now();
-      value = stage.module.forward({value});
-      stage.master_forward_s += std::chrono::duration<double>(Clock::now() - start).count();
-    }
-    return value.toTensor();
-  }
-  void train(bool on) {
-    for (Stage& stage : stages) stage.module.train(on);
-  }
-  std::vector<rpc::RRefPtr> parameters() const {
-    std::vector<rpc::RRefPtr> all;
-    for (const Stage& stage : stages) {
-      for (auto& p : stage.module.remote_parameters()) all.push_back(p);
-    }
-    return all;
-  }
-  NamedStages named() const {
-    NamedStages out;
-    for (const Stage& stage : stages) out.emplace_back(stage.name, stage.module);
-    return out;
-  }
-};
-
 dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
   if (s.optimizer == "sgd") return dist_autograd::OptimizerSpec::sgd(s.lr, 0.9, 1e-4);
   if (s.optimizer == "adam") return dist_autograd::OptimizerSpec::adam(s.lr);
@@ -174,7 +142,7 @@ struct Validation {
   double loss = 0, iou = 0, dice = 0;
 };
 
-Validation validate(Split& split, data::BatchLoader& loader, const std::string& loss_kind) {
+Validation validate(RemoteUnet& split, data::BatchLoader& loader, const std::string& loss_kind) {
   split.train(false);
   torch::NoGradGuard no_grad;
   loader.start_epoch(0);
@@ -222,19 +190,19 @@ double single_process_peak_mib(const TrainSettings& s) {
   }
 }
 
-void print_stage_table(const Split& split, double train_s) {
+void print_stage_table(const RemoteUnet& split, double train_s) {
   std::map<std::string, double> backward_by_worker;
   std::cerr << fmt::format("\n{:<8} {:<10} {:>11} {:>10} {:>10} {:>10} {:>6} {:>10}\n", "stage",
                            "worker", "parameters", "forward s", "backward s", "network s", "idle",
                            "peak MiB");
-  for (const Stage& stage : split.stages) {
+  for (const RemoteUnet::Stage& stage : split.stages()) {
     StageStats stats = stage.module.stats();
     const std::string& worker = stage.module.worker();
     if (!backward_by_worker.count(worker)) {
       backward_by_worker[worker] = dist_autograd::backward_seconds(worker);
     }
     double backward = backward_by_worker[worker];
-    double network = std::max(0.0, stage.master_forward_s - stats.forward_s);
+    double network = std::max(0.0, stage.forward_s - stats.forward_s);
     double idle = train_s > 0 ? std::max(0.0, 1 - (stats.forward_s + backward) / train_s) : 0;
     std::cerr << fmt::format("{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10.2f} {:>5.0f}% {:>10.0f}\n",
                              stage.name, worker, stats.parameters, stats.forward_s, backward,
@@ -255,16 +223,12 @@ int train_as_master(const TrainSettings& s) {
     fail(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
   }
   auto placement = place_stages(s.placement);
-  Split split;
-  for (int k = 0; k < 3; ++k) {
-    StageConfig config = stage_config();
-    config.insert("depth", depth);
-    config.insert("classes", s.classes);
-    config.insert("seed", static_cast<int64_t>(s.seed) + k);
-    const std::string& worker = placement.at(kStageNames[k]);
-    split.stages.push_back({kStageNames[k], RemoteModule::create(worker, kStageTypes[k], config)});
-    log::info("stage {} ({}) on worker \"{}\"", kStageNames[k], kStageTypes[k], worker);
+  std::array<std::string, 3> workers;
+  for (size_t k = 0; k < workers.size(); ++k) {
+    workers[k] = placement.at(kStageNames[k]);
+    log::info("stage {} ({}) on worker \"{}\"", kStageNames[k], kStageTypes[k], workers[k]);
   }
+  RemoteUnet split = RemoteUnet::create(depth, s.classes, workers, static_cast<int64_t>(s.seed));
   dist_autograd::DistributedOptimizer optimizer(optimizer_spec(s), split.parameters());
 
   int first_epoch = 1;

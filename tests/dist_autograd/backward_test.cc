@@ -8,8 +8,8 @@
 
 #include "ferry/dist_autograd/context.h"
 #include "ferry/dist_autograd/optimizer.h"
-#include "ferry/models/unet.h"
-#include "ferry/models/weights.h"
+#include "ferry/models/compare.h"
+#include "ferry/models/remote_unet.h"
 #include "ferry/remote_module/remote_module.h"
 #include "tests/support/cluster.h"
 #include "tests/support/test_stages.h"
@@ -236,55 +236,14 @@ LocalWorld::Settings deterministic_three_workers() {
   return settings;
 }
 
-struct SplitUnet {
-  RemoteModule encoder, decoder, head;
-
-  static SplitUnet create(int64_t depth) {
-    auto config = [depth](int64_t seed) {
-      StageConfig c = stage_config();
-      c.insert("depth", depth);
-      c.insert("seed", seed);
-      return c;
-    };
-    return {RemoteModule::create("a", "unet.encoder", config(1)),
-            RemoteModule::create("b", "unet.decoder", config(2)),
-            RemoteModule::create("c", "unet.head", config(3))};
-  }
-  std::vector<RemoteModule> stages() const { return {encoder, decoder, head}; }
-  at::Tensor forward(const at::Tensor& x) const {
-    c10::IValue features = encoder.forward({x});
-    c10::IValue decoded = decoder.forward({features});
-    return head.forward({decoded}).toTensor();
-  }
-  std::vector<rpc::RRefPtr> parameters() const {
-    std::vector<rpc::RRefPtr> all;
-    for (const auto& stage : stages()) {
-      for (auto& p : stage.remote_parameters()) all.push_back(p);
-    }
-    return all;
-  }
-  // A one-process U-Net holding exactly the stages' current tensors.
-  models::Unet local(int64_t depth) const {
-    models::Unet net(depth, 1);
-    const char* prefixes[] = {"encoder.", "decoder.", "segmentation_head."};
-    auto all = stages();
-    for (size_t s = 0; s < all.size(); ++s) {
-      auto report = models::load_state_dict(*net, all[s].state_dict(), prefixes[s]);
-      EXPECT_TRUE(report.ok()) << report.describe();
-    }
-    return net;
-  }
-};
-
-double max_relative_error(const at::Tensor& got, const at::Tensor& want) {
-  double scale = want.abs().max().item<double>();
-  return (got - want).abs().max().item<double>() / std::max(scale, 1e-12);
+models::RemoteUnet split_unet(int64_t depth) {
+  return models::RemoteUnet::create(depth, 1, {"a", "b", "c"}, /*seed=*/1);
 }
 
 TEST(DistBackward, UnetGradientsAcrossThreeWorkersEqualOneProcess) {
   LocalWorld world(deterministic_three_workers());
-  SplitUnet split = SplitUnet::create(34);
-  models::Unet local = split.local(34);
+  models::RemoteUnet split = split_unet(34);
+  models::Unet local = split.local_copy();
   torch::manual_seed(7);
   at::Tensor x = torch::randn({2, 3, 64, 64});
   at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
@@ -302,7 +261,7 @@ TEST(DistBackward, UnetGradientsAcrossThreeWorkersEqualOneProcess) {
   double worst = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
     ASSERT_TRUE(grads[i].defined()) << params[i].key();
-    worst = std::max(worst, max_relative_error(grads[i], params[i].value().grad()));
+    worst = std::max(worst, models::max_relative_error(grads[i], params[i].value().grad()));
   }
   EXPECT_LE(worst, 1e-5);
   std::cout << "max relative gradient error: " << worst << "\n";
@@ -310,8 +269,8 @@ TEST(DistBackward, UnetGradientsAcrossThreeWorkersEqualOneProcess) {
 
 TEST(DistBackward, UnetFiveSgdStepsAcrossThreeWorkersEqualOneProcess) {
   LocalWorld world(deterministic_three_workers());
-  SplitUnet split = SplitUnet::create(18);
-  models::Unet local = split.local(18);
+  models::RemoteUnet split = split_unet(18);
+  models::Unet local = split.local_copy();
   DistributedOptimizer optimizer(OptimizerSpec::sgd(0.05, 0.9, 1e-4), split.parameters());
   torch::optim::SGD local_optimizer(local->parameters(),
                                     torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
@@ -329,18 +288,18 @@ TEST(DistBackward, UnetFiveSgdStepsAcrossThreeWorkersEqualOneProcess) {
     torch::binary_cross_entropy_with_logits(local->forward(x), target).backward();
     local_optimizer.step();
   }
-  models::Unet after = split.local(18);
+  models::Unet after = split.local_copy();
   auto got = after->named_parameters(true);
   auto want = local->named_parameters(true);
   double worst = 0;
   for (const auto& entry : want) {
-    worst = std::max(worst, max_relative_error(*got.find(entry.key()), entry.value()));
+    worst = std::max(worst, models::max_relative_error(*got.find(entry.key()), entry.value()));
   }
   EXPECT_LE(worst, 1e-4);
   std::cout << "max relative parameter error after 5 steps: " << worst << "\n";
   for (const auto& entry : local->named_buffers(true)) {
     if (entry.key().find("num_batches_tracked") != std::string::npos) continue;
-    EXPECT_LE(max_relative_error(*after->named_buffers(true).find(entry.key()), entry.value()),
+    EXPECT_LE(models::max_relative_error(*after->named_buffers(true).find(entry.key()), entry.value()),
               1e-4)
         << entry.key();
   }

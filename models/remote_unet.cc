@@ -1,0 +1,68 @@
+#include "ferry/models/remote_unet.h"
+
+#include <chrono>
+#include <stdexcept>
+
+#include "ferry/models/weights.h"
+
+namespace ferry::models {
+
+RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes,
+                              const std::array<std::string, 3>& workers, int64_t seed) {
+  resnet_channels(depth);  // an unknown depth fails here, before any worker builds anything
+  RemoteUnet net;
+  net.depth_ = depth;
+  net.classes_ = classes;
+  for (size_t k = 0; k < kStageNames.size(); ++k) {
+    StageConfig config = stage_config();
+    config.insert("depth", depth);
+    config.insert("classes", classes);
+    config.insert("seed", seed + static_cast<int64_t>(k));
+    net.stages_.push_back(
+        {kStageNames[k], RemoteModule::create(workers[k], kStageTypes[k], config)});
+  }
+  return net;
+}
+
+at::Tensor RemoteUnet::forward(const at::Tensor& images) {
+  c10::IValue value = images;
+  for (Stage& stage : stages_) {
+    auto start = std::chrono::steady_clock::now();
+    value = stage.module.forward({value});
+    stage.forward_s +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return value.toTensor();
+}
+
+void RemoteUnet::train(bool on) {
+  for (Stage& stage : stages_) stage.module.train(on);
+}
+
+std::vector<rpc::RRefPtr> RemoteUnet::parameters() const {
+  std::vector<rpc::RRefPtr> all;
+  for (const Stage& stage : stages_) {
+    for (auto& p : stage.module.remote_parameters()) all.push_back(p);
+  }
+  return all;
+}
+
+NamedStages RemoteUnet::named() const {
+  NamedStages out;
+  for (const Stage& stage : stages_) out.emplace_back(stage.name, stage.module);
+  return out;
+}
+
+Unet RemoteUnet::local_copy() const {
+  Unet net(depth_, classes_);
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    LoadReport report = load_state_dict(*net, stages_[k].module.state_dict(), kLocalPrefixes[k]);
+    if (!report.ok()) {
+      throw std::runtime_error("copying stage \"" + stages_[k].name +
+                               "\" into a local U-Net: " + report.describe());
+    }
+  }
+  return net;
+}
+
+}  // namespace ferry::models

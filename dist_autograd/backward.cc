@@ -24,6 +24,7 @@
 #include "dist_autograd/recv_backward.h"
 #include "dist_autograd/when_all.h"
 #include "ferry/dist_autograd/context.h"
+#include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 
@@ -246,7 +247,8 @@ void install_backward_functions(rpc::FunctionRegistry& registry) {
                                         "requiring grad",
                                         grads.size(), send.edges.size()));
     }
-    return run_part(*context, send.edges, grads, /*keep_graph=*/true);
+    return rpc::on_compute_thread(
+        [&] { return run_part(*context, send.edges, grads, /*keep_graph=*/true); });
   });
   registry.add("ferry.autograd.gradients",
                [](std::int64_t id, c10::IValue refs) {

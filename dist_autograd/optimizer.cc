@@ -18,6 +18,7 @@
 #include "dist_autograd/install.h"
 #include "dist_autograd/owned_value.h"
 #include "dist_autograd/when_all.h"
+#include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 
@@ -379,7 +380,9 @@ std::vector<std::string> DistributedOptimizer::owners() const {
 void install_optimizer_functions(rpc::FunctionRegistry& registry) {
   register_local_optimizer_class();
   registry.add_raw("ferry.optim.create", create);
-  registry.add("ferry.optim.step", [](c10::IValue ref, std::int64_t id) { step(ref, id); });
+  registry.add("ferry.optim.step", [](c10::IValue ref, std::int64_t id) {
+    rpc::run_on_compute_thread([&] { step(ref, id); });
+  });
   registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });
   registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
   registry.add("ferry.optim.load_state", [](c10::IValue ref, c10::IValue saved) {

@@ -98,6 +98,8 @@ class Observer final : public rpc::GradObserver {
     set_current_id(tag.context_id);
     return std::shared_ptr<void>(nullptr, [previous](void*) { set_current_id(previous); });
   }
+
+  rpc::GradTag current() override { return {current_id(), 0}; }
 };
 
 }  // namespace

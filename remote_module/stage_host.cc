@@ -12,6 +12,7 @@
 #include <set>
 
 #include "ferry/remote_module/stage.h"
+#include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
@@ -118,26 +119,29 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
       throw rpc::Error(rpc::ErrorKind::InvalidArgument,
                        fmt::format("config of stage \"{}\" must be a dict", type));
     }
-    auto holder = c10::make_intrusive<StageHolder>(type, make_stage(type, typed));
-    return c10::IValue(std::move(holder));
+    std::unique_ptr<Stage> stage = rpc::on_compute_thread([&] { return make_stage(type, typed); });
+    return c10::IValue(c10::make_intrusive<StageHolder>(type, std::move(stage)));
   });
   registry.add("ferry.stage.load_torchscript", [](std::string path) {
-    return c10::IValue(
-        c10::make_intrusive<StageHolder>("torchscript " + path, load_torchscript_stage(path)));
+    std::unique_ptr<Stage> stage =
+        rpc::on_compute_thread([&] { return load_torchscript_stage(path); });
+    return c10::IValue(c10::make_intrusive<StageHolder>("torchscript " + path, std::move(stage)));
   });
   registry.add("ferry.stage.forward", [](rpc::RRefPtr module, c10::IValue inputs) {
     auto holder = holder_of(module);
-    std::lock_guard<std::mutex> lock(holder->mutex);
-    auto start = std::chrono::steady_clock::now();
-    try {
-      c10::IValue out = holder->stage->forward(inputs.toTupleRef().elements().vec());
-      holder->forward_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      ++holder->forward_calls;
-      return out;
-    } catch (...) {
-      rethrow_in_stage(*holder, "forward");
-    }
+    return rpc::on_compute_thread([&] {
+      std::lock_guard<std::mutex> lock(holder->mutex);
+      auto start = std::chrono::steady_clock::now();
+      try {
+        c10::IValue out = holder->stage->forward(inputs.toTupleRef().elements().vec());
+        holder->forward_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        ++holder->forward_calls;
+        return out;
+      } catch (...) {
+        rethrow_in_stage(*holder, "forward");
+      }
+    });
   });
   registry.add("ferry.stage.train", [](rpc::RRefPtr module, bool on) {
     auto holder = holder_of(module);
@@ -185,23 +189,29 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
   });
   registry.add("ferry.stage.state_dict", [](rpc::RRefPtr module) {
     auto holder = holder_of(module);
-    std::lock_guard<std::mutex> lock(holder->mutex);
-    return state_of(*holder->stage);
+    return rpc::on_compute_thread([&] {
+      std::lock_guard<std::mutex> lock(holder->mutex);
+      return state_of(*holder->stage);
+    });
   });
   registry.add("ferry.stage.load_state_dict",
                [](rpc::RRefPtr module, c10::Dict<std::string, at::Tensor> state, bool strict) {
                  auto holder = holder_of(module);
-                 std::lock_guard<std::mutex> lock(holder->mutex);
-                 try {
-                   load_state(*holder->stage, state, strict);
-                 } catch (...) {
-                   rethrow_in_stage(*holder, "load_state_dict");
-                 }
+                 rpc::run_on_compute_thread([&] {
+                   std::lock_guard<std::mutex> lock(holder->mutex);
+                   try {
+                     load_state(*holder->stage, state, strict);
+                   } catch (...) {
+                     rethrow_in_stage(*holder, "load_state_dict");
+                   }
+                 });
                });
   registry.add("ferry.stage.to", [](rpc::RRefPtr module, std::string device) {
     auto holder = holder_of(module);
-    std::lock_guard<std::mutex> lock(holder->mutex);
-    holder->stage->to(c10::Device(device));
+    rpc::run_on_compute_thread([&] {
+      std::lock_guard<std::mutex> lock(holder->mutex);
+      holder->stage->to(c10::Device(device));
+    });
   });
 }
 

@@ -38,6 +38,9 @@ class GradObserver {
   // Makes `tag`'s context current on this thread while a tagged request's handler runs; the
   // returned guard restores the previous state when destroyed.
   virtual std::shared_ptr<void> enter(const GradTag& tag) = 0;
+  // The context current on this thread (message id 0), so that work handed to another thread
+  // can enter it there.
+  virtual GradTag current() = 0;
 };
 
 // Installs the process's observer (kept for the life of the process). Later calls replace it.

@@ -1,0 +1,85 @@
+#include "ferry/rpc/compute_thread.h"
+
+#include <ATen/ThreadLocalState.h>
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "ferry/rpc/grad_observer.h"
+
+namespace ferry::rpc {
+namespace {
+
+class ComputeThread {
+ public:
+  ComputeThread() : thread_([this] { loop(); }) { id_ = thread_.get_id(); }
+
+  void post(std::function<void()> work) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(work));
+    }
+    ready_.notify_one();
+  }
+  bool here() const { return std::this_thread::get_id() == id_; }
+
+ private:
+  [[noreturn]] void loop() {
+    for (;;) {
+      std::function<void()> work;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return !queue_.empty(); });
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      work();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> queue_;
+  std::thread thread_;
+  std::thread::id id_;
+};
+
+// Never destroyed: the thread waits for work until the process exits, and static destructors
+// must not join a thread that may be inside LibTorch.
+ComputeThread& compute_thread() {
+  static ComputeThread* thread = new ComputeThread();
+  return *thread;
+}
+
+}  // namespace
+
+void run_on_compute_thread(const std::function<void()>& work) {
+  ComputeThread& thread = compute_thread();
+  if (thread.here()) {
+    work();
+    return;
+  }
+  at::ThreadLocalState state;
+  GradObserver* observer = grad_observer();
+  GradTag context = observer ? observer->current() : GradTag{};
+  std::promise<void> done;
+  thread.post([&] {
+    try {
+      at::ThreadLocalStateGuard guard(state);
+      std::shared_ptr<void> entered = context.valid() ? observer->enter(context) : nullptr;
+      work();
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+  });
+  done.get_future().get();
+}
+
+bool is_compute_thread() { return compute_thread().here(); }
+
+}  // namespace ferry::rpc

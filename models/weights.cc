@@ -2,9 +2,64 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/script.h>
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "ferry/rpc/error.h"
+#include "models/torch_save_reader.h"
+
 namespace ferry::models {
+namespace {
+
+[[noreturn]] void bad_file(const std::string& path, const std::string& what) {
+  throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                   fmt::format("weights file \"{}\": {}", path, what));
+}
+
+std::string message_of(const std::exception& e) {
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+}  // namespace
+
+c10::Dict<std::string, at::Tensor> read_weights(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) bad_file(path, fmt::format("cannot be opened ({})", std::strerror(errno)));
+  file.close();
+  bool scripted = false;
+  try {
+    // TorchScript archives keep their constants apart; torch.save archives have none.
+    scripted = caffe2::serialize::PyTorchStreamReader(path).hasRecord("constants.pkl");
+  } catch (const std::exception& e) {
+    bad_file(path, fmt::format("is not a torch.save or TorchScript archive ({})", message_of(e)));
+  }
+  c10::Dict<std::string, at::Tensor> out;
+  try {
+    if (scripted) {
+      torch::jit::Module module = torch::jit::load(path);
+      for (const auto& p : module.named_parameters()) out.insert(p.name, p.value);
+      for (const auto& b : module.named_buffers()) out.insert(b.name, b.value);
+    } else {
+      for (auto& [name, tensor] : read_torch_save(path)) out.insert(name, tensor);
+    }
+  } catch (const std::exception& e) {
+    bad_file(path, message_of(e));
+  }
+  return out;
+}
+
+LoadReport load_weights(torch::nn::Module& module, const std::string& path,
+                        const std::string& prefix) {
+  return load_state_dict(module, read_weights(path), prefix);
+}
 
 std::string LoadReport::describe() const {
   std::vector<std::string> parts;

@@ -29,4 +29,14 @@ LoadReport load_state_dict(torch::nn::Module& module,
                            const c10::Dict<std::string, at::Tensor>& state,
                            const std::string& prefix = "");
 
+// The tensors of a weights file, by name: a state dict saved by Python's
+// `torch.save(model.state_dict())` (or a checkpoint dict holding one under "state_dict"), or a
+// TorchScript archive (its parameters and buffers). Throws rpc::Error(InvalidArgument) naming
+// the file and what was wrong with it.
+c10::Dict<std::string, at::Tensor> read_weights(const std::string& path);
+
+// read_weights, then load_state_dict. Names in the file are relative to `prefix`.
+LoadReport load_weights(torch::nn::Module& module, const std::string& path,
+                        const std::string& prefix = "");
+
 }  // namespace ferry::models

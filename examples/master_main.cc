@@ -14,8 +14,15 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--model", train.model, "unet-resnet18|34|50|101|152");
   train_cmd->add_option("--placement", train.placement,
                         "stage=worker,... (default: one stage per worker in rank order)");
-  train_cmd->add_option("--data", train.data, "synthetic");
+  train_cmd->add_option("--data", train.data,
+                        "synthetic, or a folder DIR with DIR/images/* and DIR/masks/* (PNG, JPEG)");
   train_cmd->add_option("--samples", train.samples, "images in the synthetic set");
+  train_cmd->add_flag("--crop", train.crop,
+                      "cut image-size squares out of the folder's images (at random for "
+                      "training) instead of resizing them");
+  train_cmd->add_option("--weights", train.weights,
+                        "start from a state dict (torch.save) or TorchScript file: a whole U-Net "
+                        "(segmentation_models_pytorch names) or a torchvision ResNet (encoder)");
   train_cmd->add_option("--image-size", train.image_size, "image height and width");
   train_cmd->add_option("--epochs", train.epochs, "passes over the training images");
   train_cmd->add_option("--batch-size", train.batch_size, "images per step");

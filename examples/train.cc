@@ -95,6 +95,24 @@ at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::
   return bce + dice;
 }
 
+// The training and validation views of the data: the same images, augmented only for training.
+std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> datasets_of(
+    const TrainSettings& s) {
+  if (s.data == "synthetic") {
+    auto set = std::make_shared<data::SyntheticDataset>(s.samples, s.image_size, s.seed);
+    return {set, set};
+  }
+  data::FolderDataset::Options options;
+  options.image_size = s.image_size;
+  options.crop = s.crop;
+  options.seed = s.seed;
+  auto validation = std::make_shared<data::FolderDataset>(s.data, options);
+  options.augment = true;
+  auto train = std::make_shared<data::FolderDataset>(s.data, options);
+  log::info("data: {} image/mask pairs from {}", train->size(), s.data);
+  return {train, validation};
+}
+
 dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
   if (s.optimizer == "sgd") return dist_autograd::OptimizerSpec::sgd(s.lr, 0.9, 1e-4);
   if (s.optimizer == "adam") return dist_autograd::OptimizerSpec::adam(s.lr);
@@ -215,10 +233,6 @@ void print_stage_table(const RemoteUnet& split, double train_s) {
 
 int train_as_master(const TrainSettings& s) {
   int64_t depth = depth_of(s.model);
-  if (s.data != "synthetic") {
-    fail(fmt::format("--data {}: only the built-in \"synthetic\" set is available in this build",
-                     s.data));
-  }
   if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
     fail(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
   }
@@ -229,6 +243,14 @@ int train_as_master(const TrainSettings& s) {
     log::info("stage {} ({}) on worker \"{}\"", kStageNames[k], kStageTypes[k], workers[k]);
   }
   RemoteUnet split = RemoteUnet::create(depth, s.classes, workers, static_cast<int64_t>(s.seed));
+  if (!s.weights.empty()) {
+    models::LoadReport report = split.load_weights(s.weights);
+    if (report.ok()) {
+      log::info("weights loaded from {}", s.weights);
+    } else {
+      log::warn("weights from {} loaded where they fit; {}", s.weights, report.describe());
+    }
+  }
   dist_autograd::DistributedOptimizer optimizer(optimizer_spec(s), split.parameters());
 
   int first_epoch = 1;
@@ -240,10 +262,17 @@ int train_as_master(const TrainSettings& s) {
     log::info("resumed from {} after epoch {}", s.checkpoint_dir, first_epoch - 1);
   }
 
-  auto dataset = std::make_shared<data::SyntheticDataset>(s.samples, s.image_size, s.seed);
-  auto [train_indices, validation_indices] = data::split_indices(s.samples, s.validation_share);
-  data::BatchLoader train_loader(dataset, train_indices, s.batch_size, s.seed);
-  data::BatchLoader validation_loader(dataset, validation_indices, s.batch_size, std::nullopt);
+  auto [train_set, validation_set] = datasets_of(s);
+  auto [train_indices, validation_indices] =
+      data::split_indices(train_set->size(), s.validation_share);
+  data::BatchLoader train_loader(train_set, train_indices, s.batch_size, s.seed,
+                                 /*drop_last=*/true);
+  if (train_loader.batches() == 0) {
+    fail(fmt::format("{} training images do not make one batch of {}", train_indices.size(),
+                     s.batch_size));
+  }
+  data::BatchLoader validation_loader(validation_set, validation_indices, s.batch_size,
+                                      std::nullopt);
 
   nlohmann::ordered_json metrics;
   metrics["epochs"] = nlohmann::ordered_json::array();

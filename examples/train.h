@@ -12,6 +12,8 @@ struct TrainSettings {
   std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: one per worker
   std::string data = "synthetic";
   int64_t samples = 512;  // of the synthetic set
+  bool crop = false;      // folder images: crop to image_size instead of resizing
+  std::string weights;    // initial weights file, if set
   double validation_share = 0.2;
   int64_t image_size = 128;
   int epochs = 3;

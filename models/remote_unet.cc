@@ -65,4 +65,26 @@ Unet RemoteUnet::local_copy() const {
   return net;
 }
 
+LoadReport RemoteUnet::load_weights(const std::string& path) {
+  c10::Dict<std::string, at::Tensor> state = read_weights(path);
+  bool whole = false;
+  for (const auto& entry : state) {
+    for (const char* prefix : kLocalPrefixes) whole |= entry.key().rfind(prefix, 0) == 0;
+  }
+  Unet local = local_copy();
+  LoadReport report = load_state_dict(*local, state, whole ? "" : kLocalPrefixes[0]);
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    const std::string prefix = kLocalPrefixes[k];
+    c10::Dict<std::string, at::Tensor> part;
+    for (const auto& item : local->named_parameters(true)) {
+      if (item.key().rfind(prefix, 0) == 0) part.insert(item.key().substr(prefix.size()), item.value());
+    }
+    for (const auto& item : local->named_buffers(true)) {
+      if (item.key().rfind(prefix, 0) == 0) part.insert(item.key().substr(prefix.size()), item.value());
+    }
+    stages_[k].module.load_state_dict(part);
+  }
+  return report;
+}
+
 }  // namespace ferry::models

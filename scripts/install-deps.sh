@@ -9,6 +9,7 @@ packages=(
   libcapnp-dev capnproto
   libuv1-dev libfmt-dev
   libcli11-dev nlohmann-json3-dev
+  libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
   libgtest-dev googletest
   iproute2 procps
 )

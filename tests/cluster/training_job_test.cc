@@ -1,5 +1,5 @@
 // The binaries a user runs: ferry-launch starting a world of ferry-master processes that train
-// the U-Net, ferry-launch's handling of a rank that dies, and ferry-master describe.
+// the U-Net on the synthetic set or a folder of images, ferry-launch's handling of a rank that dies, and ferry-master describe.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -7,9 +7,12 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
 #include <string>
 
 namespace {
@@ -54,6 +57,61 @@ TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
             0.6 * epochs.front()["train_loss"].get<double>())
       << r.output;
   std::remove(metrics.c_str());
+}
+
+// A folder of red squares on noise with their masks, as a user's data set would be laid out.
+std::string write_folder_data_set(int count) {
+  std::string dir = "/tmp/ferry-folder-job-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir + "/images");
+  std::filesystem::create_directories(dir + "/masks");
+  cv::RNG rng(7);
+  for (int i = 0; i < count; ++i) {
+    cv::Mat image(48, 48, CV_8UC3), mask(48, 48, CV_8UC1, cv::Scalar(0));
+    rng.fill(image, cv::RNG::UNIFORM, 0, 128);
+    cv::Rect square(rng.uniform(0, 24), rng.uniform(0, 24), 20, 20);
+    image(square).setTo(cv::Scalar(0, 0, 255));
+    mask(square).setTo(255);
+    std::string name = "sample" + std::to_string(i);
+    cv::imwrite(dir + "/images/" + name + (i % 2 ? ".jpg" : ".png"), image);
+    cv::imwrite(dir + "/masks/" + name + ".png", mask);
+  }
+  return dir;
+}
+
+TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
+  std::string data = write_folder_data_set(16);
+  std::string checkpoints = data + "-checkpoints";
+  std::string common = std::string(FERRY_LAUNCH) + " --nproc 2 -- " + FERRY_MASTER +
+                       " train --model unet-resnet18 --data " + data +
+                       " --crop --image-size 32 --epochs 1 --batch-size 4";
+  CommandResult first = run(common + " --checkpoint-dir " + checkpoints);
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_TRUE(contains(first.output, "data: 16 image/mask pairs from " + data)) << first.output;
+  EXPECT_TRUE(contains(first.output, "epoch 1/1: train loss")) << first.output;
+
+  // A stage's checkpoint file is a state dict of the encoder alone, as a torchvision file is.
+  std::ifstream latest(checkpoints + "/LATEST");
+  std::string folder;
+  latest >> folder;
+  std::string encoder = checkpoints + "/" + folder + "/encoder.pt";
+  CommandResult second = run(common + " --weights " + encoder);
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_TRUE(contains(second.output, "weights loaded from " + encoder)) << second.output;
+
+  // A file that is not there stops the job before it trains, naming the file.
+  CommandResult missing = run(common + " --weights " + data + "/nothing.pt");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_TRUE(contains(missing.output, "weights file \"" + data + "/nothing.pt\": cannot be opened"))
+      << missing.output;
+
+  // A broken image fails the epoch with the file's name.
+  std::ofstream(data + "/images/sample3.jpg", std::ios::trunc) << "not a JPEG";
+  CommandResult broken = run(common);
+  EXPECT_NE(broken.status, 0);
+  EXPECT_TRUE(contains(broken.output, "cannot read \"" + data + "/images/sample3.jpg\""))
+      << broken.output;
+  std::filesystem::remove_all(data);
+  std::filesystem::remove_all(checkpoints);
 }
 
 TEST(TrainingJob, LauncherStopsTheWorldWhenARankDiesAndSaysWhich) {

@@ -5,8 +5,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
+#include <string>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -40,6 +43,34 @@ class SyntheticDataset final : public Dataset {
   std::uint64_t seed_;
 };
 
+// Images and masks from a folder: DIR/images/NAME.{png,jpg,jpeg} with DIR/masks/NAME.* (any of
+// those extensions), paired by NAME. Masks are read as grey levels: above half of their range is
+// foreground (masks saved as 0/1 and as 0/255 both work). Each sample comes out at
+// image_size x image_size: resized, or with `crop` cut out of the image (at random with
+// `augment`, else from the centre). `augment` also flips at random, horizontally and vertically,
+// image and mask alike.
+class FolderDataset final : public Dataset {
+ public:
+  struct Options {
+    int64_t image_size = 256;
+    bool crop = false;
+    bool augment = false;
+    std::uint64_t seed = 0;
+  };
+  // Lists and pairs the files; throws std::invalid_argument naming the folder or file when
+  // a folder is missing or empty, or an image has no mask. Files are read in get(), which throws
+  // naming the file that is unreadable, smaller than a crop, or whose mask's size differs.
+  FolderDataset(const std::string& dir, Options options);
+  std::size_t size() const override { return images_.size(); }
+  Sample get(std::size_t index) const override;
+  const std::string& image_path(std::size_t index) const { return images_.at(index); }
+
+ private:
+  std::vector<std::string> images_, masks_;
+  Options options_;
+  mutable std::atomic<std::uint64_t> draws_{0};  // each get() draws its own augmentation
+};
+
 // A batch: images [B, 3, H, W], masks [B, 1, H, W].
 struct Batch {
   at::Tensor images;
@@ -47,12 +78,15 @@ struct Batch {
 };
 
 // Batches of `indices` of `dataset` in order (shuffled per epoch when `shuffle_seed` is set), the
-// next one always being built on a background thread while the current one is used. Resource
-// type; used by one thread.
+// next one always being built in the background while the current one is used, its samples read
+// by `threads` threads at once. With `drop_last`, a last batch smaller than `batch_size` is left
+// out (batch norm cannot train on a batch of one). A sample that fails to load fails next() with
+// its error. Resource type; used by one thread.
 class BatchLoader {
  public:
   BatchLoader(std::shared_ptr<const Dataset> dataset, std::vector<std::size_t> indices,
-              int64_t batch_size, std::optional<std::uint64_t> shuffle_seed);
+              int64_t batch_size, std::optional<std::uint64_t> shuffle_seed,
+              bool drop_last = false, int threads = 2);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -76,7 +110,10 @@ class BatchLoader {
   std::optional<std::uint64_t> shuffle_seed_;
   std::size_t cursor_ = 0;
   std::thread worker_;
+  bool drop_last_;
+  int threads_;
   std::optional<Batch> ready_;
+  std::exception_ptr failure_;
 };
 
 // Indices [0, n) split into training and validation (the last `validation_share` of them).

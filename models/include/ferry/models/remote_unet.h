@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ferry/models/unet.h"
+#include "ferry/models/weights.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
 
@@ -42,6 +43,10 @@ class RemoteUnet {
   NamedStages named() const;
   // A one-process Unet holding exactly the stages' current parameters and buffers.
   Unet local_copy() const;
+  // Loads a weights file (see read_weights) into the stages: names of a whole U-Net
+  // ("encoder.", "decoder.", "segmentation_head.") or, if none has those, of the encoder alone
+  // (a torchvision ResNet). What did not fit is reported; what did is loaded.
+  LoadReport load_weights(const std::string& path);
 
   int64_t depth() const { return depth_; }
   int64_t classes() const { return classes_; }

@@ -61,8 +61,19 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
                                     torch::optim::SGDOptions(kLr).momentum(kMomentum));
   std::vector<double> dist_steps, local_steps;
   std::map<std::string, std::vector<double>> parts;
+  // Each stage's own compute, from its worker's clocks: forward of the stage, backward of the
+  // worker's parts. Read between steps, outside the timed part.
+  auto worker_clocks = [&split] {
+    std::vector<double> clocks;
+    for (const auto& stage : split.stages()) {
+      clocks.push_back(stage.module.stats().forward_s);
+      clocks.push_back(dist_autograd::backward_seconds(stage.module.worker()));
+    }
+    return clocks;
+  };
   for (int step = 0; step < settings.warmup + settings.steps; ++step) {
     bool timed = step >= settings.warmup;
+    std::vector<double> clocks_before = worker_clocks();
     double f = 0, b = 0, o = 0;
     double dist = seconds_of([&] {
       dist_autograd::Context context;
@@ -80,6 +91,13 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
       lo = seconds_of([&] { local_optimizer.step(); });
     });
     if (!timed) continue;
+    std::vector<double> clocks_after = worker_clocks();
+    for (size_t k = 0; k < split.stages().size(); ++k) {
+      const std::string& name = split.stages()[k].name;
+      parts["stage_" + name + "_forward_s"].push_back(clocks_after[2 * k] - clocks_before[2 * k]);
+      parts["stage_" + name + "_backward_s"].push_back(clocks_after[2 * k + 1] -
+                                                      clocks_before[2 * k + 1]);
+    }
     dist_steps.push_back(dist);
     local_steps.push_back(one);
     for (auto [name, value] : {std::pair{"dist_forward_s", f}, {"dist_backward_s", b},

@@ -3,9 +3,12 @@
 
 #include <CLI/CLI.hpp>
 #include <climits>
+#include <cstdlib>
+#include <string>
 
 #include "bench/autograd_bench.h"
 #include "bench/rpc_bench.h"
+#include "ferry/rpc/compute_thread.h"
 
 namespace {
 
@@ -19,6 +22,15 @@ std::string self_path(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every process of a benchmark shares this machine's cores, this one included (it drives the
+  // split and trains the one-process baseline). libgomp reads the setting when it loads, so the
+  // benchmark starts itself again with it; its workers inherit it. See
+  // rpc::kSharedMachineSpinCount.
+  if (!std::getenv("GOMP_SPINCOUNT")) {
+    setenv("GOMP_SPINCOUNT", ferry::rpc::kSharedMachineSpinCount, 1);
+    std::string self = self_path(argv[0]);
+    execv(self.c_str(), argv);
+  }
   CLI::App app("Ferry benchmarks: each prints one JSON object as its last line");
   app.require_subcommand(1);
   ferry::bench::RpcBenchSettings rpc;

@@ -11,11 +11,14 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/options.h"
 
 extern char** environ;
@@ -109,6 +112,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (port == 0) port = ferry::rpc::pick_free_port();
 
+  bool set_spin = nproc > 1 && std::getenv("GOMP_SPINCOUNT") == nullptr;
+  if (set_spin) {
+    std::fprintf(stderr,
+                 "ferry-launch: GOMP_SPINCOUNT=%s for every rank, since they share this "
+                 "machine's cores (set it yourself to choose another)\n",
+                 ferry::rpc::kSharedMachineSpinCount);
+  }
   signal(SIGINT, remember_signal);
   signal(SIGTERM, remember_signal);
   std::vector<Child> children(nproc);
@@ -125,6 +135,7 @@ int main(int argc, char** argv) {
     env.push_back("WORLD_SIZE=" + std::to_string(nproc));
     env.push_back("MASTER_ADDR=127.0.0.1");
     env.push_back("MASTER_PORT=" + std::to_string(port));
+    if (set_spin) env.push_back(std::string("GOMP_SPINCOUNT=") + ferry::rpc::kSharedMachineSpinCount);
     children[rank].rank = rank;
     children[rank].pid = spawn(command, env, fds[1]);
     close(fds[1]);

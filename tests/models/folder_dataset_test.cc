@@ -8,9 +8,12 @@
 #include <opencv2/imgcodecs.hpp>
 
 #include "ferry/data/dataset.h"
+#include "tests/support/error_of.h"
 
 namespace ferry::data {
 namespace {
+
+using ferry::testing::error_of;
 
 namespace fs = std::filesystem;
 
@@ -92,15 +95,6 @@ TEST_F(FolderData, CropsFromTheCentreAndAugmentationFlipsImageAndMaskTogether) {
   }
   EXPECT_TRUE(saw_flip);
   EXPECT_TRUE(saw_shift);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST_F(FolderData, BadFoldersAndFilesAreErrorsThatNameThem) {

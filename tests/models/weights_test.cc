@@ -13,9 +13,12 @@
 #include "ferry/models/unet.h"
 #include "ferry/models/weights.h"
 #include "ferry/rpc/error.h"
+#include "tests/support/error_of.h"
 
 namespace ferry::models {
 namespace {
+
+using ferry::testing::error_of;
 
 namespace fs = std::filesystem;
 
@@ -41,15 +44,6 @@ class Weights : public ::testing::Test {
 
   fs::path dir_;
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const rpc::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST_F(Weights, SavedStateDictLoadsIntoAFreshUnetByName) {
   torch::manual_seed(1);

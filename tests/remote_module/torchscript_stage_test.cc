@@ -9,10 +9,12 @@
 
 #include "ferry/remote_module/remote_module.h"
 #include "tests/support/cluster.h"
+#include "tests/support/error_of.h"
 
 namespace ferry {
 namespace {
 
+using ferry::testing::error_of;
 using ferry::testing::LocalWorld;
 
 std::string temp_path(const std::string& name) {
@@ -30,15 +32,6 @@ def forward(self, x):
     return torch.relu(x.mm(self.weight) + self.bias) * self.scale
 )");
   return m;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const rpc::Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(TorchScriptStage, ForwardMatchesTheLocalModuleAndItsStateIsReachable) {

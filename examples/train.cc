@@ -236,6 +236,19 @@ int train_as_master(const TrainSettings& s) {
   if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
     fail(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
   }
+  // The data first: a wrong folder is found before any worker builds a stage.
+  auto [train_set, validation_set] = datasets_of(s);
+  auto [train_indices, validation_indices] =
+      data::split_indices(train_set->size(), s.validation_share);
+  data::BatchLoader train_loader(train_set, train_indices, s.batch_size, s.seed,
+                                 /*drop_last=*/true);
+  if (train_loader.batches() == 0) {
+    fail(fmt::format("{} training images do not make one batch of {}", train_indices.size(),
+                     s.batch_size));
+  }
+  data::BatchLoader validation_loader(validation_set, validation_indices, s.batch_size,
+                                      std::nullopt);
+
   auto placement = place_stages(s.placement);
   std::array<std::string, 3> workers;
   for (size_t k = 0; k < workers.size(); ++k) {
@@ -245,6 +258,10 @@ int train_as_master(const TrainSettings& s) {
   RemoteUnet split = RemoteUnet::create(depth, s.classes, workers, static_cast<int64_t>(s.seed));
   if (!s.weights.empty()) {
     models::LoadReport report = split.load_weights(s.weights);
+    if (report.loaded == 0) {
+      fail(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
+                       report.describe()));
+    }
     if (report.ok()) {
       log::info("weights loaded from {}", s.weights);
     } else {
@@ -261,18 +278,6 @@ int train_as_master(const TrainSettings& s) {
     first_epoch = static_cast<int>(extra.at("epoch").toInt()) + 1;
     log::info("resumed from {} after epoch {}", s.checkpoint_dir, first_epoch - 1);
   }
-
-  auto [train_set, validation_set] = datasets_of(s);
-  auto [train_indices, validation_indices] =
-      data::split_indices(train_set->size(), s.validation_share);
-  data::BatchLoader train_loader(train_set, train_indices, s.batch_size, s.seed,
-                                 /*drop_last=*/true);
-  if (train_loader.batches() == 0) {
-    fail(fmt::format("{} training images do not make one batch of {}", train_indices.size(),
-                     s.batch_size));
-  }
-  data::BatchLoader validation_loader(validation_set, validation_indices, s.batch_size,
-                                      std::nullopt);
 
   nlohmann::ordered_json metrics;
   metrics["epochs"] = nlohmann::ordered_json::array();

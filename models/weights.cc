@@ -91,6 +91,7 @@ LoadReport load_state_dict(torch::nn::Module& module,
           fmt::format("{}: {} vs {}", name, target->sizes(), entry.value().sizes()));
     } else {
       target->copy_(entry.value());
+      ++report.loaded;
     }
   }
   for (const auto& named : {params, buffers}) {

@@ -66,18 +66,22 @@ void run_on_compute_thread(const std::function<void()>& work) {
   at::ThreadLocalState state;
   GradObserver* observer = grad_observer();
   GradTag context = observer ? observer->current() : GradTag{};
-  std::promise<void> done;
-  thread.post([&] {
+  // The promise is shared: the caller may return (and its frame go) as soon as it is set.
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  thread.post([&work, &state, observer, context, done] {
     try {
-      at::ThreadLocalStateGuard guard(state);
-      std::shared_ptr<void> entered = context.valid() ? observer->enter(context) : nullptr;
-      work();
-      done.set_value();
+      {
+        at::ThreadLocalStateGuard guard(state);
+        std::shared_ptr<void> entered = context.valid() ? observer->enter(context) : nullptr;
+        work();
+      }
+      done->set_value();
     } catch (...) {
-      done.set_exception(std::current_exception());
+      done->set_exception(std::current_exception());
     }
   });
-  done.get_future().get();
+  finished.get();
 }
 
 bool is_compute_thread() { return compute_thread().here(); }

@@ -55,6 +55,8 @@ TEST_F(Weights, SavedStateDictLoadsIntoAFreshUnetByName) {
   Unet fresh(18, 2);
   LoadReport report = load_weights(*fresh, path("unet.pt"));
   EXPECT_TRUE(report.ok()) << report.describe();
+  EXPECT_EQ(report.loaded, static_cast<int64_t>(fresh->named_parameters(true).size() +
+                                                fresh->named_buffers(true).size()));
   auto want = saved->named_parameters(true);
   for (const auto& p : fresh->named_parameters(true)) {
     EXPECT_EQ(max_relative_error(p.value(), *want.find(p.key())), 0) << p.key();
@@ -90,6 +92,7 @@ TEST_F(Weights, MissingUnexpectedAndMisshapedNamesAreReportedAndTheRestLoads) {
   EXPECT_NE(report.mismatched[0].find("0.weight: [1, 16, 3, 3] vs [2, 16, 3, 3]"), std::string::npos)
       << report.mismatched[0];
   EXPECT_TRUE(report.missing.empty());
+  EXPECT_EQ(report.loaded, 1);
   EXPECT_TRUE(target->named_parameters()["0.weight"].equal(before));
   EXPECT_FLOAT_EQ(target->named_parameters()["0.bias"].item<float>(), 0.5f);
 

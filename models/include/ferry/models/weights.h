@@ -5,6 +5,7 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@ struct LoadReport {
   std::vector<std::string> missing;     // in the module (under the prefix), not in the state
   std::vector<std::string> unexpected;  // in the state, not in the module
   std::vector<std::string> mismatched;  // in both, shapes differ ("name: [a, b] vs [c, d]")
+  int64_t loaded = 0;                   // tensors copied in
   bool ok() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
   std::string describe() const;
 };

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <uv.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -121,6 +122,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   std::atomic<std::uint64_t> next_call_id{1};
 
   std::unique_ptr<ThreadPool> pool;
+  std::atomic<std::uint64_t> payload_sent{0};  // bytes of requests and replies, frames included
   enum class Phase { Starting, Running, Stopped };
   std::mutex start_mutex;
   std::condition_variable start_changed;
@@ -295,6 +297,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
                   fmt::format("call \"{}\" to {} is {} bytes, over the frame limit of {}", function,
                               callee.describe(), frame.size(), options.max_frame_bytes));
     }
+    payload_sent += frame.size();
 
     PendingCall call;
     call.future = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
@@ -600,6 +603,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       std::vector<c10::IValue> args;
       GradObserver* observer = request.grad.valid() ? grad_observer() : nullptr;
       try {
+        // A peer whose start() completed first may call before this agent knows the world;
+        // functions (and the names of workers they use) wait for it.
+        self->await_running(request.function);
         if (!request.value.isTuple()) {
           throw Error(ErrorKind::InvalidArgument, "the arguments of a request must be a tuple");
         }
@@ -655,6 +661,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       response.error_worker = self.name;
       frame = encode_frame(response);
     }
+    payload_sent += frame.size();
     std::shared_ptr<SocketWriter> writer = writer_for_connection(connection_id);
     if (!writer || writer->send(frame) == SocketWriter::Result::Closed) {
       log::debug("dropping the reply to call {}: its connection is gone", id);
@@ -842,6 +849,8 @@ c10::IValue Agent::call_sync(const std::string& to, const std::string& function,
 }
 
 void Agent::shutdown(bool graceful) { state_->stop(graceful); }
+
+std::uint64_t Agent::bytes_sent() const { return state_->payload_sent.load(); }
 
 RRefPtr Agent::remote(const std::string& to, const std::string& function,
                       std::vector<c10::IValue> args,

@@ -66,6 +66,9 @@ class Agent {
   // Graceful: waits for this agent's outstanding calls, then for every live agent to reach
   // shutdown (serving their calls meanwhile), all within Options::shutdown_timeout. Idempotent.
   void shutdown(bool graceful = true);
+  // Bytes of every request and reply this agent has sent, frame headers included (RRef
+  // bookkeeping travels as calls and counts too; the rendezvous does not).
+  std::uint64_t bytes_sent() const;
   // Serves until any agent begins shutdown (then joins it) or the master is gone (then stops at
   // once). What a worker process does with its life.
   void wait_for_shutdown();

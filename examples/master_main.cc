@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--lr", train.lr, "learning rate");
   train_cmd->add_option("--optimizer", train.optimizer, "sgd|adam|adamw");
   train_cmd->add_option("--loss", train.loss, "bce|dice|bce+dice");
+  train_cmd->add_flag("--via-master", train.via_master,
+                      "send activations through the master between stages (naive model "
+                      "parallelism) instead of from worker to worker");
   train_cmd->add_option("--classes", train.classes, "output channels of the head");
   train_cmd->add_option("--checkpoint-dir", train.checkpoint_dir, "save after every epoch here");
   train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");

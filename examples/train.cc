@@ -160,15 +160,15 @@ struct Validation {
   double loss = 0, iou = 0, dice = 0;
 };
 
-Validation validate(RemoteUnet& split, data::BatchLoader& loader, const std::string& loss_kind) {
+Validation validate(RemoteUnet& split, data::BatchLoader& loader, const TrainSettings& s) {
   split.train(false);
   torch::NoGradGuard no_grad;
   loader.start_epoch(0);
   double loss_sum = 0, intersection = 0, union_ = 0, predicted = 0, truth = 0;
   int batches = 0;
   while (auto batch = loader.next()) {
-    at::Tensor logits = split.forward(batch->images);
-    loss_sum += loss_of(loss_kind, logits, batch->masks).item<double>();
+    at::Tensor logits = split.forward(batch->images, !s.via_master);
+    loss_sum += loss_of(s.loss, logits, batch->masks).item<double>();
     at::Tensor p = (logits > 0).to(torch::kFloat);
     intersection += (p * batch->masks).sum().item<double>();
     predicted += p.sum().item<double>();
@@ -208,27 +208,40 @@ double single_process_peak_mib(const TrainSettings& s) {
   }
 }
 
-void print_stage_table(const RemoteUnet& split, double train_s) {
+void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
+  std::vector<StageStats> stats;
+  double computed = 0;
+  for (const RemoteUnet::Stage& stage : split.stages()) {
+    stats.push_back(stage.module.stats());
+    computed += stats.back().forward_s;
+  }
   std::map<std::string, double> backward_by_worker;
   std::cerr << fmt::format("\n{:<8} {:<10} {:>11} {:>10} {:>10} {:>10} {:>6} {:>10}\n", "stage",
                            "worker", "parameters", "forward s", "backward s", "network s", "idle",
                            "peak MiB");
-  for (const RemoteUnet::Stage& stage : split.stages()) {
-    StageStats stats = stage.module.stats();
+  for (size_t k = 0; k < stats.size(); ++k) {
+    const RemoteUnet::Stage& stage = split.stages()[k];
     const std::string& worker = stage.module.worker();
     if (!backward_by_worker.count(worker)) {
       backward_by_worker[worker] = dist_autograd::backward_seconds(worker);
     }
     double backward = backward_by_worker[worker];
-    double network = std::max(0.0, stage.forward_s - stats.forward_s);
-    double idle = train_s > 0 ? std::max(0.0, 1 - (stats.forward_s + backward) / train_s) : 0;
-    std::cerr << fmt::format("{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10.2f} {:>5.0f}% {:>10.0f}\n",
-                             stage.name, worker, stats.parameters, stats.forward_s, backward,
-                             network, 100 * idle, stats.worker_peak_rss_mib);
+    // Stage to stage, the master sees only the whole chain: its transfers go on the first row.
+    std::string network =
+        !direct ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - stats[k].forward_s))
+        : k == 0 ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - computed))
+                 : "-";
+    double idle =
+        train_s > 0 ? std::max(0.0, 1 - (stats[k].forward_s + backward) / train_s) : 0;
+    std::cerr << fmt::format("{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10} {:>5.0f}% {:>10.0f}\n",
+                             stage.name, worker, stats[k].parameters, stats[k].forward_s,
+                             backward, network, 100 * idle, stats[k].worker_peak_rss_mib);
   }
   std::cerr << "backward s is per worker (all stages it hosts); network s is forward time seen "
-               "by the master minus the stage's own; idle is the share of training time the "
-               "worker computed nothing.\n";
+               "by the master minus the stages' own ("
+            << (direct ? "activations go stage to stage, so the first row has the whole chain's"
+                       : "activations go through the master, so each row has its stage's")
+            << "); idle is the share of training time the worker computed nothing.\n";
 }
 
 int train_as_master(const TrainSettings& s) {
@@ -292,7 +305,8 @@ int train_as_master(const TrainSettings& s) {
       double loss_value;
       {
         dist_autograd::Context context;
-        at::Tensor loss = loss_of(s.loss, split.forward(batch->images), batch->masks);
+        at::Tensor loss =
+            loss_of(s.loss, split.forward(batch->images, !s.via_master), batch->masks);
         dist_autograd::backward(context.id(), {loss});
         optimizer.step(context.id());
         loss_value = loss.item<double>();
@@ -305,7 +319,7 @@ int train_as_master(const TrainSettings& s) {
       ++step;
       bar.update(step, loss_sum / step, rate);
     }
-    Validation v = validate(split, validation_loader, s.loss);
+    Validation v = validate(split, validation_loader, s);
     std::cerr << fmt::format("epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, "
                              "Dice {:.3f}\n",
                              epoch, s.epochs, loss_sum / std::max<std::size_t>(step, 1), v.loss,
@@ -320,7 +334,7 @@ int train_as_master(const TrainSettings& s) {
                       {{"optimizer", optimizer.state_dict()}, {"epoch", int64_t{epoch}}});
     }
   }
-  print_stage_table(split, train_s);
+  print_stage_table(split, train_s, !s.via_master);
   if (s.compare_single_process) {
     double whole = single_process_peak_mib(s);
     std::cerr << fmt::format("the whole model trained in one process (same batch) peaks at {:.0f} "

@@ -14,6 +14,7 @@ struct TrainSettings {
   int64_t samples = 512;  // of the synthetic set
   bool crop = false;      // folder images: crop to image_size instead of resizing
   std::string weights;    // initial weights file, if set
+  bool via_master = false;  // activations through the master instead of stage to stage
   double validation_share = 0.2;
   int64_t image_size = 128;
   int epochs = 3;

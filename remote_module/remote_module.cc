@@ -2,6 +2,7 @@
 #include "ferry/remote_module/remote_module.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ferry/rpc/rpc.h"
 
@@ -62,6 +63,28 @@ c10::IValue RemoteModule::forward(std::vector<c10::IValue> inputs) const {
 rpc::FuturePtr RemoteModule::forward_async(std::vector<c10::IValue> inputs) const {
   return rpc::rpc_async(worker_, "ferry.stage.forward",
                         {as_ivalue(module_), c10::ivalue::Tuple::create(std::move(inputs))});
+}
+
+c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
+                                        std::vector<c10::IValue> inputs) {
+  if (stages.empty()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument, "forward_chain needs at least one stage");
+  }
+  c10::impl::GenericList modules(c10::AnyType::get());
+  std::vector<std::string> names;
+  for (const RemoteModule& stage : stages) {
+    modules.push_back(as_ivalue(stage.module_));
+    names.push_back(fmt::format("\"{}\" on \"{}\"", stage.type_, stage.worker_));
+  }
+  try {
+    return rpc::rpc_sync(stages.front().worker_, "ferry.stage.forward_chain",
+                         {c10::IValue(modules), c10::ivalue::Tuple::create(std::move(inputs))});
+  } catch (const rpc::Error& e) {
+    throw rpc::Error(e.kind(),
+                     fmt::format("forward through stages {} failed: {}", fmt::join(names, ", "),
+                                 reason(e)),
+                     e.cause());
+  }
 }
 
 void RemoteModule::train(bool on) const { call("train", "ferry.stage.train", {on}); }

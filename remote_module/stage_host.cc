@@ -101,6 +101,24 @@ void load_state(Stage& stage, const c10::Dict<std::string, at::Tensor>& state, b
   }
 }
 
+// One forward of `module`'s stage on the compute thread, timed for its stats.
+c10::IValue forward_here(const rpc::RRefPtr& module, const c10::IValue& inputs) {
+  auto holder = holder_of(module);
+  return rpc::on_compute_thread([&] {
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      c10::IValue out = holder->stage->forward(inputs.toTupleRef().elements().vec());
+      holder->forward_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ++holder->forward_calls;
+      return out;
+    } catch (...) {
+      rethrow_in_stage(*holder, "forward");
+    }
+  });
+}
+
 }  // namespace
 
 void install_stage_functions(rpc::FunctionRegistry& registry) {
@@ -128,20 +146,30 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
     return c10::IValue(c10::make_intrusive<StageHolder>("torchscript " + path, std::move(stage)));
   });
   registry.add("ferry.stage.forward", [](rpc::RRefPtr module, c10::IValue inputs) {
-    auto holder = holder_of(module);
-    return rpc::on_compute_thread([&] {
-      std::lock_guard<std::mutex> lock(holder->mutex);
-      auto start = std::chrono::steady_clock::now();
-      try {
-        c10::IValue out = holder->stage->forward(inputs.toTupleRef().elements().vec());
-        holder->forward_seconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        ++holder->forward_calls;
-        return out;
-      } catch (...) {
-        rethrow_in_stage(*holder, "forward");
-      }
-    });
+    return forward_here(module, inputs);
+  });
+  // The first stage runs here; its output goes straight on to the next stage's worker, which
+  // does the same, so activations move from worker to worker and only the last stage's output
+  // comes back along the chain. The next call is made here, on the pool thread that runs this
+  // request, so that it belongs to the request's autograd context; it is not waited for here.
+  registry.add_async("ferry.stage.forward_chain", [](std::vector<c10::IValue>& args) {
+    if (args.size() != 2 || !args[0].isList() || args[0].toListRef().empty() ||
+        !args[1].isTuple()) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       "ferry.stage.forward_chain takes (a list of stages, a tuple of inputs)");
+    }
+    c10::List<c10::IValue> stages = args[0].toList();
+    c10::IValue out = forward_here(rpc::to_rref(stages.get(0)), args[1]);
+    if (stages.size() == 1) {
+      auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+      done->markCompleted(std::move(out));
+      return done;
+    }
+    c10::impl::GenericList rest(c10::AnyType::get());
+    for (size_t i = 1; i < stages.size(); ++i) rest.push_back(stages.get(i));
+    std::string next = rpc::to_rref(rest.get(0))->ownerName();
+    return rpc::rpc_async(next, "ferry.stage.forward_chain",
+                          {c10::IValue(rest), c10::ivalue::Tuple::create({std::move(out)})});
   });
   registry.add("ferry.stage.train", [](rpc::RRefPtr module, bool on) {
     auto holder = holder_of(module);

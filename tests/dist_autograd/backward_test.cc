@@ -267,6 +267,62 @@ TEST(DistBackward, UnetGradientsAcrossThreeWorkersEqualOneProcess) {
   std::cout << "max relative gradient error: " << worst << "\n";
 }
 
+// Activations go from worker to worker: this process sends the images and receives the logits,
+// and the gradients still equal one process's.
+TEST(DistBackward, UnetStageToStageChainEqualsOneProcessAndSkipsThisProcess) {
+  LocalWorld world(deterministic_three_workers());
+  models::RemoteUnet split = split_unet(18);
+  models::Unet local = split.local_copy();
+  torch::manual_seed(9);
+  at::Tensor x = torch::randn({2, 3, 64, 64});
+  at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
+
+  auto measure_sent = [&](bool direct, std::vector<at::Tensor>* grads) {
+    Context context;
+    std::uint64_t before = rpc::agent().bytes_sent();
+    at::Tensor loss = torch::binary_cross_entropy_with_logits(split.forward(x, direct), target);
+    std::uint64_t sent = rpc::agent().bytes_sent() - before;
+    backward(context.id(), {loss});
+    *grads = get_gradients(context.id(), split.parameters());
+    return sent;
+  };
+  std::vector<at::Tensor> direct_grads, through_grads;
+  std::uint64_t direct_sent = measure_sent(true, &direct_grads);
+  std::uint64_t through_sent = measure_sent(false, &through_grads);
+
+  torch::binary_cross_entropy_with_logits(local->forward(x), target).backward();
+  std::vector<at::Tensor> want;
+  for (const auto& p : local->parameters()) want.push_back(p.grad());
+  EXPECT_LE(models::max_relative_error(direct_grads, want), 1e-5);
+  EXPECT_LE(models::max_relative_error(through_grads, want), 1e-5);
+
+  // Through the master, it sends the encoder's five features, 2 x (64x32x32 + 64x16x16 +
+  // 128x8x8 + 256x4x4 + 512x2x2) floats = 0.77 MB, and the decoder's output, 0.52 MB. The
+  // images are 98 KB.
+  std::uint64_t images = x.numel() * sizeof(float);
+  std::cout << "sent by the master in forward: direct " << direct_sent << " bytes, through it "
+            << through_sent << " bytes (images " << images << ")\n";
+  EXPECT_LT(direct_sent, images + 16 * 1024);
+  EXPECT_GT(through_sent, images + 800 * 1024);
+}
+
+TEST(DistBackward, AFailingStageInAChainIsNamed) {
+  LocalWorld world(three_workers());
+  StageConfig encoder = stage_config();
+  encoder.insert("depth", int64_t{18});
+  std::vector<RemoteModule> chain = {RemoteModule::create("a", "unet.encoder", encoder),
+                                     RemoteModule::create("b", "unet.head", stage_config())};
+  Context context;
+  try {
+    RemoteModule::forward_chain(chain, {torch::randn({2, 3, 64, 64})});
+    FAIL() << "a head fed the encoder's list of features should fail";
+  } catch (const rpc::Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("stage \"unet.head\" on worker \"b\""), std::string::npos) << what;
+    EXPECT_NE(what.find("takes one tensor"), std::string::npos) << what;
+  }
+}
+
 TEST(DistBackward, UnetFiveSgdStepsAcrossThreeWorkersEqualOneProcess) {
   LocalWorld world(deterministic_three_workers());
   models::RemoteUnet split = split_unet(18);

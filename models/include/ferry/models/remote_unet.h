@@ -35,7 +35,10 @@ class RemoteUnet {
   static RemoteUnet create(int64_t depth, int64_t classes,
                            const std::array<std::string, 3>& workers, int64_t seed = 0);
 
-  at::Tensor forward(const at::Tensor& images);
+  // With `direct`, activations go from worker to worker (RemoteModule::forward_chain) and only
+  // `forward_s` of the first stage is counted, for the whole chain; else this process calls each
+  // stage in turn and passes the activations on.
+  at::Tensor forward(const at::Tensor& images, bool direct = false);
   void train(bool on = true);
   // Every stage's parameters in stage order, each stage's in its own order: the same order as
   // a local Unet's parameters().

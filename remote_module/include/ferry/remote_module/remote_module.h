@@ -38,6 +38,14 @@ class RemoteModule {
   c10::IValue forward(std::vector<c10::IValue> inputs) const;
   rpc::FuturePtr forward_async(std::vector<c10::IValue> inputs) const;
 
+  // Runs `stages` one after the other, each on its own worker, on `inputs`: each worker sends its
+  // stage's output straight to the next stage's worker, so only `inputs` leave this process and
+  // only the last output comes back (the naive split through this process moves every
+  // activation twice). Distributed autograd follows the same path backwards. Errors name the
+  // stage and worker that failed.
+  static c10::IValue forward_chain(const std::vector<RemoteModule>& stages,
+                                   std::vector<c10::IValue> inputs);
+
   void train(bool on = true) const;
   void eval() const { train(false); }
   // RRefs to each parameter, owned by the stage's worker (for a distributed optimizer).

@@ -1,5 +1,6 @@
-// Steps alternate between the split model (activations through the master, then stage to stage)
-// and the local one so that all see the same noise of this shared machine. Each process gets the same intra-op threads: the stages of a naive split
+// Steps alternate between the split model (activations stage to stage, as the training job sends
+// them, then through the master, as naive model parallelism does) and the local one so that all
+// see the same noise of this shared machine. Each process gets the same intra-op threads: the stages of a naive split
 // run one at a time, so each has the machine to itself while it runs, as the local model does.
 #include "bench/autograd_bench.h"
 
@@ -59,7 +60,7 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
       dist_autograd::OptimizerSpec::sgd(kLr, kMomentum), split.parameters());
   torch::optim::SGD local_optimizer(local->parameters(),
                                     torch::optim::SGDOptions(kLr).momentum(kMomentum));
-  std::vector<double> dist_steps, direct_steps, local_steps;
+  std::vector<double> dist_steps, via_master_steps, local_steps;
   std::map<std::string, std::vector<double>> parts;
   // Each stage's own compute, from its worker's clocks: forward of the stage, backward of the
   // worker's parts. Read between steps, outside the timed part.
@@ -85,10 +86,10 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
     bool timed = step >= settings.warmup;
     std::vector<double> clocks_before = worker_clocks();
     double f = 0, b = 0, o = 0;
-    double dist = dist_step(false, f, b, o);
+    double dist = dist_step(true, f, b, o);
     std::vector<double> clocks_after = worker_clocks();
-    double df = 0, db = 0, dop = 0;
-    double direct = dist_step(true, df, db, dop);
+    double mf = 0, mb = 0, mo = 0;
+    double via_master = dist_step(false, mf, mb, mo);
     double lf = 0, lb = 0, lo = 0;
     double one = seconds_of([&] {
       local_optimizer.zero_grad();
@@ -105,19 +106,20 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
                                                       clocks_before[2 * k + 1]);
     }
     dist_steps.push_back(dist);
-    direct_steps.push_back(direct);
+    via_master_steps.push_back(via_master);
     local_steps.push_back(one);
     for (auto [name, value] :
          {std::pair{"dist_forward_s", f}, {"dist_backward_s", b}, {"dist_optimizer_s", o},
-          {"direct_forward_s", df}, {"direct_backward_s", db}, {"direct_optimizer_s", dop},
+          {"via_master_forward_s", mf}, {"via_master_backward_s", mb},
+          {"via_master_optimizer_s", mo},
           {"local_forward_s", lf}, {"local_backward_s", lb}, {"local_optimizer_s", lo}}) {
       parts[name].push_back(value);
     }
-    std::cerr << fmt::format("step {}: through the master {:.3f} s (forward {:.3f}, backward "
-                             "{:.3f}, optimizer {:.3f}), stage to stage {:.3f} s ({:.3f}, {:.3f}, "
+    std::cerr << fmt::format("step {}: stage to stage {:.3f} s (forward {:.3f}, backward {:.3f}, "
+                             "optimizer {:.3f}), through the master {:.3f} s ({:.3f}, {:.3f}, "
                              "{:.3f}), one process {:.3f} s ({:.3f}, {:.3f}, {:.3f})\n",
-                             step - settings.warmup, dist, f, b, o, direct, df, db, dop, one, lf,
-                             lb, lo);
+                             step - settings.warmup, dist, f, b, o, via_master, mf, mb, mo, one,
+                             lf, lb, lo);
   }
 
   int64_t contexts_left = static_cast<int64_t>(dist_autograd::context_count());
@@ -135,8 +137,8 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
   out["dist_step_s"] = median(dist_steps);
   out["local_step_s"] = median(local_steps);
   out["ratio"] = median(dist_steps) / median(local_steps);
-  out["direct_step_s"] = median(direct_steps);
-  out["direct_ratio"] = median(direct_steps) / median(local_steps);
+  out["via_master_step_s"] = median(via_master_steps);
+  out["via_master_ratio"] = median(via_master_steps) / median(local_steps);
   for (const auto& [name, values] : parts) out[name] = median(values);
   out["contexts_left"] = contexts_left;
   return out;

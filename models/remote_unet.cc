@@ -85,11 +85,12 @@ LoadReport RemoteUnet::load_weights(const std::string& path) {
   for (size_t k = 0; k < stages_.size(); ++k) {
     const std::string prefix = kLocalPrefixes[k];
     c10::Dict<std::string, at::Tensor> part;
-    for (const auto& item : local->named_parameters(true)) {
-      if (item.key().rfind(prefix, 0) == 0) part.insert(item.key().substr(prefix.size()), item.value());
-    }
-    for (const auto& item : local->named_buffers(true)) {
-      if (item.key().rfind(prefix, 0) == 0) part.insert(item.key().substr(prefix.size()), item.value());
+    for (const auto& named : {local->named_parameters(true), local->named_buffers(true)}) {
+      for (const auto& item : named) {
+        if (item.key().rfind(prefix, 0) == 0) {
+          part.insert(item.key().substr(prefix.size()), item.value());
+        }
+      }
     }
     stages_[k].module.load_state_dict(part);
   }

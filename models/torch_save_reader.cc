@@ -332,8 +332,7 @@ std::string describe(const Value& v) {
 
 }  // namespace
 
-std::map<std::string, at::Tensor> read_torch_save(const std::string& path) {
-  caffe2::serialize::PyTorchStreamReader archive(path);
+std::map<std::string, at::Tensor> read_torch_save(caffe2::serialize::PyTorchStreamReader& archive) {
   if (!archive.hasRecord("data.pkl")) throw std::runtime_error("no data.pkl in the archive");
   auto [pickle, size] = archive.getRecord("data.pkl");
   ValuePtr root = Unpickler(archive, static_cast<const char*>(pickle.get()), size).run();

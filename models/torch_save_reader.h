@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <caffe2/serialize/inline_container.h>
 
 #include <map>
 #include <string>
@@ -14,6 +15,6 @@ namespace ferry::models {
 
 // The dict at the top of the pickle (or under "state_dict"), its tensor values by name. Throws
 // std::runtime_error saying what is wrong with the file; non-tensor values are reported by name.
-std::map<std::string, at::Tensor> read_torch_save(const std::string& path);
+std::map<std::string, at::Tensor> read_torch_save(caffe2::serialize::PyTorchStreamReader& archive);
 
 }  // namespace ferry::models

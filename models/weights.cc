@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
 
 #include "ferry/rpc/error.h"
 #include "models/torch_save_reader.h"
@@ -34,21 +35,21 @@ c10::Dict<std::string, at::Tensor> read_weights(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) bad_file(path, fmt::format("cannot be opened ({})", std::strerror(errno)));
   file.close();
-  bool scripted = false;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> archive;
   try {
-    // TorchScript archives keep their constants apart; torch.save archives have none.
-    scripted = caffe2::serialize::PyTorchStreamReader(path).hasRecord("constants.pkl");
+    archive = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
   } catch (const std::exception& e) {
     bad_file(path, fmt::format("is not a torch.save or TorchScript archive ({})", message_of(e)));
   }
   c10::Dict<std::string, at::Tensor> out;
   try {
-    if (scripted) {
+    // TorchScript archives keep their constants apart; torch.save archives have none.
+    if (archive->hasRecord("constants.pkl")) {
       torch::jit::Module module = torch::jit::load(path);
       for (const auto& p : module.named_parameters()) out.insert(p.name, p.value);
       for (const auto& b : module.named_buffers()) out.insert(b.name, b.value);
     } else {
-      for (auto& [name, tensor] : read_torch_save(path)) out.insert(name, tensor);
+      for (auto& [name, tensor] : read_torch_save(*archive)) out.insert(name, tensor);
     }
   } catch (const std::exception& e) {
     bad_file(path, message_of(e));

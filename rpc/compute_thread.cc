@@ -84,6 +84,4 @@ void run_on_compute_thread(const std::function<void()>& work) {
   finished.get();
 }
 
-bool is_compute_thread() { return compute_thread().here(); }
-
 }  // namespace ferry::rpc

@@ -63,7 +63,6 @@ class FolderDataset final : public Dataset {
   FolderDataset(const std::string& dir, Options options);
   std::size_t size() const override { return images_.size(); }
   Sample get(std::size_t index) const override;
-  const std::string& image_path(std::size_t index) const { return images_.at(index); }
 
  private:
   std::vector<std::string> images_, masks_;

@@ -36,8 +36,6 @@ auto on_compute_thread(F&& work) -> std::invoke_result_t<F&> {
   }
 }
 
-bool is_compute_thread();
-
 // GOMP_SPINCOUNT for processes that share one machine's cores, as the stages of a split on one
 // machine do; ferry-launch and the benchmarks give it to the processes they start unless it is
 // set already. An idle OpenMP thread spins before it sleeps; with libgomp's default (300 000

@@ -211,6 +211,25 @@ c10::Dict<at::Tensor, at::Tensor> get_gradients(std::int64_t context_id) {
   return out;
 }
 
+void accumulate_gradients(std::int64_t context_id, const std::vector<at::Tensor>& variables,
+                          const std::vector<at::Tensor>& grads) {
+  if (variables.size() != grads.size()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("accumulate_gradients: {} variables but {} gradients",
+                                 variables.size(), grads.size()));
+  }
+  ContextPtr context = join_context(context_id);
+  if (!context) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("accumulate_gradients: autograd context {} was released on "
+                                 "worker \"{}\"",
+                                 context_id, self_name()));
+  }
+  for (size_t i = 0; i < variables.size(); ++i) {
+    if (grads[i].defined()) context->accumulate(variables[i], grads[i]);
+  }
+}
+
 std::vector<at::Tensor> get_gradients(std::int64_t context_id,
                                       const std::vector<rpc::RRefPtr>& tensors) {
   // One call per owner, each with its tensors in order.

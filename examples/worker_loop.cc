@@ -2,6 +2,7 @@
 
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
+#include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/stage_host.h"
 #include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
@@ -13,6 +14,7 @@ void install_worker_functions() {
     models::register_unet_stages();
     install_stage_functions(rpc::default_registry());
     dist_autograd::install(rpc::default_registry());
+    pipeline::install(rpc::default_registry());
     return true;
   }();
   (void)done;

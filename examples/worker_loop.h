@@ -6,8 +6,9 @@
 
 namespace ferry::examples {
 
-// Installs the stage functions, the U-Net stages and distributed autograd into the default
-// registry (once per process). Every process of a training world needs them, master included.
+// Installs the stage functions, the U-Net stages, distributed autograd and the pipeline into the
+// default registry (once per process). Every process of a training world needs them, master
+// included.
 void install_worker_functions();
 
 // Joins the world and serves until the master shuts it down (0) or is gone; 2 if it cannot join.

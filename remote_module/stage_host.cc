@@ -121,6 +121,20 @@ c10::IValue forward_here(const rpc::RRefPtr& module, const c10::IValue& inputs) 
 
 }  // namespace
 
+c10::IValue forward_stage_here(const rpc::RRefPtr& module, const c10::IValue& inputs) {
+  return forward_here(module, inputs);
+}
+
+std::vector<at::Tensor> stage_parameters_here(const rpc::RRefPtr& module) {
+  auto holder = holder_of(module);
+  std::lock_guard<std::mutex> lock(holder->mutex);
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : holder->stage->named_parameters()) out.push_back(t);
+  return out;
+}
+
+std::string stage_type_here(const rpc::RRefPtr& module) { return holder_of(module)->type; }
+
 void install_stage_functions(rpc::FunctionRegistry& registry) {
   register_holder_class();
   registry.add("ferry.stage.create", [](std::string type, c10::IValue config) {

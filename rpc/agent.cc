@@ -123,6 +123,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   std::unique_ptr<ThreadPool> pool;
   std::atomic<std::uint64_t> payload_sent{0};  // bytes of requests and replies, frames included
+  std::atomic<std::uint64_t> bytes_read{0};     // every byte read from a peer's connection
   enum class Phase { Starting, Running, Stopped };
   std::mutex start_mutex;
   std::condition_variable start_changed;
@@ -470,6 +471,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
                              callee.describe(), seconds_since(call.start))));
     }
   }
+
+  void on_bytes_read(std::size_t n) override { bytes_read += n; }
 
   void on_message(Connection& connection, Message message) override {
     switch (message.kind) {
@@ -851,6 +854,7 @@ c10::IValue Agent::call_sync(const std::string& to, const std::string& function,
 void Agent::shutdown(bool graceful) { state_->stop(graceful); }
 
 std::uint64_t Agent::bytes_sent() const { return state_->payload_sent.load(); }
+std::uint64_t Agent::bytes_received() const { return state_->bytes_read.load(); }
 
 RRefPtr Agent::remote(const std::string& to, const std::string& function,
                       std::vector<c10::IValue> args,

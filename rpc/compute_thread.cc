@@ -55,6 +55,18 @@ ComputeThread& compute_thread() {
   return *thread;
 }
 
+// `work` wrapped to run there as if where it was called: with the caller's LibTorch
+// thread-local state and autograd context.
+std::function<void()> as_if_here(std::function<void()> work) {
+  GradObserver* observer = grad_observer();
+  GradTag context = observer ? observer->current() : GradTag{};
+  return [work = std::move(work), state = at::ThreadLocalState(), observer, context] {
+    at::ThreadLocalStateGuard guard(state);
+    std::shared_ptr<void> entered = context.valid() ? observer->enter(context) : nullptr;
+    work();
+  };
+}
+
 }  // namespace
 
 void run_on_compute_thread(const std::function<void()>& work) {
@@ -63,25 +75,22 @@ void run_on_compute_thread(const std::function<void()>& work) {
     work();
     return;
   }
-  at::ThreadLocalState state;
-  GradObserver* observer = grad_observer();
-  GradTag context = observer ? observer->current() : GradTag{};
   // The promise is shared: the caller may return (and its frame go) as soon as it is set.
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> finished = done->get_future();
-  thread.post([&work, &state, observer, context, done] {
+  thread.post(as_if_here([&work, done] {
     try {
-      {
-        at::ThreadLocalStateGuard guard(state);
-        std::shared_ptr<void> entered = context.valid() ? observer->enter(context) : nullptr;
-        work();
-      }
+      work();
       done->set_value();
     } catch (...) {
       done->set_exception(std::current_exception());
     }
-  });
+  }));
   finished.get();
+}
+
+void post_to_compute_thread(std::function<void()> work) {
+  compute_thread().post(as_if_here(std::move(work)));
 }
 
 }  // namespace ferry::rpc

@@ -243,6 +243,7 @@ void Connection::on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf
                                 : fmt::format("read failed: {}", uv_strerror(nread)));
     return;
   }
+  self->observer_->on_bytes_read(static_cast<std::size_t>(nread));
   std::vector<Message> messages;
   try {
     if (self->direct_ != nullptr && buf->base == self->direct_) {

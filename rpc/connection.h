@@ -64,6 +64,8 @@ class ConnectionObserver {
   virtual void on_message(Connection& connection, Message message) = 0;
   // The handle is closed; the observer may destroy the connection now.
   virtual void on_closed(Connection& connection, const std::string& reason) = 0;
+  // `n` bytes were read from the connection's socket (loop thread).
+  virtual void on_bytes_read(std::size_t n) { (void)n; }
 };
 
 class Connection {

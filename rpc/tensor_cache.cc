@@ -2,8 +2,10 @@
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
+#include <malloc.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -22,6 +24,17 @@ constexpr std::size_t kDefaultMaxCachedMib = 2048;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
+// Bytes of tensor memory handed out and not yet released, and the most since the last reset.
+std::atomic<std::int64_t> live_bytes{0};
+std::atomic<std::int64_t> peak_bytes{0};
+
+void count(std::int64_t delta) {
+  std::int64_t now = live_bytes += delta;
+  std::int64_t seen = peak_bytes.load(std::memory_order_relaxed);
+  while (now > seen && !peak_bytes.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+}
+
 std::size_t max_cached_bytes() {
   const char* env = std::getenv("FERRY_TENSOR_CACHE_MIB");
   std::size_t mib = kDefaultMaxCachedMib;
@@ -34,13 +47,20 @@ std::size_t max_cached_bytes() {
   return mib << 20;
 }
 
-// The context of every block is its own address, as LibTorch's raw_allocate() requires.
+// The context of every block is its own address, as LibTorch's raw_allocate() requires. Small
+// blocks come from the default allocator's C heap, so malloc_usable_size() gives their size back
+// when they are released, without a table.
 class TensorCache final : public c10::Allocator {
  public:
   TensorCache() : fallback_(c10::GetDefaultCPUAllocator()), max_cached_(max_cached_bytes()) {}
 
   c10::DataPtr allocate(std::size_t n) const override {
-    if (n < kLargeBytes) return fallback_->allocate(n);
+    if (n < kLargeBytes) {
+      c10::DataPtr small = fallback_->allocate(n);
+      void* data = small.release_context();
+      if (data != nullptr) count(static_cast<std::int64_t>(malloc_usable_size(data)));
+      return c10::DataPtr(data, data, &TensorCache::release_small, c10::Device(c10::kCPU));
+    }
     std::size_t bytes = n >= kHugeFrom ? round_up(n, kHugePage) : round_up(n, kGranule);
     void* data = take(bytes);
     if (data == nullptr) data = fresh(bytes);
@@ -67,6 +87,7 @@ class TensorCache final : public c10::Allocator {
     auto it = free_.lower_bound(bytes);
     if (it == free_.end() || it->first > bytes + bytes / 2) return nullptr;
     void* data = it->second;
+    count(static_cast<std::int64_t>(it->first));
     cached_bytes_ -= it->first;
     live_.emplace(data, it->first);
     free_.erase(it);
@@ -79,12 +100,15 @@ class TensorCache final : public c10::Allocator {
     if (posix_memalign(&data, huge ? kHugePage : 64, bytes) != 0) throw std::bad_alloc();
     // Advice only: where transparent huge pages are off this fails and nothing changes.
     if (huge) madvise(data, bytes, MADV_HUGEPAGE);
+    count(static_cast<std::int64_t>(bytes));
     std::lock_guard<std::mutex> lock(mutex_);
     live_.emplace(data, bytes);
     return data;
   }
 
   static void release(void* data);
+  // A small block, known not to be in the cache's table.
+  static void release_small(void* data);
 
   c10::Allocator* fallback_;
   std::size_t max_cached_;
@@ -100,7 +124,14 @@ TensorCache& instance() {
   return *cache;
 }
 
+void TensorCache::release_small(void* data) {
+  if (data == nullptr) return;
+  count(-static_cast<std::int64_t>(malloc_usable_size(data)));
+  instance().fallback_->raw_deleter()(data);
+}
+
 void TensorCache::release(void* data) {
+  if (data == nullptr) return;
   TensorCache& self = instance();
   bool ours = false;
   {
@@ -109,6 +140,7 @@ void TensorCache::release(void* data) {
     if (it != self.live_.end()) {
       ours = true;
       std::size_t bytes = it->second;
+      count(-static_cast<std::int64_t>(bytes));
       self.live_.erase(it);
       if (self.cached_bytes_ + bytes <= self.max_cached_) {
         self.free_.emplace(bytes, data);
@@ -117,11 +149,11 @@ void TensorCache::release(void* data) {
       }
     }
   }
-  // Over the bound, or a small block of the default allocator handed out raw.
+  // Over the bound, or a small block handed out raw.
   if (ours) {
     std::free(data);
   } else {
-    self.fallback_->raw_deleter()(data);
+    release_small(data);
   }
 }
 
@@ -141,5 +173,9 @@ at::Tensor empty_cached(c10::IntArrayRef shape, c10::ScalarType dtype) {
 }
 
 std::size_t tensor_cache_bytes() { return instance().cached_bytes(); }
+
+TensorMemory tensor_memory() { return {live_bytes.load(), peak_bytes.load()}; }
+
+void reset_tensor_memory_peak() { peak_bytes.store(live_bytes.load()); }
 
 }  // namespace ferry::rpc

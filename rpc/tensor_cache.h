@@ -15,6 +15,8 @@
 
 #include <cstddef>
 
+#include "ferry/rpc/process_memory.h"
+
 namespace ferry::rpc {
 
 // Makes the cache LibTorch's CPU allocator for this process (idempotent), unless the environment

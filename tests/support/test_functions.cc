@@ -9,6 +9,7 @@
 
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
+#include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/stage_host.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/test_stages.h"
@@ -46,6 +47,7 @@ void register_test_functions(rpc::FunctionRegistry& registry) {
   models::register_unet_stages();
   install_stage_functions(registry);
   dist_autograd::install(registry);
+  pipeline::install(registry);
   registry.add("double_it", [](at::Tensor x) { return x * 2; });
   registry.add("chain", [](std::vector<std::string> hops, at::Tensor x) {
     at::Tensor y = x * 2;

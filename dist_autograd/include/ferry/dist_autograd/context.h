@@ -60,6 +60,14 @@ void backward(std::int64_t context_id, const std::vector<at::Tensor>& roots,
 // The gradients accumulated in this process for `context_id`, keyed by the leaf tensor.
 // Throws rpc::Error(InvalidArgument) for a context this process does not know.
 c10::Dict<at::Tensor, at::Tensor> get_gradients(std::int64_t context_id);
+// Adds `grads[i]` to the gradient of leaf `variables[i]` in this process's part of context
+// `context_id` (undefined gradients are skipped), as a backward part run here would. For engines
+// of their own, such as a pipeline stage's backward per micro-batch; DistributedOptimizer then
+// steps with the sum. Throws rpc::Error(InvalidArgument) for a released context or lengths that
+// differ.
+void accumulate_gradients(std::int64_t context_id, const std::vector<at::Tensor>& variables,
+                          const std::vector<at::Tensor>& grads);
+
 // The gradients of remote tensors (RRefs to leaves, e.g. RemoteModule::remote_parameters()),
 // fetched from their owners, in order; an undefined tensor where none accumulated.
 std::vector<at::Tensor> get_gradients(std::int64_t context_id,

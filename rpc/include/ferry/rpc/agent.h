@@ -69,6 +69,8 @@ class Agent {
   // Bytes of every request and reply this agent has sent, frame headers included (RRef
   // bookkeeping travels as calls and counts too; the rendezvous does not).
   std::uint64_t bytes_sent() const;
+  // Bytes read from peers' connections: their requests and replies, hellos included.
+  std::uint64_t bytes_received() const;
   // Serves until any agent begins shutdown (then joins it) or the master is gone (then stops at
   // once). What a worker process does with its life.
   void wait_for_shutdown();

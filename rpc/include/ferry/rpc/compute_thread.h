@@ -23,7 +23,13 @@ namespace ferry::rpc {
 // compute thread itself it runs at once.
 void run_on_compute_thread(const std::function<void()>& work);
 
-// The same, returning what `work` returns.
+// Queues `work` on the compute thread and returns at once; it runs after what is queued already,
+// with the caller's thread-local state and autograd context. It must not throw (that would end
+// the process): it reports failures through whatever it completes. For handlers that answer
+// with a future instead of holding a pool thread while their work waits its turn.
+void post_to_compute_thread(std::function<void()> work);
+
+// The same as run_on_compute_thread, returning what `work` returns.
 template <typename F>
 auto on_compute_thread(F&& work) -> std::invoke_result_t<F&> {
   using Result = std::invoke_result_t<F&>;

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <fstream>
 #include <string>
 
@@ -19,5 +20,17 @@ inline double peak_rss_mib(pid_t pid = 0) {
   }
   return -1;
 }
+
+// Tensor memory of this process, counted at the CPU allocator rpc::init() installs (see
+// rpc/tensor_cache.h; nothing is counted with FERRY_TENSOR_CACHE_MIB=0): what is live now and the
+// most that was live since the last reset. Resident set size cannot show what a step kept: the
+// C heap and the cache keep freed pages, so RSS only grows. Safe from any thread.
+struct TensorMemory {
+  std::int64_t live_bytes = 0;
+  std::int64_t peak_bytes = 0;
+};
+TensorMemory tensor_memory();
+// Starts a new peak from what is live now.
+void reset_tensor_memory_peak();
 
 }  // namespace ferry::rpc

@@ -1,0 +1,100 @@
+// Pipeline parallelism over remote stages. A batch is cut into M micro-batches along its first
+// dimension; each stage's worker runs them one at a time and sends each output straight to the
+// next stage's worker, so while one stage works on micro-batch m the one before it works on
+// m + 1. Two schedules:
+//   - GPipe: every micro-batch's forward, then every backward. Each stage keeps the activations
+//     of all M micro-batches until their backward.
+//   - 1F1B: after a warm-up, each stage alternates one forward and one backward, so stage s keeps
+//     at most p - s micro-batches' activations (p stages): the same bubble, less memory.
+// M = 1 is the naive split, in which one stage works at a time.
+//
+// Gradients: each stage runs its own backward per micro-batch and adds its parameters' gradients
+// to the distributed autograd context of the step, so DistributedOptimizer::step(context) updates
+// every stage once per batch with the sum. For a loss that is a mean over samples, the sum equals
+// the full batch's gradient. Batch norm normalises each micro-batch by its own statistics (as in
+// GPipe), so a model with batch norm matches the full batch only approximately.
+//
+// Activation checkpointing: a checkpointed stage keeps only its inputs and computes its forward
+// again in backward, under the random-number state of the first run.
+//
+// Thread rules: a Pipeline is used by one thread at a time, never an agent's loop thread. Every
+// process of a world that runs pipelines (master and workers) calls install() before rpc::init().
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/pipeline/timeline.h"
+#include "ferry/remote_module/remote_module.h"
+#include "ferry/rpc/registry.h"
+
+namespace ferry {
+
+namespace pipeline {
+// Adds the "ferry.pipeline.*" functions to `registry`.
+void install(rpc::FunctionRegistry& registry);
+}  // namespace pipeline
+
+enum class Schedule { GPipe, OneFOneB };
+// "gpipe" or "1f1b". Throws std::invalid_argument listing both for anything else.
+Schedule parse_schedule(const std::string& name);
+const char* schedule_name(Schedule schedule);
+
+struct PipelineOptions {
+  Schedule schedule = Schedule::GPipe;
+  int microbatches = 1;
+  // Stage positions whose activations are recomputed in backward.
+  std::vector<int> checkpoint_stages;
+};
+
+class Pipeline {
+ public:
+  // The loss of one micro-batch: a scalar, the mean over its samples.
+  using Loss = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+  // `stages` in order; the first takes the input, the last returns one tensor. Throws
+  // rpc::Error(InvalidArgument) for no stages, M < 1 or a checkpoint position out of range, and
+  // the error of a worker that cannot take part.
+  Pipeline(std::vector<RemoteModule> stages, PipelineOptions options);
+  // Tells the workers to forget this pipeline (bounded; failures are logged).
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  struct StepResult {
+    double loss = 0;    // the full batch's: micro-batch losses weighted by their share
+    at::Tensor output;  // the last stage's outputs, concatenated in order, without grad
+  };
+  // Forward and backward of one batch under the schedule, inside the distributed autograd context
+  // open on this thread (throws rpc::Error(InvalidArgument) without one). Its gradients are then
+  // in that context. A batch smaller than M gets one sample per micro-batch. A failure anywhere
+  // is an rpc::Error naming the micro-batch, the stage and its worker; the workers drop what the
+  // step left, and the pipeline can step again.
+  StepResult step(const at::Tensor& input, const at::Tensor& target, const Loss& loss);
+
+  // Every step so far, on this process's clock.
+  const pipeline::Timeline& timeline() const { return *timeline_; }
+
+  // Each stage's peak tensor memory since the last call (or since this pipeline was made) less
+  // what its worker held at that moment: the activations a step kept, in MiB (see
+  // rpc::tensor_memory(); stages that share a worker share its figure). One call per worker.
+  std::vector<double> peak_activation_mib();
+
+  const PipelineOptions& options() const { return options_; }
+  const std::vector<RemoteModule>& stages() const { return stages_; }
+
+ private:
+  std::vector<RemoteModule> stages_;
+  PipelineOptions options_;
+  std::int64_t id_;
+  std::vector<std::int64_t> clock_offsets_ns_;  // each stage worker's steady clock less ours
+  std::vector<std::int64_t> memory_base_;       // each stage worker's live bytes at the last reset
+  std::unique_ptr<pipeline::Timeline> timeline_;
+};
+
+}  // namespace ferry

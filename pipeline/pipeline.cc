@@ -1,0 +1,425 @@
+// The master's side of a pipeline: it sends each micro-batch's input to the first stage, takes
+// the last stage's output (the "ferry.pipeline.output" call, which lands in the step's inbox),
+// computes the loss and its gradient here, and sends that gradient to the last stage. The
+// schedule decides when: GPipe sends every input at once and every gradient once all outputs are
+// in; 1F1B keeps at most p micro-batches in flight and sends each gradient as soon as it can.
+#include "ferry/pipeline/pipeline.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#include "ferry/dist_autograd/context.h"
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/log.h"
+#include "ferry/rpc/rpc.h"
+#include "pipeline/wire.h"
+
+namespace ferry {
+namespace pipeline {
+namespace {
+
+using rpc::Error;
+using rpc::ErrorKind;
+
+// What reaches a step's loop from other threads.
+struct Arrival {
+  enum Kind { Output, BackwardDone, Failed } kind = Output;
+  std::int64_t microbatch = 0;
+  at::Tensor output;
+  std::exception_ptr error;
+};
+
+class Inbox {
+ public:
+  void push(Arrival arrival) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(arrival));
+    }
+    ready_.notify_one();
+  }
+  // False if nothing arrived within `timeout`.
+  bool pop(Arrival* out, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!ready_.wait_for(lock, timeout, [this] { return !queue_.empty(); })) return false;
+    *out = std::move(queue_.front());
+    queue_.pop_front();
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Arrival> queue_;
+};
+
+// The inboxes of the steps running in this process, by autograd context: an output that a failed
+// step's stages still deliver finds no inbox and is dropped.
+std::mutex inboxes_mutex;
+std::map<std::int64_t, std::shared_ptr<Inbox>> inboxes;
+
+class InboxRegistration {
+ public:
+  InboxRegistration(std::int64_t context, std::shared_ptr<Inbox> inbox) : context_(context) {
+    std::lock_guard<std::mutex> lock(inboxes_mutex);
+    inboxes[context] = std::move(inbox);
+  }
+  ~InboxRegistration() {
+    std::lock_guard<std::mutex> lock(inboxes_mutex);
+    inboxes.erase(context_);
+  }
+  InboxRegistration(const InboxRegistration&) = delete;
+  InboxRegistration& operator=(const InboxRegistration&) = delete;
+
+ private:
+  std::int64_t context_;
+};
+
+// Pushes `Failed` if `call` fails; with `report_success`, `BackwardDone` when it succeeds.
+void report_to(const std::shared_ptr<Inbox>& inbox, const rpc::FuturePtr& call,
+               std::int64_t microbatch, bool report_success) {
+  call->addCallback([inbox, microbatch, report_success](c10::ivalue::Future& f) {
+    if (f.hasError()) {
+      inbox->push({Arrival::Failed, microbatch, {}, f.exception_ptr()});
+    } else if (report_success) {
+      inbox->push({Arrival::BackwardDone, microbatch, {}, nullptr});
+    }
+  });
+}
+
+// A worker's error as the master reports it: the stage's own message when it comes from one.
+[[noreturn]] void rethrow_step_failure(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    if (!e.cause().empty()) throw Error(e.kind(), "pipeline step failed: " + e.cause());
+    throw Error(e.kind(), fmt::format("pipeline step failed: {}", e.what()));
+  }
+}
+
+std::atomic<std::int64_t> pipeline_counter{1};
+
+double seconds(std::int64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+// The difference between `worker`'s steady clock and ours: the middle of the round trip that
+// was quickest of a few.
+std::int64_t clock_offset_ns(const std::string& worker) {
+  std::int64_t best_rtt = std::numeric_limits<std::int64_t>::max();
+  std::int64_t offset = 0;
+  for (int i = 0; i < 5; ++i) {
+    std::int64_t before = now_ns();
+    std::int64_t theirs = rpc::rpc_sync(worker, "ferry.pipeline.clock", {}).toInt();
+    std::int64_t after = now_ns();
+    if (after - before < best_rtt) {
+      best_rtt = after - before;
+      offset = theirs - (before + after) / 2;
+    }
+  }
+  return offset;
+}
+
+}  // namespace
+
+void install_master_inbox(rpc::FunctionRegistry& registry) {
+  registry.add("ferry.pipeline.output", [](std::int64_t, std::int64_t microbatch, at::Tensor out) {
+    std::shared_ptr<Inbox> inbox;
+    {
+      std::lock_guard<std::mutex> lock(inboxes_mutex);
+      auto it = inboxes.find(dist_autograd::current_context_id());
+      if (it != inboxes.end()) inbox = it->second;
+    }
+    if (inbox) inbox->push({Arrival::Output, microbatch, std::move(out), nullptr});
+  });
+}
+
+}  // namespace pipeline
+
+using pipeline::now_ns;
+using pipeline::seconds;
+using pipeline::Span;
+using pipeline::SpanKind;
+using rpc::Error;
+using rpc::ErrorKind;
+
+Schedule parse_schedule(const std::string& name) {
+  if (name == "gpipe") return Schedule::GPipe;
+  if (name == "1f1b") return Schedule::OneFOneB;
+  throw std::invalid_argument(
+      fmt::format("unknown pipeline schedule \"{}\" (known: gpipe, 1f1b)", name));
+}
+
+const char* schedule_name(Schedule schedule) {
+  return schedule == Schedule::GPipe ? "gpipe" : "1f1b";
+}
+
+Pipeline::Pipeline(std::vector<RemoteModule> stages, PipelineOptions options)
+    : stages_(std::move(stages)), options_(std::move(options)) {
+  const auto p = static_cast<std::int64_t>(stages_.size());
+  if (p == 0) throw Error(ErrorKind::InvalidArgument, "a pipeline needs at least one stage");
+  if (options_.microbatches < 1) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("a pipeline needs at least one micro-batch, not {}",
+                            options_.microbatches));
+  }
+  std::vector<bool> checkpoint(stages_.size(), false);
+  for (int s : options_.checkpoint_stages) {
+    if (s < 0 || s >= p) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("cannot checkpoint stage {}: the pipeline has stages 0 to {}", s,
+                              p - 1));
+    }
+    checkpoint[s] = true;
+  }
+  id_ = (static_cast<std::int64_t>(rpc::self().rank) << 40) | pipeline::pipeline_counter.fetch_add(1);
+  const std::string master = rpc::self().name;
+  std::vector<rpc::FuturePtr> calls;
+  std::vector<std::string> names;
+  for (std::int64_t s = 0; s < p; ++s) {
+    const RemoteModule& stage = stages_[s];
+    // Under 1F1B stage s holds at most p - s micro-batches; GPipe holds them all.
+    std::int64_t limit = options_.schedule == Schedule::OneFOneB
+                             ? p - s
+                             : std::numeric_limits<std::int64_t>::max();
+    calls.push_back(rpc::rpc_async(
+        stage.worker(), "ferry.pipeline.setup",
+        {id_, s, p, c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(stage.module_rref())),
+         s > 0 ? stages_[s - 1].worker() : master, s + 1 < p ? stages_[s + 1].worker() : master,
+         master, limit, static_cast<bool>(checkpoint[s])}));
+    names.push_back(fmt::format("stage {}: {} on {}", s, stage.type(), stage.worker()));
+  }
+  for (size_t s = 0; s < calls.size(); ++s) {
+    calls[s]->wait();
+    if (calls[s]->hasError()) {
+      try {
+        std::rethrow_exception(calls[s]->exception_ptr());
+      } catch (const std::exception& e) {
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("pipeline stage {} (\"{}\") on worker \"{}\" cannot take part: {}",
+                                s, stages_[s].type(), stages_[s].worker(), e.what()));
+      }
+    }
+  }
+  std::map<std::string, std::int64_t> offsets;
+  for (const RemoteModule& stage : stages_) {
+    if (!offsets.count(stage.worker())) offsets[stage.worker()] = pipeline::clock_offset_ns(stage.worker());
+    clock_offsets_ns_.push_back(offsets[stage.worker()]);
+  }
+  memory_base_.assign(stages_.size(), 0);
+  peak_activation_mib();
+  timeline_ = std::make_unique<pipeline::Timeline>(
+      fmt::format("pipeline ({}, {} micro-batches)", schedule_name(options_.schedule),
+                  options_.microbatches),
+      std::move(names), options_.microbatches);
+}
+
+Pipeline::~Pipeline() {
+  std::vector<rpc::FuturePtr> calls;
+  try {
+    for (const RemoteModule& stage : stages_) {
+      calls.push_back(rpc::rpc_async(stage.worker(), "ferry.pipeline.teardown", {id_}));
+    }
+    for (auto& call : calls) call->wait();
+  } catch (const std::exception& e) {
+    log::debug("pipeline {}: teardown: {}", id_, e.what());
+  }
+}
+
+std::vector<double> Pipeline::peak_activation_mib() {
+  std::map<std::string, std::vector<std::int64_t>> by_worker;  // live, peak; one call per worker
+  std::vector<double> out;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    const std::string& worker = stages_[s].worker();
+    if (!by_worker.count(worker)) {
+      by_worker[worker] = rpc::rpc_sync(worker, "ferry.pipeline.memory", {true}).toIntVector();
+    }
+    const auto& memory = by_worker[worker];
+    out.push_back(static_cast<double>(memory[1] - memory_base_[s]) / (1 << 20));
+  }
+  for (size_t s = 0; s < stages_.size(); ++s) memory_base_[s] = by_worker[stages_[s].worker()][0];
+  return out;
+}
+
+Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& target,
+                                    const Loss& loss) {
+  const std::int64_t context = dist_autograd::current_context_id();
+  if (context == 0) {
+    throw Error(ErrorKind::InvalidArgument,
+                "Pipeline::step needs an open ferry::dist_autograd::Context on this thread");
+  }
+  if (!input.defined() || input.dim() == 0 || input.size(0) == 0) {
+    throw Error(ErrorKind::InvalidArgument, "Pipeline::step needs a batch of at least one sample");
+  }
+  if (!target.defined() || target.dim() == 0 || target.size(0) != input.size(0)) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("Pipeline::step: {} inputs but targets of shape {}", input.size(0),
+                            target.defined() ? c10::str(target.sizes()) : "(none)"));
+  }
+  const auto p = static_cast<int>(stages_.size());
+  const int m_count = static_cast<int>(std::min<std::int64_t>(options_.microbatches, input.size(0)));
+  const std::vector<at::Tensor> inputs = input.tensor_split(m_count);
+  const std::vector<at::Tensor> targets = target.tensor_split(m_count);
+  const double total = static_cast<double>(input.size(0));
+  auto inbox = std::make_shared<pipeline::Inbox>();
+  pipeline::InboxRegistration registration(context, inbox);
+
+  const std::int64_t step_start = now_ns();
+  const int step = timeline_->steps();
+  std::vector<Span> spans;
+  auto master_span = [&](SpanKind kind, int microbatch, std::int64_t start) {
+    spans.push_back({0, kind, step, microbatch, seconds(start), seconds(now_ns())});
+  };
+  // When the master sent each micro-batch into the pipeline and its gradient back into it.
+  std::vector<std::int64_t> input_sent(m_count), grad_sent(m_count);
+
+  StepResult result;
+  std::vector<at::Tensor> outputs(m_count), grads(m_count);
+  const int window = options_.schedule == Schedule::OneFOneB ? std::min(p, m_count) : m_count;
+  int forwards_sent = 0, outputs_in = 0, backwards_done = 0;
+  auto send_forward = [&](int m) {
+    input_sent[m] = now_ns();
+    auto call = rpc::rpc_async(stages_.front().worker(), "ferry.pipeline.forward",
+                               {id_, std::int64_t{0}, std::int64_t{m},
+                                c10::ivalue::Tuple::create({inputs[m]})});
+    master_span(SpanKind::Send, m, input_sent[m]);
+    pipeline::report_to(inbox, call, m, /*report_success=*/false);
+  };
+  auto send_backward = [&](int m) {
+    grad_sent[m] = now_ns();
+    auto call = rpc::rpc_async(stages_.back().worker(), "ferry.pipeline.backward",
+                               {id_, std::int64_t{p - 1}, std::int64_t{m},
+                                c10::List<at::Tensor>({grads[m]})});
+    master_span(SpanKind::Send, m, grad_sent[m]);
+    pipeline::report_to(inbox, call, m, /*report_success=*/true);
+  };
+  auto take_output = [&](int m, at::Tensor out) {
+    std::int64_t start = now_ns();
+    at::Tensor leaf = out.requires_grad_();
+    at::Tensor value;
+    try {
+      value = loss(leaf, targets[m]);
+    } catch (const c10::Error& e) {
+      throw Error(ErrorKind::InvalidArgument, fmt::format("the loss of micro-batch {} failed: {}",
+                                                          m, e.what_without_backtrace()));
+    }
+    if (!value.defined() || value.numel() != 1 || !value.requires_grad()) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("the loss of micro-batch {} must be a scalar computed from the "
+                              "output",
+                              m));
+    }
+    at::Tensor weighted = value.reshape({}) * (static_cast<double>(out.size(0)) / total);
+    grads[m] = torch::autograd::grad({weighted}, {leaf})[0];
+    result.loss += weighted.item<double>();
+    outputs[m] = leaf.detach();
+    master_span(SpanKind::Loss, m, start);
+  };
+
+  const auto patience = rpc::agent().options().rpc_timeout + std::chrono::seconds(5);
+  try {
+    while (forwards_sent < window) send_forward(forwards_sent++);
+    while (backwards_done < m_count) {
+      pipeline::Arrival arrival;
+      if (!inbox->pop(&arrival, patience)) {
+        throw Error(ErrorKind::Timeout,
+                    fmt::format("pipeline step: nothing arrived for {} s ({} of {} outputs, {} "
+                                "backwards done)",
+                                std::chrono::duration_cast<std::chrono::seconds>(patience).count(),
+                                outputs_in, m_count, backwards_done));
+      }
+      const int m = static_cast<int>(arrival.microbatch);
+      switch (arrival.kind) {
+        case pipeline::Arrival::Failed:
+          pipeline::rethrow_step_failure(arrival.error);
+        case pipeline::Arrival::Output:
+          take_output(m, std::move(arrival.output));
+          ++outputs_in;
+          if (options_.schedule == Schedule::OneFOneB) {
+            send_backward(m);
+          } else if (outputs_in == m_count) {
+            for (int k = 0; k < m_count; ++k) send_backward(k);
+          }
+          break;
+        case pipeline::Arrival::BackwardDone:
+          ++backwards_done;
+          if (forwards_sent < m_count) send_forward(forwards_sent++);
+          break;
+      }
+    }
+  } catch (...) {
+    // What the failed step left on the workers goes, so that the next step starts clean.
+    for (const RemoteModule& stage : stages_) {
+      try {
+        rpc::rpc_sync(stage.worker(), "ferry.pipeline.discard", {id_});
+      } catch (const std::exception& e) {
+        log::debug("pipeline {}: discard on {}: {}", id_, stage.worker(), e.what());
+      }
+    }
+    throw;
+  }
+  const std::int64_t step_end = now_ns();
+
+  // Each stage's events, on our clock; a receive span runs from its sender's send to its arrival.
+  std::map<std::tuple<int, int, int>, std::int64_t> sends;  // (backward?, to stage, mb) -> start
+  for (int m = 0; m < m_count; ++m) {
+    sends[{0, 0, m}] = input_sent[m];
+    sends[{1, p - 1, m}] = grad_sent[m];
+  }
+  std::vector<at::Tensor> events(p);
+  for (int s = 0; s < p; ++s) {
+    events[s] = rpc::rpc_sync(stages_[s].worker(), "ferry.pipeline.events",
+                              {id_, std::int64_t{s}})
+                    .toTensor();
+    auto e = events[s].accessor<std::int64_t, 2>();
+    for (std::int64_t i = 0; i < e.size(0); ++i) {
+      std::int64_t kind = e[i][0];
+      if (kind == pipeline::kSendForwardEvent && s + 1 < p) {
+        sends[{0, s + 1, static_cast<int>(e[i][1])}] = e[i][2] - clock_offsets_ns_[s];
+      } else if (kind == pipeline::kSendBackwardEvent && s > 0) {
+        sends[{1, s - 1, static_cast<int>(e[i][1])}] = e[i][2] - clock_offsets_ns_[s];
+      }
+    }
+  }
+  for (int s = 0; s < p; ++s) {
+    auto e = events[s].accessor<std::int64_t, 2>();
+    for (std::int64_t i = 0; i < e.size(0); ++i) {
+      const auto kind = static_cast<pipeline::EventKind>(e[i][0]);
+      const int m = static_cast<int>(e[i][1]);
+      const double start = seconds(e[i][2] - clock_offsets_ns_[s]);
+      const double end = seconds(e[i][3] - clock_offsets_ns_[s]);
+      const int compute = pipeline::Timeline::compute_track(s);
+      switch (kind) {
+        case pipeline::kForwardEvent:
+          spans.push_back({compute, SpanKind::Forward, step, m, start, end});
+          break;
+        case pipeline::kBackwardEvent:
+          spans.push_back({compute, SpanKind::Backward, step, m, start, end});
+          break;
+        case pipeline::kSendForwardEvent:
+        case pipeline::kSendBackwardEvent:
+          spans.push_back({compute, SpanKind::Send, step, m, start, end});
+          break;
+        case pipeline::kArriveForwardEvent:
+        case pipeline::kArriveBackwardEvent: {
+          auto sent = sends.find({kind == pipeline::kArriveBackwardEvent ? 1 : 0, s, m});
+          if (sent != sends.end()) {
+            spans.push_back({pipeline::Timeline::receive_track(s), SpanKind::Receive, step, m,
+                             std::min(seconds(sent->second), end), end});
+          }
+          break;
+        }
+      }
+    }
+  }
+  timeline_->add_step(std::move(spans), seconds(step_start), seconds(step_end));
+  result.output = at::cat(outputs);
+  return result;
+}
+
+}  // namespace ferry

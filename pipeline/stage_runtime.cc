@@ -1,0 +1,476 @@
+// A stage's worker during pipelined steps. Each micro-batch's forward runs under grad mode and its
+// graph is kept here, keyed by the step's autograd context and the micro-batch, until that
+// micro-batch's backward frees it; nothing of the graph crosses the wire (tensors are sent
+// detached), so distributed autograd records nothing and each backward is a local one.
+//
+// Requests do not hold pool threads while they wait their turn: forward and backward are posted
+// to the compute thread, which runs them in arrival order, and the handler answers with a future
+// that completes when the rest of the chain has. Under 1F1B a stage takes at most its in-flight
+// limit of forwards; further ones are parked until a backward frees a place, which is what makes
+// each stage alternate forward and backward.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "ferry/dist_autograd/context.h"
+#include "ferry/pipeline/pipeline.h"
+#include "ferry/remote_module/stage_host.h"
+#include "ferry/rpc/compute_thread.h"
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/process_memory.h"
+#include "ferry/rpc/rpc.h"
+#include "pipeline/wire.h"
+
+namespace ferry::pipeline {
+namespace {
+
+using rpc::Error;
+using rpc::ErrorKind;
+using rpc::FuturePtr;
+
+// What one micro-batch's forward left for its backward.
+struct Saved {
+  std::vector<at::Tensor> leaves;  // the inputs that require grad (none on the first stage)
+  c10::IValue inputs;              // checkpointed stages only: to run forward again
+  c10::IValue output;              // the output, graph attached (not for checkpointed stages)
+  at::Tensor rng_state;            // checkpointed stages: the random state of the first run
+};
+
+struct Parked {
+  std::function<void()> work;
+  FuturePtr done;
+};
+
+// One stage of one pipeline on this worker.
+struct Slot {
+  std::int64_t pipeline = 0;
+  std::int64_t index = 0;
+  std::int64_t count = 0;
+  rpc::RRefPtr module;
+  std::string type;
+  std::string previous, next, master;
+  std::int64_t limit = 0;  // forwards whose backward has not run yet
+  bool checkpoint = false;
+
+  std::mutex mutex;  // guards what follows
+  std::map<std::pair<std::int64_t, std::int64_t>, Saved> saved;  // (context, micro-batch)
+  std::int64_t in_flight = 0;
+  std::deque<Parked> parked;
+  std::vector<std::int64_t> events;  // kEventFields per event
+};
+using SlotPtr = std::shared_ptr<Slot>;
+
+std::mutex slots_mutex;
+std::map<std::pair<std::int64_t, std::int64_t>, SlotPtr> slots;  // (pipeline, stage)
+
+SlotPtr slot_of(std::int64_t pipeline, std::int64_t index) {
+  std::lock_guard<std::mutex> lock(slots_mutex);
+  auto it = slots.find({pipeline, index});
+  if (it == slots.end()) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("stage {} of pipeline {} is not set up on worker \"{}\"", index,
+                            pipeline, rpc::self().name));
+  }
+  return it->second;
+}
+
+std::vector<SlotPtr> slots_of(std::int64_t pipeline) {
+  std::lock_guard<std::mutex> lock(slots_mutex);
+  std::vector<SlotPtr> out;
+  for (auto& [key, slot] : slots) {
+    if (key.first == pipeline) out.push_back(slot);
+  }
+  return out;
+}
+
+void record(Slot& slot, EventKind kind, std::int64_t microbatch, std::int64_t start,
+            std::int64_t end) {
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  slot.events.insert(slot.events.end(), {kind, microbatch, start, end});
+}
+
+// The floating-point tensors of a stage's inputs or outputs, in the order the wire carries them;
+// gradients travel in this order.
+void collect_floating(const c10::IValue& value, std::vector<at::Tensor>* out) {
+  if (value.isTensor()) {
+    if (value.toTensor().is_floating_point()) out->push_back(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList().vec()) {
+      if (t.is_floating_point()) out->push_back(t);
+    }
+  } else if (value.isList()) {
+    for (const c10::IValue& item : value.toListRef()) collect_floating(item, out);
+  } else if (value.isTuple()) {
+    for (const c10::IValue& item : value.toTupleRef().elements()) collect_floating(item, out);
+  }
+}
+
+std::vector<at::Tensor> floating_tensors(const c10::IValue& value) {
+  std::vector<at::Tensor> out;
+  collect_floating(value, &out);
+  return out;
+}
+
+// `value` with every tensor detached (sharing memory): what leaves this worker carries no graph.
+c10::IValue detached(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor().detach();
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : value.toTensorList().vec()) out.push_back(t.detach());
+    return out;
+  }
+  if (value.isList()) {
+    c10::impl::GenericList out(value.toList().elementType());
+    for (const c10::IValue& item : value.toListRef()) out.push_back(detached(item));
+    return out;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const c10::IValue& item : value.toTupleRef().elements()) items.push_back(detached(item));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return value;
+}
+
+// A stage's output as the next stage's inputs: a tuple's elements, or the one value.
+c10::IValue as_inputs(c10::IValue output) {
+  if (output.isTuple()) return output;
+  return c10::ivalue::Tuple::create({std::move(output)});
+}
+
+// The error that is being handled, said with the micro-batch and the stage.
+std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t microbatch) {
+  ErrorKind kind = ErrorKind::RemoteException;
+  std::string message;
+  try {
+    throw;
+  } catch (const Error& e) {
+    kind = e.kind();
+    message = e.what();
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  return std::make_exception_ptr(
+      Error(kind, fmt::format("{} of micro-batch {} at stage {} (\"{}\") on worker \"{}\": {}",
+                              what, microbatch, slot.index, slot.type, rpc::self().name,
+                              message)));
+}
+
+// Completes `done` when `call` does: with None, or with its error unchanged (it already names the
+// stage that failed further along).
+void complete_with(const FuturePtr& call, const FuturePtr& done) {
+  call->addCallback([done](c10::ivalue::Future& f) {
+    if (f.hasError()) {
+      done->setError(f.exception_ptr());
+    } else {
+      done->markCompleted(c10::IValue());
+    }
+  });
+}
+
+// A forward whose backward has run (or failed) leaves its place to the next parked one.
+void release_place(Slot& slot) {
+  std::function<void()> next;
+  {
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    if (slot.in_flight > 0) --slot.in_flight;  // a discard may have reset it meanwhile
+    if (!slot.parked.empty() && slot.in_flight < slot.limit) {
+      next = std::move(slot.parked.front().work);
+      slot.parked.pop_front();
+      ++slot.in_flight;
+    }
+  }
+  if (next) rpc::post_to_compute_thread(std::move(next));
+}
+
+// Sets the CPU generator's state for a recomputation and puts the current one back after it.
+class RngStateGuard {
+ public:
+  explicit RngStateGuard(const at::Tensor& state) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    previous_ = gen.get_state();
+    gen.set_state(state);
+  }
+  ~RngStateGuard() {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(previous_);
+  }
+
+ private:
+  at::Tensor previous_;
+};
+
+at::Tensor rng_state() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+// On the compute thread.
+void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
+                 c10::IValue inputs, const FuturePtr& done) {
+  std::int64_t start = now_ns();
+  try {
+    Saved saved;
+    if (slot->index > 0) {
+      for (at::Tensor& t : floating_tensors(inputs)) saved.leaves.push_back(t.requires_grad_());
+    }
+    c10::IValue output;
+    if (slot->checkpoint) {
+      saved.rng_state = rng_state();
+      saved.inputs = inputs;
+      torch::NoGradGuard no_grad;
+      output = forward_stage_here(slot->module, inputs);
+    } else {
+      output = forward_stage_here(slot->module, inputs);
+      saved.output = output;
+    }
+    bool last = slot->index + 1 == slot->count;
+    if (last && !output.isTensor()) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("the last stage must return one tensor for the loss, not {}",
+                              output.tagKind()));
+    }
+    {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      slot->saved[{context, microbatch}] = std::move(saved);
+    }
+    std::int64_t computed = now_ns();
+    FuturePtr call =
+        last ? rpc::rpc_async(slot->master, "ferry.pipeline.output",
+                              {slot->pipeline, microbatch, detached(output)})
+             : rpc::rpc_async(slot->next, "ferry.pipeline.forward",
+                              {slot->pipeline, slot->index + 1, microbatch,
+                               as_inputs(detached(output))});
+    record(*slot, kForwardEvent, microbatch, start, computed);
+    record(*slot, kSendForwardEvent, microbatch, computed, now_ns());
+    complete_with(call, done);
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      slot->saved.erase({context, microbatch});
+    }
+    done->setError(failure_in(*slot, "forward", microbatch));
+    release_place(*slot);
+  }
+}
+
+// On the compute thread.
+void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
+                  std::vector<at::Tensor> grads, const FuturePtr& done) {
+  std::int64_t start = now_ns();
+  bool had_forward = false;
+  try {
+    Saved saved;
+    {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      auto it = slot->saved.find({context, microbatch});
+      if (it == slot->saved.end()) {
+        throw Error(ErrorKind::InvalidArgument,
+                    "no forward of it is kept here (discarded, or backward ran already)");
+      }
+      saved = std::move(it->second);
+      slot->saved.erase(it);
+      had_forward = true;
+    }
+    c10::IValue output = saved.output;
+    if (slot->checkpoint) {
+      RngStateGuard same_randomness(saved.rng_state);
+      output = forward_stage_here(slot->module, saved.inputs);
+    }
+    std::vector<at::Tensor> outputs = floating_tensors(output);
+    if (outputs.size() != grads.size()) {
+      throw Error(ErrorKind::InvalidArgument,
+                  fmt::format("{} gradients arrived for {} floating-point outputs", grads.size(),
+                              outputs.size()));
+    }
+    std::vector<at::Tensor> roots, root_grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].requires_grad() && grads[i].defined()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grads[i]);
+      }
+    }
+    std::vector<at::Tensor> params;
+    for (at::Tensor& p : stage_parameters_here(slot->module)) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+    std::vector<at::Tensor> targets = saved.leaves;
+    targets.insert(targets.end(), params.begin(), params.end());
+    std::vector<at::Tensor> found(targets.size());
+    if (!roots.empty() && !targets.empty()) {
+      found = torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/false,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
+    }
+    size_t leaf_count = saved.leaves.size();
+    dist_autograd::accumulate_gradients(
+        context, params, std::vector<at::Tensor>(found.begin() + leaf_count, found.end()));
+    c10::List<at::Tensor> input_grads;
+    for (size_t i = 0; i < leaf_count; ++i) input_grads.push_back(found[i]);
+    // The graph goes now, before the gradients travel on.
+    saved = Saved();
+    output = c10::IValue();
+    roots.clear();
+    std::int64_t computed = now_ns();
+    if (slot->index > 0) {
+      FuturePtr call = rpc::rpc_async(slot->previous, "ferry.pipeline.backward",
+                                      {slot->pipeline, slot->index - 1, microbatch, input_grads});
+      complete_with(call, done);
+    } else {
+      done->markCompleted(c10::IValue());
+    }
+    record(*slot, kBackwardEvent, microbatch, start, computed);
+    record(*slot, kSendBackwardEvent, microbatch, computed, now_ns());
+  } catch (...) {
+    done->setError(failure_in(*slot, "backward", microbatch));
+  }
+  if (had_forward) release_place(*slot);
+}
+
+std::int64_t context_or_throw(const char* function) {
+  std::int64_t context = dist_autograd::current_context_id();
+  if (context == 0) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} must be called inside a distributed autograd context", function));
+  }
+  return context;
+}
+
+void check_args(const std::vector<c10::IValue>& args, const char* function, size_t ints,
+                bool (c10::IValue::*last)() const, const char* last_name) {
+  bool ok = args.size() == ints + 1 && (args[ints].*last)();
+  for (size_t i = 0; ok && i < ints; ++i) ok = args[i].isInt();
+  if (!ok) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} takes {} ints and {}", function, ints, last_name));
+  }
+}
+
+}  // namespace
+
+void install_stage_runtime(rpc::FunctionRegistry& registry) {
+  registry.add("ferry.pipeline.setup",
+               [](std::int64_t pipeline, std::int64_t index, std::int64_t count,
+                  rpc::RRefPtr module, std::string previous, std::string next,
+                  std::string master, std::int64_t limit, bool checkpoint) {
+                 if (!module->isOwner()) {
+                   throw Error(ErrorKind::InvalidArgument,
+                               fmt::format("stage {} of pipeline {} is not owned by worker "
+                                           "\"{}\"",
+                                           index, pipeline, rpc::self().name));
+                 }
+                 auto slot = std::make_shared<Slot>();
+                 slot->pipeline = pipeline;
+                 slot->index = index;
+                 slot->count = count;
+                 slot->module = module;
+                 slot->type = stage_type_here(module);
+                 slot->previous = std::move(previous);
+                 slot->next = std::move(next);
+                 slot->master = std::move(master);
+                 slot->limit = limit;
+                 slot->checkpoint = checkpoint;
+                 std::lock_guard<std::mutex> lock(slots_mutex);
+                 slots[{pipeline, index}] = std::move(slot);
+               });
+  registry.add_async("ferry.pipeline.forward", [](std::vector<c10::IValue>& args) {
+    std::int64_t arrived = now_ns();
+    check_args(args, "ferry.pipeline.forward", 3, &c10::IValue::isTuple, "a tuple of inputs");
+    std::int64_t context = context_or_throw("ferry.pipeline.forward");
+    SlotPtr slot = slot_of(args[0].toInt(), args[1].toInt());
+    std::int64_t microbatch = args[2].toInt();
+    auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    auto work = [slot, context, microbatch, inputs = args[3], done] {
+      run_forward(slot, context, microbatch, inputs, done);
+    };
+    bool now;
+    {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      slot->events.insert(slot->events.end(), {kArriveForwardEvent, microbatch, arrived, arrived});
+      now = slot->in_flight < slot->limit;
+      if (now) {
+        ++slot->in_flight;
+      } else {
+        slot->parked.push_back({work, done});
+      }
+    }
+    if (now) rpc::post_to_compute_thread(std::move(work));
+    return done;
+  });
+  registry.add_async("ferry.pipeline.backward", [](std::vector<c10::IValue>& args) {
+    std::int64_t arrived = now_ns();
+    check_args(args, "ferry.pipeline.backward", 3, &c10::IValue::isTensorList,
+               "a list of gradients");
+    std::int64_t context = context_or_throw("ferry.pipeline.backward");
+    SlotPtr slot = slot_of(args[0].toInt(), args[1].toInt());
+    std::int64_t microbatch = args[2].toInt();
+    record(*slot, kArriveBackwardEvent, microbatch, arrived, arrived);
+    auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    rpc::post_to_compute_thread(
+        [slot, context, microbatch, grads = args[3].toTensorVector(), done] {
+          run_backward(slot, context, microbatch, grads, done);
+        });
+    return done;
+  });
+  registry.add("ferry.pipeline.events", [](std::int64_t pipeline, std::int64_t index) {
+    SlotPtr slot = slot_of(pipeline, index);
+    std::vector<std::int64_t> events;
+    {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      events.swap(slot->events);
+    }
+    auto n = static_cast<std::int64_t>(events.size()) / kEventFields;
+    return torch::tensor(events, torch::kInt64).reshape({n, kEventFields});
+  });
+  // After a failed step: what it left (kept graphs, parked forwards) goes; parked requests fail.
+  registry.add("ferry.pipeline.discard", [](std::int64_t pipeline) {
+    for (const SlotPtr& slot : slots_of(pipeline)) {
+      std::deque<Parked> parked;
+      {
+        std::lock_guard<std::mutex> lock(slot->mutex);
+        slot->saved.clear();
+        slot->in_flight = 0;
+        parked.swap(slot->parked);
+      }
+      for (Parked& p : parked) {
+        p.done->setError(std::make_exception_ptr(
+            Error(ErrorKind::RemoteException, "the pipeline step was abandoned")));
+      }
+    }
+  });
+  registry.add("ferry.pipeline.kept", [](std::int64_t pipeline) {
+    std::int64_t kept = 0;
+    for (const SlotPtr& slot : slots_of(pipeline)) {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      kept += static_cast<std::int64_t>(slot->saved.size() + slot->parked.size());
+    }
+    return kept;
+  });
+  registry.add("ferry.pipeline.teardown", [](std::int64_t pipeline) {
+    std::lock_guard<std::mutex> lock(slots_mutex);
+    for (auto it = slots.begin(); it != slots.end();) {
+      it = it->first.first == pipeline ? slots.erase(it) : std::next(it);
+    }
+  });
+  registry.add("ferry.pipeline.clock", []() { return now_ns(); });
+  registry.add("ferry.pipeline.memory", [](bool reset) {
+    rpc::TensorMemory memory = rpc::tensor_memory();
+    if (reset) rpc::reset_tensor_memory_peak();
+    return std::vector<std::int64_t>{memory.live_bytes, memory.peak_bytes};
+  });
+}
+
+void install(rpc::FunctionRegistry& registry) {
+  install_stage_runtime(registry);
+  install_master_inbox(registry);
+}
+
+}  // namespace ferry::pipeline

@@ -1,0 +1,41 @@
+// What a Pipeline and its stages' workers say to each other. Internal to pipeline/.
+//
+//   setup(pipeline, stage, stages, module, previous, next, master, in_flight_limit, checkpoint)
+//   forward(pipeline, stage, micro-batch, inputs)     stage to stage; the last stage sends
+//   output(pipeline, micro-batch, output)             its output to the master
+//   backward(pipeline, stage, micro-batch, grads)     master to the last stage, then stage to stage
+//   events(pipeline, stage), discard(pipeline), teardown(pipeline), clock(), memory(reset)
+//
+// forward and backward answer when the rest of their chain has: a failure anywhere travels back
+// to the master along it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "ferry/rpc/registry.h"
+
+namespace ferry::pipeline {
+
+// What a stage's worker records, one row per event: kind, micro-batch, start, end (its own
+// steady clock, nanoseconds). Arrivals are instants: a request's handler began.
+enum EventKind : std::int64_t {
+  kForwardEvent,
+  kBackwardEvent,
+  kSendForwardEvent,
+  kSendBackwardEvent,
+  kArriveForwardEvent,
+  kArriveBackwardEvent,
+};
+inline constexpr int kEventFields = 4;
+
+inline std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void install_stage_runtime(rpc::FunctionRegistry& registry);  // stage_runtime.cc
+void install_master_inbox(rpc::FunctionRegistry& registry);   // pipeline.cc
+
+}  // namespace ferry::pipeline

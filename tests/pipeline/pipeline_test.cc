@@ -1,0 +1,288 @@
+// Pipelined steps across real worker processes: gradients against the full batch in one process
+// for every schedule and micro-batch count, the bytes through the master, activation memory and
+// the order of work under each schedule, failures, and the trace.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ferry/dist_autograd/context.h"
+#include "ferry/models/compare.h"
+#include "ferry/pipeline/pipeline.h"
+#include "tests/support/cluster.h"
+#include "tests/support/error_of.h"
+#include "tests/support/test_stages.h"
+
+namespace ferry {
+namespace {
+
+using testing::error_of;
+using testing::LocalWorld;
+
+LocalWorld::Settings three_workers() {
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b", "c"};
+  return settings;
+}
+
+StageConfig mlp(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
+  StageConfig config = stage_config();
+  config.insert("in", in);
+  config.insert("hidden", hidden);
+  config.insert("out", out);
+  config.insert("seed", seed);
+  return config;
+}
+
+// Three MLP stages (no batch norm, no dropout) on workers a, b and c: in -> width -> width -> 1.
+struct Chain {
+  std::vector<StageConfig> configs;
+  std::vector<RemoteModule> stages;
+
+  Chain(int64_t in, int64_t width) {
+    configs = {mlp(in, width, width, 1), mlp(width, width, width, 2), mlp(width, width, 1, 3)};
+    const char* workers[] = {"a", "b", "c"};
+    for (size_t s = 0; s < configs.size(); ++s) {
+      stages.push_back(RemoteModule::create(workers[s], "test.mlp", configs[s]));
+    }
+  }
+
+  std::vector<rpc::RRefPtr> parameters() const {
+    std::vector<rpc::RRefPtr> out;
+    for (const RemoteModule& stage : stages) {
+      for (auto& p : stage.remote_parameters()) out.push_back(p);
+    }
+    return out;
+  }
+
+  // The full batch through the same weights in this process: loss and parameter gradients.
+  std::pair<double, std::vector<at::Tensor>> reference(const at::Tensor& x,
+                                                       const at::Tensor& y) const {
+    std::vector<std::unique_ptr<Stage>> local;
+    for (size_t s = 0; s < stages.size(); ++s) {
+      local.push_back(testing::make_local_stage("test.mlp", configs[s], stages[s].state_dict()));
+    }
+    c10::IValue h = x;
+    for (auto& stage : local) h = stage->forward({h});
+    at::Tensor loss = torch::mse_loss(h.toTensor(), y);
+    loss.backward();
+    std::vector<at::Tensor> grads;
+    for (auto& stage : local) {
+      for (auto& [name, p] : stage->named_parameters()) grads.push_back(p.grad());
+    }
+    return {loss.item<double>(), grads};
+  }
+};
+
+at::Tensor mse(const at::Tensor& out, const at::Tensor& target) {
+  return torch::mse_loss(out, target);
+}
+
+PipelineOptions options(Schedule schedule, int microbatches, std::vector<int> checkpoint = {}) {
+  PipelineOptions o;
+  o.schedule = schedule;
+  o.microbatches = microbatches;
+  o.checkpoint_stages = std::move(checkpoint);
+  return o;
+}
+
+TEST(Pipeline, GradientsEqualTheFullBatchForEveryScheduleAndMicroBatchCount) {
+  LocalWorld world(three_workers());
+  Chain chain(6, 16);
+  torch::manual_seed(7);
+  at::Tensor x = torch::randn({16, 6});
+  at::Tensor y = torch::randn({16, 1});
+  auto [want_loss, want] = chain.reference(x, y);
+  auto params = chain.parameters();
+  struct Case {
+    Schedule schedule;
+    int microbatches;
+    std::vector<int> checkpoint;
+  };
+  std::vector<Case> cases;
+  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+    for (int m : {1, 2, 4, 8}) cases.push_back({schedule, m, {}});
+    cases.push_back({schedule, 4, {0, 1, 2}});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} M={} checkpointed stages {}", schedule_name(c.schedule),
+                             c.microbatches, c.checkpoint.size()));
+    Pipeline pipe(chain.stages, options(c.schedule, c.microbatches, c.checkpoint));
+    dist_autograd::Context context;
+    Pipeline::StepResult result = pipe.step(x, y, mse);
+    EXPECT_NEAR(result.loss, want_loss, 1e-5 * std::abs(want_loss));
+    EXPECT_EQ(result.output.sizes(), (std::vector<int64_t>{16, 1}));
+    EXPECT_LE(models::max_relative_error(dist_autograd::get_gradients(context.id(), params), want),
+              1e-5);
+    // Nothing stays behind on the workers once every backward ran.
+    for (const char* worker : {"a", "b", "c"}) {
+      EXPECT_EQ(rpc::rpc_sync(worker, "ferry.pipeline.kept", {int64_t{0}}).toInt(), 0);
+    }
+  }
+}
+
+TEST(Pipeline, TheMasterSendsOnlyInputsAndReceivesOnlyOutputs) {
+  LocalWorld world(three_workers());
+  // 64 samples of 4 numbers in, one number each out; between stages 64 x 2048 floats (512 KiB).
+  Chain chain(4, 2048);
+  at::Tensor x = torch::randn({64, 4});
+  at::Tensor y = torch::randn({64, 1});
+  Pipeline pipe(chain.stages, options(Schedule::OneFOneB, 4));
+  dist_autograd::Context context;
+  std::uint64_t sent = world.master().bytes_sent();
+  std::uint64_t received = world.master().bytes_received();
+  pipe.step(x, y, mse);
+  sent = world.master().bytes_sent() - sent;
+  received = world.master().bytes_received() - received;
+  // Inputs (1 KiB) and output gradients (256 B) out; outputs (256 B), answers and the stages'
+  // events in; a few hundred bytes of envelope per message. One activation is 512 KiB.
+  EXPECT_LT(sent, 16u << 10) << sent;
+  EXPECT_LT(received, 16u << 10) << received;
+}
+
+TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipe) {
+  LocalWorld world(three_workers());
+  // Many samples through small layers, so that activations (512 x 128 floats a tensor per
+  // micro-batch) outweigh the parameters' gradients (128 x 128 floats a layer).
+  Chain chain(32, 128);
+  at::Tensor x = torch::randn({4096, 32});
+  at::Tensor y = torch::randn({4096, 1});
+  std::map<Schedule, std::vector<double>> peaks;
+  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+    Pipeline pipe(chain.stages, options(schedule, 8));
+    dist_autograd::Context context;
+    pipe.step(x, y, mse);
+    peaks[schedule] = pipe.peak_activation_mib();
+    // The order each stage ran its micro-batches in.
+    for (int s = 0; s < 3; ++s) {
+      std::string order;
+      for (const auto& span : pipe.timeline().spans()) {
+        if (span.track != pipeline::Timeline::compute_track(s)) continue;
+        if (span.kind == pipeline::SpanKind::Forward) order += "F";
+        if (span.kind == pipeline::SpanKind::Backward) order += "B";
+      }
+      SCOPED_TRACE(fmt::format("{} stage {}: {}", schedule_name(schedule), s, order));
+      if (schedule == Schedule::GPipe) {
+        EXPECT_EQ(order, "FFFFFFFFBBBBBBBB");
+      } else {
+        // Stage s never holds more than p - s micro-batches, and ends as it began.
+        int held = 0, most = 0;
+        for (char c : order) most = std::max(most, held += c == 'F' ? 1 : -1);
+        EXPECT_EQ(most, 3 - s);
+        EXPECT_EQ(held, 0);
+        EXPECT_EQ(order.substr(0, 3 - s), std::string(3 - s, 'F'));
+      }
+    }
+  }
+  for (int s = 0; s < 3; ++s) {
+    SCOPED_TRACE(fmt::format("stage {}: gpipe {:.1f} MiB, 1f1b {:.1f} MiB", s,
+                             peaks[Schedule::GPipe][s], peaks[Schedule::OneFOneB][s]));
+    EXPECT_GT(peaks[Schedule::GPipe][s], 0);
+    EXPECT_LT(peaks[Schedule::OneFOneB][s], 0.7 * peaks[Schedule::GPipe][s]);
+  }
+}
+
+TEST(Pipeline, FailuresAreNamedAndTheNextStepStartsClean) {
+  LocalWorld world(three_workers());
+  Chain chain(6, 16);
+  at::Tensor x = torch::randn({8, 6});
+  at::Tensor y = torch::randn({8, 1});
+  Pipeline pipe(chain.stages, options(Schedule::OneFOneB, 4));
+  {
+    dist_autograd::Context context;
+    std::string error = error_of([&] {
+      pipe.step(x, y, [](const at::Tensor& out, const at::Tensor& target) {
+        if (out.size(0) == 2 && target.sum().item<double>() > -1e9) {
+          throw c10::Error("no loss for you", "");
+        }
+        return mse(out, target);
+      });
+    });
+    EXPECT_NE(error.find("the loss of micro-batch 0 failed: no loss for you"), std::string::npos)
+        << error;
+  }
+  for (const char* worker : {"a", "b", "c"}) {
+    EXPECT_EQ(rpc::rpc_sync(worker, "ferry.pipeline.kept", {int64_t{0}}).toInt(), 0) << worker;
+  }
+  {
+    dist_autograd::Context context;
+    EXPECT_GT(pipe.step(x, y, mse).loss, 0);
+  }
+  // A stage that cannot take its input: the error names the micro-batch, the stage and worker.
+  std::vector<RemoteModule> wrong = {chain.stages[0],
+                                     RemoteModule::create("b", "test.mlp", mlp(5, 4, 1, 1))};
+  Pipeline broken(wrong, options(Schedule::GPipe, 2));
+  dist_autograd::Context context;
+  std::string error = error_of([&] { broken.step(x, y, mse); });
+  EXPECT_NE(error.find("forward of micro-batch 0 at stage 1 (\"test.mlp\") on worker \"b\""),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(rpc::rpc_sync("b", "ferry.pipeline.kept", {int64_t{0}}).toInt(), 0);
+}
+
+TEST(Pipeline, MisuseIsAClearError) {
+  LocalWorld world(three_workers());
+  Chain chain(6, 8);
+  EXPECT_NE(error_of([&] { Pipeline(chain.stages, options(Schedule::GPipe, 0)); })
+                .find("at least one micro-batch"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { Pipeline(chain.stages, options(Schedule::GPipe, 2, {3})); })
+                .find("cannot checkpoint stage 3: the pipeline has stages 0 to 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_schedule("zigzag"); }).find("known: gpipe, 1f1b"),
+            std::string::npos);
+  Pipeline pipe(chain.stages, options(Schedule::GPipe, 2));
+  at::Tensor x = torch::randn({4, 6});
+  EXPECT_NE(error_of([&] { pipe.step(x, torch::randn({4, 1}), mse); })
+                .find("needs an open ferry::dist_autograd::Context"),
+            std::string::npos);
+  dist_autograd::Context context;
+  EXPECT_NE(error_of([&] { pipe.step(x, torch::randn({3, 1}), mse); }).find("4 inputs"),
+            std::string::npos);
+}
+
+TEST(Pipeline, TraceHasATrackPerStageAndEveryMicroBatch) {
+  LocalWorld world(three_workers());
+  Chain chain(6, 64);
+  Pipeline pipe(chain.stages, options(Schedule::GPipe, 4));
+  for (int step = 0; step < 2; ++step) {
+    dist_autograd::Context context;
+    pipe.step(torch::randn({16, 6}), torch::randn({16, 1}), mse);
+  }
+  std::string path = ::testing::TempDir() + "ferry_pipeline_trace.json";
+  pipe.timeline().write_chrome_trace(path);
+  nlohmann::json trace = nlohmann::json::parse(std::ifstream(path));
+  std::remove(path.c_str());
+  std::map<int, std::string> tracks;
+  std::map<std::pair<int, std::string>, int> counts;  // (track, category) -> spans
+  for (const auto& event : trace.at("traceEvents")) {
+    if (event.at("ph") == "M" && event.at("name") == "thread_name") {
+      tracks[event.at("tid")] = event.at("args").at("name");
+    } else if (event.at("ph") == "X") {
+      EXPECT_GE(event.at("dur").get<double>(), 0);
+      ++counts[{event.at("tid").get<int>(), event.at("cat").get<std::string>()}];
+    }
+  }
+  EXPECT_EQ(tracks[pipeline::Timeline::compute_track(1)], "stage 1: test.mlp on b");
+  for (int s = 0; s < 3; ++s) {
+    int track = pipeline::Timeline::compute_track(s);
+    EXPECT_EQ((counts[{track, "forward"}]), 8) << s;
+    EXPECT_EQ((counts[{track, "backward"}]), 8) << s;
+    EXPECT_EQ((counts[{pipeline::Timeline::receive_track(s), "receive"}]), 16) << s;
+  }
+  EXPECT_EQ((counts[{0, "loss"}]), 8);
+  pipeline::TimelineReport report = pipe.timeline().report();
+  EXPECT_EQ(report.steps, 2);
+  EXPECT_DOUBLE_EQ(report.ideal_bubble, 2.0 / 6.0);
+  for (const auto& stage : report.per_stage) {
+    EXPECT_GT(stage.busy_share, 0);
+    EXPECT_LE(stage.busy_share, 1);
+  }
+  EXPECT_NE(pipe.timeline().table().find("ideal (p - 1) / (M + p - 1) = 33%"), std::string::npos)
+      << pipe.timeline().table();
+}
+
+}  // namespace
+}  // namespace ferry

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bench/autograd_bench.h"
+#include "bench/pipeline_bench.h"
 #include "bench/rpc_bench.h"
 #include "ferry/rpc/compute_thread.h"
 
@@ -57,6 +58,21 @@ int main(int argc, char** argv) {
   add_step_options(autograd_cmd);
   auto* train_cmd = app.add_subcommand("train", "the same measurement, named for training");
   add_step_options(train_cmd);
+  ferry::bench::PipelineBenchSettings pipeline;
+  pipeline.self_path = rpc.self_path;
+  auto* pipeline_cmd = app.add_subcommand(
+      "pipeline", "naive model parallelism against GPipe and 1F1B over 1-8 micro-batches");
+  pipeline_cmd->add_option("--model", pipeline.model, "synthetic (balanced stages) or unet");
+  pipeline_cmd->add_option("--stages", pipeline.stages, "synthetic: stages, one worker each");
+  pipeline_cmd->add_option("--width", pipeline.width, "synthetic: features of every layer");
+  pipeline_cmd->add_option("--layers", pipeline.layers, "synthetic: layers per stage");
+  pipeline_cmd->add_option("--batch", pipeline.batch, "samples or images per step");
+  pipeline_cmd->add_option("--depth", pipeline.depth, "unet: ResNet depth of the encoder");
+  pipeline_cmd->add_option("--image-size", pipeline.image_size, "unet: image height and width");
+  pipeline_cmd->add_option("--microbatches", pipeline.microbatches, "micro-batch counts to run");
+  pipeline_cmd->add_option("--steps", pipeline.steps, "timed steps of each configuration");
+  pipeline_cmd->add_option("--warmup", pipeline.warmup, "untimed steps of each first");
+  pipeline_cmd->add_flag("!--no-pin", pipeline.pin, "do not pin each worker to a core");
   auto* peer_cmd = app.add_subcommand("rpc-peer", "the peer process of `rpc` (started by it)");
   peer_cmd->group("");
   CLI11_PARSE(app, argc, argv);
@@ -66,6 +82,7 @@ int main(int argc, char** argv) {
     autograd.name = "train";
     return ferry::bench::run_autograd_bench(autograd);
   }
+  if (*pipeline_cmd) return ferry::bench::run_pipeline_bench(pipeline);
   if (*peer_cmd) return ferry::bench::run_rpc_peer();
   return 1;
 }

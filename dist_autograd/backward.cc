@@ -212,7 +212,7 @@ c10::Dict<at::Tensor, at::Tensor> get_gradients(std::int64_t context_id) {
 }
 
 void accumulate_gradients(std::int64_t context_id, const std::vector<at::Tensor>& variables,
-                          const std::vector<at::Tensor>& grads) {
+                          const std::vector<at::Tensor>& grads, bool handed_over) {
   if (variables.size() != grads.size()) {
     throw rpc::Error(rpc::ErrorKind::InvalidArgument,
                      fmt::format("accumulate_gradients: {} variables but {} gradients",
@@ -226,7 +226,7 @@ void accumulate_gradients(std::int64_t context_id, const std::vector<at::Tensor>
                                  context_id, self_name()));
   }
   for (size_t i = 0; i < variables.size(); ++i) {
-    if (grads[i].defined()) context->accumulate(variables[i], grads[i]);
+    if (grads[i].defined()) context->accumulate(variables[i], grads[i], handed_over);
   }
 }
 

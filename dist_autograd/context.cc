@@ -94,23 +94,32 @@ std::set<int> ContextState::workers() const {
   return workers_;
 }
 
-void ContextState::accumulate(const at::Tensor& variable, const at::Tensor& grad) {
+void ContextState::accumulate(const at::Tensor& variable, const at::Tensor& grad,
+                              bool handed_over) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto [it, fresh] = gradients_.try_emplace(variable.unsafeGetTensorImpl(), variable, grad);
-  if (!fresh) it->second.second = it->second.second + grad;
+  auto [it, fresh] = gradients_.try_emplace(variable.unsafeGetTensorImpl(),
+                                            Gradient{variable, grad, handed_over});
+  if (fresh) return;
+  Gradient& g = it->second;
+  if (g.own) {
+    g.sum.add_(grad);
+  } else {
+    g.sum = g.sum + grad;
+    g.own = true;
+  }
 }
 
 at::Tensor ContextState::gradient(const at::Tensor& variable) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = gradients_.find(variable.unsafeGetTensorImpl());
-  return it == gradients_.end() ? at::Tensor() : it->second.second;
+  return it == gradients_.end() ? at::Tensor() : it->second.sum;
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> ContextState::gradients() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::pair<at::Tensor, at::Tensor>> out;
   out.reserve(gradients_.size());
-  for (const auto& [key, entry] : gradients_) out.push_back(entry);
+  for (const auto& [key, entry] : gradients_) out.emplace_back(entry.variable, entry.sum);
   return out;
 }
 

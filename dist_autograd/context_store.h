@@ -35,9 +35,10 @@ class ContextState {
   void add_worker(int rank);
   std::set<int> workers() const;
 
-  // Adds `grad` to the gradient of leaf `variable` (out of place: `grad` may alias a buffer the
-  // engine still uses).
-  void accumulate(const at::Tensor& variable, const at::Tensor& grad);
+  // Adds `grad` to the gradient of leaf `variable`: out of place, as `grad` may alias a buffer
+  // the engine still uses, unless `handed_over` says the caller gives `grad` up. Once the
+  // context holds a sum of its own, further gradients are added into it in place.
+  void accumulate(const at::Tensor& variable, const at::Tensor& grad, bool handed_over = false);
   // The accumulated gradient of `variable`, undefined if none.
   at::Tensor gradient(const at::Tensor& variable) const;
   std::vector<std::pair<at::Tensor, at::Tensor>> gradients() const;
@@ -47,7 +48,12 @@ class ContextState {
   mutable std::mutex mutex_;
   std::unordered_map<std::int64_t, SendFunction> sends_;
   std::set<int> workers_;
-  std::unordered_map<const void*, std::pair<at::Tensor, at::Tensor>> gradients_;
+  struct Gradient {
+    at::Tensor variable;
+    at::Tensor sum;
+    bool own = false;  // nothing outside the context holds `sum`
+  };
+  std::unordered_map<const void*, Gradient> gradients_;
 };
 
 using ContextPtr = std::shared_ptr<ContextState>;

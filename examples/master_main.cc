@@ -32,6 +32,17 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--via-master", train.via_master,
                       "send activations through the master between stages (naive model "
                       "parallelism) instead of from worker to worker");
+  train_cmd->add_option("--pipeline", train.pipeline,
+                        "pipeline the steps: gpipe (all forwards, then all backwards) or 1f1b "
+                        "(one forward, one backward; less activation memory)");
+  train_cmd->add_option("--microbatches", train.microbatches,
+                        "micro-batches per batch in a pipelined step (1: the naive schedule)")
+      ->check(CLI::PositiveNumber);
+  train_cmd->add_flag("--checkpoint-activations", train.checkpoint_activations,
+                      "keep only each stage's inputs and recompute its forward in backward");
+  train_cmd->add_option("--trace", train.trace_file,
+                        "write a Chrome trace (Perfetto, chrome://tracing) of every stage's "
+                        "forward, backward, send, receive and idle time");
   train_cmd->add_option("--classes", train.classes, "output channels of the head");
   train_cmd->add_option("--checkpoint-dir", train.checkpoint_dir, "save after every epoch here");
   train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");

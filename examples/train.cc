@@ -1,6 +1,8 @@
 // The training loop on the master. Each step: the encoder, decoder and head run one after the
-// other on their workers (the master forwards features between them), the loss is computed here,
-// distributed backward runs through all three, and the distributed optimizer steps every owner.
+// other on their workers (features go from worker to worker, or through the master with
+// --via-master), the loss is computed here, distributed backward runs through all three, and the
+// distributed optimizer steps every owner. With --pipeline the batch goes through as micro-batches
+// (ferry::Pipeline) and each stage's backward runs per micro-batch instead.
 // Times are taken on both sides so that the end-of-run table can say where each stage's time went.
 #include "examples/train.h"
 
@@ -23,6 +25,7 @@
 #include "ferry/dist_autograd/optimizer.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/models/unet.h"
+#include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/rpc/log.h"
@@ -244,6 +247,33 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
             << "); idle is the share of training time the worker computed nothing.\n";
 }
 
+// The pipeline the settings ask for, or none for plain steps.
+std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const RemoteUnet& split) {
+  bool wanted = !s.pipeline.empty() || s.microbatches > 1 || s.checkpoint_activations ||
+                !s.trace_file.empty();
+  if (!wanted) return nullptr;
+  if (s.via_master) fail("--via-master is the naive split; it cannot be pipelined");
+  PipelineOptions options;
+  try {
+    options.schedule = parse_schedule(s.pipeline.empty() ? "gpipe" : s.pipeline);
+  } catch (const std::invalid_argument& e) {
+    fail(fmt::format("--pipeline: {}", e.what()));
+  }
+  options.microbatches = s.microbatches;
+  if (s.microbatches > s.batch_size) {
+    fail(fmt::format("--microbatches {} is more than the {} images of a batch", s.microbatches,
+                     s.batch_size));
+  }
+  if (s.checkpoint_activations) options.checkpoint_stages = {0, 1, 2};
+  std::vector<RemoteModule> stages;
+  for (const RemoteUnet::Stage& stage : split.stages()) stages.push_back(stage.module);
+  log::info("pipelined steps: {}, {} micro-batches of {} images{}",
+            schedule_name(options.schedule), options.microbatches,
+            s.batch_size / options.microbatches,
+            s.checkpoint_activations ? ", activations recomputed in backward" : "");
+  return std::make_unique<Pipeline>(std::move(stages), options);
+}
+
 int train_as_master(const TrainSettings& s) {
   int64_t depth = depth_of(s.model);
   if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
@@ -282,6 +312,10 @@ int train_as_master(const TrainSettings& s) {
     }
   }
   dist_autograd::DistributedOptimizer optimizer(optimizer_spec(s), split.parameters());
+  std::unique_ptr<Pipeline> pipe = pipeline_of(s, split);
+  auto micro_loss = [&s](const at::Tensor& out, const at::Tensor& target) {
+    return loss_of(s.loss, out, target);
+  };
 
   int first_epoch = 1;
   if (s.resume) {
@@ -305,11 +339,15 @@ int train_as_master(const TrainSettings& s) {
       double loss_value;
       {
         dist_autograd::Context context;
-        at::Tensor loss =
-            loss_of(s.loss, split.forward(batch->images, !s.via_master), batch->masks);
-        dist_autograd::backward(context.id(), {loss});
+        if (pipe) {
+          loss_value = pipe->step(batch->images, batch->masks, micro_loss).loss;
+        } else {
+          at::Tensor loss =
+              loss_of(s.loss, split.forward(batch->images, !s.via_master), batch->masks);
+          dist_autograd::backward(context.id(), {loss});
+          loss_value = loss.item<double>();
+        }
         optimizer.step(context.id());
-        loss_value = loss.item<double>();
       }
       double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       train_s += seconds;
@@ -334,7 +372,29 @@ int train_as_master(const TrainSettings& s) {
                       {{"optimizer", optimizer.state_dict()}, {"epoch", int64_t{epoch}}});
     }
   }
-  print_stage_table(split, train_s, !s.via_master);
+  if (!pipe) {
+    print_stage_table(split, train_s, !s.via_master);
+  } else {
+    std::cerr << "\n" << pipe->timeline().table();
+    std::vector<Pipeline::StageMemory> memory = pipe->memory_peaks();
+    std::string peaks;
+    for (size_t k = 0; k < memory.size(); ++k) {
+      peaks += fmt::format("{}{} {:.0f} MiB", k ? ", " : "", kStageNames[k],
+                           memory[k].activation_mib);
+    }
+    std::cerr << "most activations held at once: " << peaks << "\n";
+    pipeline::TimelineReport report = pipe->timeline().report();
+    metrics["pipeline"] = {{"schedule", schedule_name(pipe->options().schedule)},
+                           {"microbatches", pipe->options().microbatches},
+                           {"bubble", report.bubble},
+                           {"ideal_bubble", report.ideal_bubble}};
+    if (!s.trace_file.empty()) {
+      pipe->timeline().write_chrome_trace(s.trace_file);
+      std::cerr << fmt::format("trace of {} steps written to {} (open it in Perfetto or "
+                               "chrome://tracing)\n",
+                               report.steps, s.trace_file);
+    }
+  }
   if (s.compare_single_process) {
     double whole = single_process_peak_mib(s);
     std::cerr << fmt::format("the whole model trained in one process (same batch) peaks at {:.0f} "

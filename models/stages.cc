@@ -56,6 +56,22 @@ std::unique_ptr<Stage> make_head(const StageConfig& config) {
   });
 }
 
+// "synthetic.mlp": `layers` times Linear(width, width) then ReLU. Stages of equal width and
+// layers cost the same, which is what a pipeline benchmark needs to compare against the ideal.
+std::unique_ptr<Stage> make_synthetic_mlp(const StageConfig& config) {
+  seed_from(config, "synthetic.mlp");
+  int64_t width = config_int(config, "synthetic.mlp", "width");
+  int64_t layers = config_int(config, "synthetic.mlp", "layers", 4);
+  auto net = std::make_shared<torch::nn::SequentialImpl>();
+  for (int64_t i = 0; i < layers; ++i) {
+    net->push_back(torch::nn::Linear(width, width));
+    net->push_back(torch::nn::ReLU());
+  }
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+    return c10::IValue(net->forward(one_tensor(inputs, "synthetic.mlp")));
+  });
+}
+
 }  // namespace
 
 void register_unet_stages() {
@@ -63,6 +79,7 @@ void register_unet_stages() {
     register_stage("unet.encoder", make_encoder);
     register_stage("unet.decoder", make_decoder);
     register_stage("unet.head", make_head);
+    register_stage("synthetic.mlp", make_synthetic_mlp);
     return true;
   }();
   (void)done;

@@ -212,7 +212,7 @@ Pipeline::Pipeline(std::vector<RemoteModule> stages, PipelineOptions options)
     clock_offsets_ns_.push_back(offsets[stage.worker()]);
   }
   memory_base_.assign(stages_.size(), 0);
-  peak_activation_mib();
+  memory_peaks();
   timeline_ = std::make_unique<pipeline::Timeline>(
       fmt::format("pipeline ({}, {} micro-batches)", schedule_name(options_.schedule),
                   options_.microbatches),
@@ -231,18 +231,18 @@ Pipeline::~Pipeline() {
   }
 }
 
-std::vector<double> Pipeline::peak_activation_mib() {
-  std::map<std::string, std::vector<std::int64_t>> by_worker;  // live, peak; one call per worker
-  std::vector<double> out;
+std::vector<Pipeline::StageMemory> Pipeline::memory_peaks() {
+  std::vector<StageMemory> out;
   for (size_t s = 0; s < stages_.size(); ++s) {
-    const std::string& worker = stages_[s].worker();
-    if (!by_worker.count(worker)) {
-      by_worker[worker] = rpc::rpc_sync(worker, "ferry.pipeline.memory", {true}).toIntVector();
-    }
-    const auto& memory = by_worker[worker];
-    out.push_back(static_cast<double>(memory[1] - memory_base_[s]) / (1 << 20));
+    std::vector<std::int64_t> m =
+        rpc::rpc_sync(stages_[s].worker(), "ferry.pipeline.memory",
+                      {id_, static_cast<std::int64_t>(s), true})
+            .toIntVector();
+    constexpr double kMiB = 1 << 20;
+    out.push_back({static_cast<double>(m[0]) / kMiB,
+                   static_cast<double>(m[2] - memory_base_[s]) / kMiB});
+    memory_base_[s] = m[1];
   }
-  for (size_t s = 0; s < stages_.size(); ++s) memory_base_[s] = by_worker[stages_[s].worker()][0];
   return out;
 }
 

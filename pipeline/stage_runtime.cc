@@ -38,6 +38,7 @@ struct Saved {
   c10::IValue inputs;              // checkpointed stages only: to run forward again
   c10::IValue output;              // the output, graph attached (not for checkpointed stages)
   at::Tensor rng_state;            // checkpointed stages: the random state of the first run
+  std::int64_t bytes = 0;          // what the micro-batch holds here until its backward
 };
 
 struct Parked {
@@ -61,6 +62,8 @@ struct Slot {
   std::int64_t in_flight = 0;
   std::deque<Parked> parked;
   std::vector<std::int64_t> events;  // kEventFields per event
+  std::int64_t activation_bytes = 0;  // held by the micro-batches in `saved`
+  std::int64_t activation_peak = 0;   // the most since the last reset
 };
 using SlotPtr = std::shared_ptr<Slot>;
 
@@ -214,10 +217,17 @@ at::Tensor rng_state() {
   return gen.get_state();
 }
 
+std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
+  std::int64_t n = 0;
+  for (const at::Tensor& t : tensors) n += static_cast<std::int64_t>(t.nbytes());
+  return n;
+}
+
 // On the compute thread.
 void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                  c10::IValue inputs, const FuturePtr& done) {
   std::int64_t start = now_ns();
+  std::int64_t live_before = rpc::tensor_memory().live_bytes;
   try {
     Saved saved;
     if (slot->index > 0) {
@@ -239,8 +249,15 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
                   fmt::format("the last stage must return one tensor for the loss, not {}",
                               output.tagKind()));
     }
+    // What the forward left allocated (its graph's saved tensors and the output; a
+    // checkpointed stage's output goes once sent) plus the inputs, which it keeps too. The
+    // compute thread runs one thing at a time, so the difference is this forward's.
+    saved.bytes = rpc::tensor_memory().live_bytes - live_before + bytes_of(floating_tensors(inputs)) -
+                  (slot->checkpoint ? bytes_of(floating_tensors(output)) : 0);
     {
       std::lock_guard<std::mutex> lock(slot->mutex);
+      slot->activation_bytes += saved.bytes;
+      slot->activation_peak = std::max(slot->activation_peak, slot->activation_bytes);
       slot->saved[{context, microbatch}] = std::move(saved);
     }
     std::int64_t computed = now_ns();
@@ -279,6 +296,7 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
       }
       saved = std::move(it->second);
       slot->saved.erase(it);
+      slot->activation_bytes -= saved.bytes;
       had_forward = true;
     }
     c10::IValue output = saved.output;
@@ -311,8 +329,10 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
                                     /*create_graph=*/false, /*allow_unused=*/true);
     }
     size_t leaf_count = saved.leaves.size();
+    // Fresh from a backward whose graph is gone: the context may keep and add into them.
     dist_autograd::accumulate_gradients(
-        context, params, std::vector<at::Tensor>(found.begin() + leaf_count, found.end()));
+        context, params, std::vector<at::Tensor>(found.begin() + leaf_count, found.end()),
+        /*handed_over=*/true);
     c10::List<at::Tensor> input_grads;
     for (size_t i = 0; i < leaf_count; ++i) input_grads.push_back(found[i]);
     // The graph goes now, before the gradients travel on.
@@ -437,6 +457,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
       {
         std::lock_guard<std::mutex> lock(slot->mutex);
         slot->saved.clear();
+        slot->activation_bytes = 0;
         slot->in_flight = 0;
         parked.swap(slot->parked);
       }
@@ -461,10 +482,19 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
     }
   });
   registry.add("ferry.pipeline.clock", []() { return now_ns(); });
-  registry.add("ferry.pipeline.memory", [](bool reset) {
+  // The stage's activation peak and this process's tensor memory (live, peak); `reset` starts
+  // new peaks from now.
+  registry.add("ferry.pipeline.memory", [](std::int64_t pipeline, std::int64_t index, bool reset) {
+    SlotPtr slot = slot_of(pipeline, index);
+    std::int64_t activation_peak;
+    {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      activation_peak = slot->activation_peak;
+      if (reset) slot->activation_peak = slot->activation_bytes;
+    }
     rpc::TensorMemory memory = rpc::tensor_memory();
     if (reset) rpc::reset_tensor_memory_peak();
-    return std::vector<std::int64_t>{memory.live_bytes, memory.peak_bytes};
+    return std::vector<std::int64_t>{activation_peak, memory.live_bytes, memory.peak_bytes};
   });
 }
 

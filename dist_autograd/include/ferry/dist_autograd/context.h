@@ -63,10 +63,11 @@ c10::Dict<at::Tensor, at::Tensor> get_gradients(std::int64_t context_id);
 // Adds `grads[i]` to the gradient of leaf `variables[i]` in this process's part of context
 // `context_id` (undefined gradients are skipped), as a backward part run here would. For engines
 // of their own, such as a pipeline stage's backward per micro-batch; DistributedOptimizer then
-// steps with the sum. Throws rpc::Error(InvalidArgument) for a released context or lengths that
-// differ.
+// steps with the sum. With `handed_over`, nothing else holds or will touch `grads`, so the context
+// keeps them and adds later gradients into them in place: no second copy of the gradients.
+// Throws rpc::Error(InvalidArgument) for a released context or lengths that differ.
 void accumulate_gradients(std::int64_t context_id, const std::vector<at::Tensor>& variables,
-                          const std::vector<at::Tensor>& grads);
+                          const std::vector<at::Tensor>& grads, bool handed_over = false);
 
 // The gradients of remote tensors (RRefs to leaves, e.g. RemoteModule::remote_parameters()),
 // fetched from their owners, in order; an undefined tensor where none accumulated.

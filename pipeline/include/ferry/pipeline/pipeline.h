@@ -80,10 +80,18 @@ class Pipeline {
   // Every step so far, on this process's clock.
   const pipeline::Timeline& timeline() const { return *timeline_; }
 
-  // Each stage's peak tensor memory since the last call (or since this pipeline was made) less
-  // what its worker held at that moment: the activations a step kept, in MiB (see
-  // rpc::tensor_memory(); stages that share a worker share its figure). One call per worker.
-  std::vector<double> peak_activation_mib();
+  // Memory of each stage since the last call (or since this pipeline was made), MiB. One call per
+  // stage; each starts new peaks.
+  struct StageMemory {
+    // The most that the micro-batches between their forward and backward held at once: saved
+    // tensors of the graph, inputs and outputs (for a checkpointed stage, its inputs).
+    double activation_mib = 0;
+    // The peak of all tensor memory of the stage's worker less what it held at the last call
+    // (see rpc::tensor_memory(): gradients and transfers too; stages that share a worker share
+    // it).
+    double tensor_mib = 0;
+  };
+  std::vector<StageMemory> memory_peaks();
 
   const PipelineOptions& options() const { return options_; }
   const std::vector<RemoteModule>& stages() const { return stages_; }
@@ -93,7 +101,7 @@ class Pipeline {
   PipelineOptions options_;
   std::int64_t id_;
   std::vector<std::int64_t> clock_offsets_ns_;  // each stage worker's steady clock less ours
-  std::vector<std::int64_t> memory_base_;       // each stage worker's live bytes at the last reset
+  std::vector<std::int64_t> memory_base_;       // each stage worker's live bytes at the last call
   std::unique_ptr<pipeline::Timeline> timeline_;
 };
 

@@ -1,0 +1,29 @@
+// `ferry-bench pipeline`: naive model parallelism (one micro-batch) against GPipe and 1F1B with
+// 1, 2, 4 and 8 micro-batches, on p balanced synthetic stages, each stage's worker pinned to a
+// core of its own, or on the U-Net's three stages. Steps of every configuration take turns, so
+// all see the same noise of this shared machine.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ferry::bench {
+
+struct PipelineBenchSettings {
+  std::string model = "synthetic";  // synthetic | unet
+  int stages = 2;                   // synthetic only; the U-Net has three
+  int width = 1024;                 // synthetic: features of every layer
+  int layers = 4;                   // synthetic: layers per stage
+  int batch = 128;                  // samples (synthetic) or images (unet) per step
+  int depth = 18;                   // unet: ResNet depth of the encoder
+  int image_size = 64;              // unet
+  std::vector<int> microbatches = {1, 2, 4, 8};
+  int steps = 5;   // timed steps of each configuration; medians are reported
+  int warmup = 1;  // untimed steps of each first
+  bool pin = true;  // each worker on its own core (taskset) where there are enough cores
+  std::string self_path;
+};
+
+int run_pipeline_bench(const PipelineBenchSettings& settings);
+
+}  // namespace ferry::bench

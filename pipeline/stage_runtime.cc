@@ -339,16 +339,17 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     saved = Saved();
     output = c10::IValue();
     roots.clear();
+    // Events are recorded before `done` can complete: the master reads them once it has.
     std::int64_t computed = now_ns();
+    record(*slot, kBackwardEvent, microbatch, start, computed);
     if (slot->index > 0) {
       FuturePtr call = rpc::rpc_async(slot->previous, "ferry.pipeline.backward",
                                       {slot->pipeline, slot->index - 1, microbatch, input_grads});
+      record(*slot, kSendBackwardEvent, microbatch, computed, now_ns());
       complete_with(call, done);
     } else {
       done->markCompleted(c10::IValue());
     }
-    record(*slot, kBackwardEvent, microbatch, start, computed);
-    record(*slot, kSendBackwardEvent, microbatch, computed, now_ns());
   } catch (...) {
     done->setError(failure_in(*slot, "backward", microbatch));
   }

@@ -133,8 +133,8 @@ TEST(RemoteModule, BadRequestsAreClearErrorsAndTheWorkerKeepsServing) {
   std::string unknown = error_of([] { RemoteModule::create("a", "unet.nothing"); });
   EXPECT_TRUE(contains(unknown,
                        "cannot create stage \"unet.nothing\" on worker \"a\": unknown "
-                       "stage type \"unet.nothing\" (registered: test.mlp, test.pyramid, unet.decoder, "
-                       "unet.encoder, unet.head)"))
+                       "stage type \"unet.nothing\" (registered: synthetic.mlp, test.mlp, "
+                       "test.pyramid, unet.decoder, unet.encoder, unet.head)"))
       << unknown;
 
   StageConfig missing = mlp_config(1);

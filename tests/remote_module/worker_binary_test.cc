@@ -35,7 +35,8 @@ TEST(FerryWorker, HostsTorchScriptStagesAndExitsCleanlyAtShutdown) {
     RemoteModule::create("encoder-host", "test.mlp");
     FAIL();
   } catch (const rpc::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown stage type \"test.mlp\" (registered: unet.decoder, unet.encoder, unet.head)"),
+    EXPECT_NE(std::string(e.what()).find("unknown stage type \"test.mlp\" (registered: "
+                                         "synthetic.mlp, unet.decoder, unet.encoder, unet.head)"),
               std::string::npos)
         << e.what();
   }

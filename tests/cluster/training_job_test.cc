@@ -137,6 +137,61 @@ TEST(TrainingJob, DescribeGivesEveryStageAndTheTotal) {
   EXPECT_EQ(json["stages"][2]["output_shapes"][0], nlohmann::json({1, 1, 256, 256}));
 }
 
+TEST(TrainingJob, PipelinedJobLearnsAndWritesATrace) {
+  std::string base = "/tmp/ferry-pipelined-" + std::to_string(getpid());
+  CommandResult r = run(std::string(FERRY_LAUNCH) + " --nproc 4 -- " + FERRY_MASTER +
+                        " train --model unet-resnet18 --image-size 64 --samples 200 --epochs 2"
+                        " --batch-size 8 --optimizer adam --lr 0.003 --pipeline 1f1b"
+                        " --microbatches 4 --checkpoint-activations --trace " + base +
+                        ".trace.json --metrics-file " + base + ".json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "pipelined steps: 1f1b, 4 micro-batches of 2 images, "
+                                 "activations recomputed in backward"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "stage 0: unet.encoder on worker1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "ideal (p - 1) / (M + p - 1) = 33% (p = 3, M = 4)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "most activations held at once: encoder")) << r.output;
+  auto metrics = nlohmann::json::parse(std::ifstream(base + ".json"));
+  EXPECT_EQ(metrics["pipeline"]["schedule"], "1f1b");
+  auto epochs = metrics["epochs"];
+  EXPECT_LT(epochs.back()["train_loss"].get<double>(), epochs.front()["train_loss"].get<double>())
+      << r.output;
+  auto trace = nlohmann::json::parse(std::ifstream(base + ".trace.json"));
+  int stage_tracks = 0, backwards = 0;
+  for (const auto& event : trace["traceEvents"]) {
+    if (event["ph"] == "M" && event["name"] == "thread_name" &&
+        event["args"]["name"].get<std::string>().rfind("stage ", 0) == 0 &&
+        !contains(event["args"]["name"].get<std::string>(), "receives")) {
+      ++stage_tracks;
+    }
+    if (event["ph"] == "X" && event["cat"] == "backward") ++backwards;
+  }
+  EXPECT_EQ(stage_tracks, 3);
+  // 160 training images: 20 steps of 4 micro-batches an epoch, each through 3 stages.
+  EXPECT_EQ(backwards, 2 * 20 * 4 * 3);
+  std::remove((base + ".json").c_str());
+  std::remove((base + ".trace.json").c_str());
+}
+
+TEST(TrainingJob, BadPipelineSettingsAreClearErrors) {
+  std::string job = std::string(FERRY_LAUNCH) + " --nproc 1 -- " + FERRY_MASTER +
+                    " train --image-size 32 --samples 40 --epochs 1 --batch-size 4"
+                    " --model unet-resnet18";
+  CommandResult r = run(job + " --pipeline zigzag");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "--pipeline: unknown pipeline schedule \"zigzag\" (known: "
+                                 "gpipe, 1f1b)"))
+      << r.output;
+  r = run(job + " --microbatches 8");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "--microbatches 8 is more than the 4 images of a batch"))
+      << r.output;
+  r = run(job + " --pipeline gpipe --via-master");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "--via-master is the naive split; it cannot be pipelined"))
+      << r.output;
+}
+
 TEST(TrainingJob, UnknownModelIsAClearError) {
   CommandResult r = run(std::string(FERRY_MASTER) + " describe --model unet-resnet42");
   EXPECT_NE(r.status, 0);

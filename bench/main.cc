@@ -73,6 +73,8 @@ int main(int argc, char** argv) {
   pipeline_cmd->add_option("--steps", pipeline.steps, "timed steps of each configuration");
   pipeline_cmd->add_option("--warmup", pipeline.warmup, "untimed steps of each first");
   pipeline_cmd->add_flag("!--no-pin", pipeline.pin, "do not pin each worker to a core");
+  pipeline_cmd->add_option("--trace", pipeline.trace_file,
+                           "write a Chrome trace of the last configuration's steps");
   auto* peer_cmd = app.add_subcommand("rpc-peer", "the peer process of `rpc` (started by it)");
   peer_cmd->group("");
   CLI11_PARSE(app, argc, argv);

@@ -130,6 +130,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
                              configs.back().name, configs.back().microbatches,
                              configs.back().steps.empty() ? 0 : configs.back().steps.back(), local);
   }
+  if (!s.trace_file.empty()) configs.back().pipe->timeline().write_chrome_trace(s.trace_file);
   double naive = median(configs.front().steps);
   nlohmann::ordered_json out;
   out["benchmark"] = "pipeline";

@@ -21,6 +21,7 @@ struct PipelineBenchSettings {
   int steps = 5;   // timed steps of each configuration; medians are reported
   int warmup = 1;  // untimed steps of each first
   bool pin = true;  // each worker on its own core (taskset) where there are enough cores
+  std::string trace_file;  // Chrome trace of the last configuration (1f1b, most micro-batches)
   std::string self_path;
 };
 

@@ -468,9 +468,15 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
       }
     }
   });
-  registry.add("ferry.pipeline.kept", [](std::int64_t pipeline) {
+  // Micro-batches whose forward is kept or parked here, over every pipeline (for tests).
+  registry.add("ferry.pipeline.kept", []() {
+    std::vector<SlotPtr> all;
+    {
+      std::lock_guard<std::mutex> lock(slots_mutex);
+      for (auto& [key, slot] : slots) all.push_back(slot);
+    }
     std::int64_t kept = 0;
-    for (const SlotPtr& slot : slots_of(pipeline)) {
+    for (const SlotPtr& slot : all) {
       std::lock_guard<std::mutex> lock(slot->mutex);
       kept += static_cast<std::int64_t>(slot->saved.size() + slot->parked.size());
     }

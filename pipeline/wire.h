@@ -4,7 +4,8 @@
 //   forward(pipeline, stage, micro-batch, inputs)     stage to stage; the last stage sends
 //   output(pipeline, micro-batch, output)             its output to the master
 //   backward(pipeline, stage, micro-batch, grads)     master to the last stage, then stage to stage
-//   events(pipeline, stage), discard(pipeline), teardown(pipeline), clock(), memory(reset)
+//   events(pipeline, stage), memory(pipeline, stage, reset), discard(pipeline),
+//   teardown(pipeline), clock(), kept()
 //
 // forward and backward answer when the rest of their chain has: a failure anywhere travels back
 // to the master along it.

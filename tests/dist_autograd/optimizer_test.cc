@@ -16,20 +16,12 @@ namespace ferry::dist_autograd {
 namespace {
 
 using testing::LocalWorld;
+using testing::mlp_config;
 
 LocalWorld::Settings two_workers() {
   LocalWorld::Settings settings;
   settings.peer_names = {"a", "b"};
   return settings;
-}
-
-StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
-  StageConfig config = stage_config();
-  config.insert("in", in);
-  config.insert("hidden", hidden);
-  config.insert("out", out);
-  config.insert("seed", seed);
-  return config;
 }
 
 // Two MLP stages on two workers, chained.

@@ -20,6 +20,7 @@ namespace {
 
 using testing::error_of;
 using testing::LocalWorld;
+using testing::mlp_config;
 
 LocalWorld::Settings three_workers() {
   LocalWorld::Settings settings;
@@ -27,13 +28,9 @@ LocalWorld::Settings three_workers() {
   return settings;
 }
 
-StageConfig mlp(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
-  StageConfig config = stage_config();
-  config.insert("in", in);
-  config.insert("hidden", hidden);
-  config.insert("out", out);
-  config.insert("seed", seed);
-  return config;
+// Micro-batches whose forward is kept, or parked, on `worker`, over all pipelines.
+int64_t kept_on(const char* worker) {
+  return rpc::rpc_sync(worker, "ferry.pipeline.kept", {}).toInt();
 }
 
 // Three MLP stages (no batch norm, no dropout) on workers a, b and c: in -> width -> width -> 1.
@@ -42,7 +39,8 @@ struct Chain {
   std::vector<RemoteModule> stages;
 
   Chain(int64_t in, int64_t width) {
-    configs = {mlp(in, width, width, 1), mlp(width, width, width, 2), mlp(width, width, 1, 3)};
+    configs = {mlp_config(in, width, width, 1), mlp_config(width, width, width, 2),
+               mlp_config(width, width, 1, 3)};
     const char* workers[] = {"a", "b", "c"};
     for (size_t s = 0; s < configs.size(); ++s) {
       stages.push_back(RemoteModule::create(workers[s], "test.mlp", configs[s]));
@@ -117,9 +115,7 @@ TEST(Pipeline, GradientsEqualTheFullBatchForEveryScheduleAndMicroBatchCount) {
     EXPECT_LE(models::max_relative_error(dist_autograd::get_gradients(context.id(), params), want),
               1e-5);
     // Nothing stays behind on the workers once every backward ran.
-    for (const char* worker : {"a", "b", "c"}) {
-      EXPECT_EQ(rpc::rpc_sync(worker, "ferry.pipeline.kept", {int64_t{0}}).toInt(), 0);
-    }
+    for (const char* worker : {"a", "b", "c"}) EXPECT_EQ(kept_on(worker), 0) << worker;
   }
 }
 
@@ -209,23 +205,21 @@ TEST(Pipeline, FailuresAreNamedAndTheNextStepStartsClean) {
     EXPECT_NE(error.find("the loss of micro-batch 0 failed: no loss for you"), std::string::npos)
         << error;
   }
-  for (const char* worker : {"a", "b", "c"}) {
-    EXPECT_EQ(rpc::rpc_sync(worker, "ferry.pipeline.kept", {int64_t{0}}).toInt(), 0) << worker;
-  }
+  for (const char* worker : {"a", "b", "c"}) EXPECT_EQ(kept_on(worker), 0) << worker;
   {
     dist_autograd::Context context;
     EXPECT_GT(pipe.step(x, y, mse).loss, 0);
   }
   // A stage that cannot take its input: the error names the micro-batch, the stage and worker.
   std::vector<RemoteModule> wrong = {chain.stages[0],
-                                     RemoteModule::create("b", "test.mlp", mlp(5, 4, 1, 1))};
+                                     RemoteModule::create("b", "test.mlp", mlp_config(5, 4, 1, 1))};
   Pipeline broken(wrong, options(Schedule::GPipe, 2));
   dist_autograd::Context context;
   std::string error = error_of([&] { broken.step(x, y, mse); });
   EXPECT_NE(error.find("forward of micro-batch 0 at stage 1 (\"test.mlp\") on worker \"b\""),
             std::string::npos)
       << error;
-  EXPECT_EQ(rpc::rpc_sync("b", "ferry.pipeline.kept", {int64_t{0}}).toInt(), 0);
+  EXPECT_EQ(kept_on("b"), 0);
 }
 
 TEST(Pipeline, MisuseIsAClearError) {

@@ -57,6 +57,15 @@ void register_test_stages() {
   (void)done;
 }
 
+StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
+  StageConfig config = stage_config();
+  config.insert("in", in);
+  config.insert("hidden", hidden);
+  config.insert("out", out);
+  config.insert("seed", seed);
+  return config;
+}
+
 std::unique_ptr<Stage> make_local_stage(const std::string& type, const StageConfig& config,
                                         const c10::Dict<std::string, at::Tensor>& state) {
   std::unique_ptr<Stage> stage = make_stage(type, config);

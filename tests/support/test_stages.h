@@ -13,6 +13,9 @@ namespace ferry::testing {
 // full, half and quarter size.
 void register_test_stages();
 
+// A "test.mlp" configuration without dropout.
+StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed);
+
 // A stage built here, as a worker would build it, holding `state` (from RemoteModule::state_dict)
 // so that a test can compare a remote stage with a local one.
 std::unique_ptr<Stage> make_local_stage(const std::string& type, const StageConfig& config,

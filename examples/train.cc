@@ -7,6 +7,7 @@
 #include "examples/train.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -247,6 +248,26 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
             << "); idle is the share of training time the worker computed nothing.\n";
 }
 
+// What a user needs after a worker is lost or unreachable: the stages it held, and where training
+// can resume from. Empty for other errors.
+std::string lost_stages(const rpc::Error& e, const RemoteUnet& split, const TrainSettings& s) {
+  if (e.kind() != rpc::ErrorKind::PeerDied && e.kind() != rpc::ErrorKind::Timeout) return "";
+  std::map<std::string, std::vector<std::string>> hosted;
+  for (const RemoteUnet::Stage& stage : split.stages()) {
+    hosted[stage.module.worker()].push_back(stage.name);
+  }
+  std::string out;
+  for (const auto& [worker, names] : hosted) {
+    if (std::string(e.what()).find(fmt::format("\"{}\"", worker)) == std::string::npos) continue;
+    out += fmt::format("; worker \"{}\" held stage {}", worker, fmt::join(names, ", "));
+  }
+  if (!s.checkpoint_dir.empty()) {
+    out += fmt::format("; the last checkpoint in {} is intact: --resume continues from it",
+                       s.checkpoint_dir);
+  }
+  return out;
+}
+
 // The pipeline the settings ask for, or none for plain steps.
 std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const RemoteUnet& split) {
   bool wanted = !s.pipeline.empty() || s.microbatches > 1 || s.checkpoint_activations ||
@@ -329,48 +350,52 @@ int train_as_master(const TrainSettings& s) {
   nlohmann::ordered_json metrics;
   metrics["epochs"] = nlohmann::ordered_json::array();
   double train_s = 0;
-  for (int epoch = first_epoch; epoch <= s.epochs; ++epoch) {
-    train_loader.start_epoch(epoch);
-    ProgressBar bar(epoch, s.epochs, train_loader.batches());
-    double loss_sum = 0, rate = 0;
-    std::size_t step = 0;
-    while (auto batch = train_loader.next()) {
-      auto start = Clock::now();
-      double loss_value;
-      {
-        dist_autograd::Context context;
-        if (pipe) {
-          loss_value = pipe->step(batch->images, batch->masks, micro_loss).loss;
-        } else {
-          at::Tensor loss =
-              loss_of(s.loss, split.forward(batch->images, !s.via_master), batch->masks);
-          dist_autograd::backward(context.id(), {loss});
-          loss_value = loss.item<double>();
+  try {
+    for (int epoch = first_epoch; epoch <= s.epochs; ++epoch) {
+      train_loader.start_epoch(epoch);
+      ProgressBar bar(epoch, s.epochs, train_loader.batches());
+      double loss_sum = 0, rate = 0;
+      std::size_t step = 0;
+      while (auto batch = train_loader.next()) {
+        auto start = Clock::now();
+        double loss_value;
+        {
+          dist_autograd::Context context;
+          if (pipe) {
+            loss_value = pipe->step(batch->images, batch->masks, micro_loss).loss;
+          } else {
+            at::Tensor loss =
+                loss_of(s.loss, split.forward(batch->images, !s.via_master), batch->masks);
+            dist_autograd::backward(context.id(), {loss});
+            loss_value = loss.item<double>();
+          }
+          optimizer.step(context.id());
         }
-        optimizer.step(context.id());
+        double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        train_s += seconds;
+        double images_per_s = batch->images.size(0) / seconds;
+        rate = step == 0 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
+        loss_sum += loss_value;
+        ++step;
+        bar.update(step, loss_sum / step, rate);
       }
-      double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      train_s += seconds;
-      double images_per_s = batch->images.size(0) / seconds;
-      rate = step == 0 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
-      loss_sum += loss_value;
-      ++step;
-      bar.update(step, loss_sum / step, rate);
+      Validation v = validate(split, validation_loader, s);
+      std::cerr << fmt::format("epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, "
+                               "Dice {:.3f}\n",
+                               epoch, s.epochs, loss_sum / std::max<std::size_t>(step, 1), v.loss,
+                               v.iou, v.dice);
+      metrics["epochs"].push_back({{"epoch", epoch},
+                                   {"train_loss", loss_sum / std::max<std::size_t>(step, 1)},
+                                   {"val_loss", v.loss},
+                                   {"val_iou", v.iou},
+                                   {"val_dice", v.dice}});
+      if (!s.checkpoint_dir.empty()) {
+        save_checkpoint(s.checkpoint_dir, split.named(), 2,
+                        {{"optimizer", optimizer.state_dict()}, {"epoch", int64_t{epoch}}});
+      }
     }
-    Validation v = validate(split, validation_loader, s);
-    std::cerr << fmt::format("epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, "
-                             "Dice {:.3f}\n",
-                             epoch, s.epochs, loss_sum / std::max<std::size_t>(step, 1), v.loss,
-                             v.iou, v.dice);
-    metrics["epochs"].push_back({{"epoch", epoch},
-                                 {"train_loss", loss_sum / std::max<std::size_t>(step, 1)},
-                                 {"val_loss", v.loss},
-                                 {"val_iou", v.iou},
-                                 {"val_dice", v.dice}});
-    if (!s.checkpoint_dir.empty()) {
-      save_checkpoint(s.checkpoint_dir, split.named(), 2,
-                      {{"optimizer", optimizer.state_dict()}, {"epoch", int64_t{epoch}}});
-    }
+  } catch (const rpc::Error& e) {
+    throw rpc::Error(e.kind(), fmt::format("{}{}", e.what(), lost_stages(e, split, s)));
   }
   if (!pipe) {
     print_stage_table(split, train_s, !s.via_master);

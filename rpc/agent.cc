@@ -795,9 +795,10 @@ std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry)
   auto deadline = Clock::now() + options.init_timeout;
   state->self.name = options.name;
   state->self.rank = options.rank;
+  // Before the rendezvous, which may wait for the master: a wrong interface is known at once.
+  std::string host = choose_listen_host(options.master_addr, options.ifname);
   state->rendezvous = std::make_unique<Rendezvous>(options);
   state->options.master_port = state->rendezvous->port();
-  std::string host = choose_listen_host(options.master_addr, options.ifname);
   state->pool = std::make_unique<ThreadPool>(options.num_threads);
   state->start_rrefs();
   state->listen(host);

@@ -119,6 +119,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   std::unordered_map<std::uint64_t, PendingCall> pending;
   std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines;
   std::set<int> lost_ranks;  // peers whose connection dropped: the barrier does not wait for them
+  std::map<int, std::string> lost_reasons;  // why, for later calls to them, which fail at once
   std::atomic<std::uint64_t> next_call_id{1};
 
   std::unique_ptr<ThreadPool> pool;
@@ -277,6 +278,19 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   FuturePtr send_call(int rank, const std::string& function, std::vector<c10::IValue> args,
                       std::optional<std::chrono::milliseconds> timeout, bool complete_inline) {
     const WorkerInfo& callee = workers.at(rank);
+    // A peer whose connection dropped is gone for this world: a new connection to a host behind
+    // a cut link would only wait out the deadline.
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      auto lost = lost_reasons.find(rank);
+      if (lost != lost_reasons.end()) {
+        auto failed = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+        failed->setError(std::make_exception_ptr(
+            Error(ErrorKind::PeerDied, fmt::format("{} was lost ({}); call \"{}\" not sent",
+                                                   callee.describe(), lost->second, function))));
+        return failed;
+      }
+    }
 
     Message request;
     request.kind = MessageKind::Request;
@@ -557,7 +571,10 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     std::vector<PendingCall> lost;
     {
       std::lock_guard<std::mutex> lock(pending_mutex);
-      if (rank >= 0 && !stopping) lost_ranks.insert(rank);
+      if (rank >= 0 && !stopping) {
+        lost_ranks.insert(rank);
+        lost_reasons.emplace(rank, reason);
+      }
       for (auto it = pending.begin(); it != pending.end();) {
         if (it->second.connection_id == id) {
           deadlines.erase({it->second.deadline, it->first});

@@ -2,10 +2,13 @@
 #include "rpc/connection.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <fmt/format.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <cerrno>
 #include <climits>
 
 #include "ferry/rpc/log.h"
@@ -108,9 +111,29 @@ std::string Connection::remote_address() const {
   return fmt::format("{}:{}", host, port);
 }
 
+// A peer whose host vanishes (a cut link, a powered-off machine) sends no FIN: without these the
+// kernel would keep the connection for minutes. Keepalive probes find an idle link gone in
+// kKeepaliveIdleS + kKeepaliveCount * kKeepaliveIntervalS; kUnackedLimitMs closes a connection
+// whose sent data nobody acknowledges. A live peer's kernel answers both even while the peer is
+// busy, so neither fires for a slow peer.
+constexpr int kKeepaliveIdleS = 2;
+constexpr int kKeepaliveIntervalS = 1;
+constexpr int kKeepaliveCount = 5;
+constexpr unsigned kUnackedLimitMs = 10000;
+
 int Connection::configure_socket() {
   if (int rc = uv_tcp_nodelay(&handle_, 1)) return rc;
-  return uv_tcp_keepalive(&handle_, 1, 10);
+  if (int rc = uv_tcp_keepalive(&handle_, 1, kKeepaliveIdleS)) return rc;
+  uv_os_fd_t fd;
+  if (int rc = uv_fileno(reinterpret_cast<uv_handle_t*>(&handle_), &fd)) return rc;
+  int interval = kKeepaliveIntervalS, count = kKeepaliveCount;
+  unsigned unacked = kUnackedLimitMs;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked, sizeof unacked) != 0) {
+    return uv_translate_sys_error(errno);
+  }
+  return 0;
 }
 
 int Connection::start_reading() {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "tests/support/cluster.h"
 #include "tests/support/netns.h"
@@ -76,6 +77,39 @@ TEST(MultiHost, FourHostsTrainTheUnetWithTheLoopbackLosses) {
   }
   for (const char* name : {"loopback.json", "loopback.log", "hosts.json", "master.log", "worker1",
                            "worker2", "worker3"}) {
+    std::remove(temp(name).c_str());
+  }
+}
+
+TEST(MultiHost, ACutLinkFailsTheJobNamingTheHostBehindIt) {
+  if (!NetnsCluster::available()) GTEST_SKIP() << "network namespaces need root";
+  NetnsCluster cluster(4);
+  std::string job = std::string(FERRY_MASTER) +
+                    " train --model unet-resnet18 --image-size 32 --samples 400 --epochs 50"
+                    " --batch-size 8";
+  auto& master = cluster.run(0, job, rank_env(0, 4, cluster.address(0)), temp("cut-master"));
+  for (int h = 1; h < 4; ++h) {
+    cluster.run(h, ferry::testing::worker_binary(), rank_env(h, 4, cluster.address(0)),
+                temp("cut-worker" + std::to_string(h)));
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (read_file(temp("cut-master")).find("epoch 1/50 [####") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(std::system(("ip netns exec " + cluster.ns(2) + " ip link set eth0 down").c_str()), 0);
+  auto cut = std::chrono::steady_clock::now();
+  // Twice the RPC timeout (60 s) at most; keepalive and the unacknowledged-data limit find a
+  // silent link much sooner.
+  std::optional<int> status = master.wait(std::chrono::seconds(120));
+  double detected = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+  std::string log = read_file(temp("cut-master"));
+  ASSERT_TRUE(status.has_value()) << log;
+  EXPECT_NE(WEXITSTATUS(*status), 0) << log;
+  EXPECT_NE(log.find("worker2"), std::string::npos) << log;
+  std::cout << "the master failed " << detected << " s after worker2's link was cut\n";
+  EXPECT_LT(detected, 30.0) << log;
+  for (const char* name : {"cut-master", "cut-worker1", "cut-worker2", "cut-worker3"}) {
     std::remove(temp(name).c_str());
   }
 }

@@ -92,7 +92,8 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   std::vector<Config> configs;
   configs.push_back({"naive", Schedule::GPipe, 1, nullptr, {}, {}, {}});
   for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
-    for (int m : s.microbatches) configs.push_back({schedule_name(schedule), schedule, m, nullptr, {}, {}, {}});
+    for (int m : s.microbatches)
+      configs.push_back({schedule_name(schedule), schedule, m, nullptr, {}, {}, {}});
   }
   for (Config& c : configs) {
     PipelineOptions options;
@@ -126,7 +127,8 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
     });
     if (timed) local_steps.push_back(local);
     std::cerr << fmt::format("round {}: naive {:.3f} s, {} {}: {:.3f} s, one process {:.3f} s\n",
-                             round, configs.front().steps.empty() ? 0 : configs.front().steps.back(),
+                             round,
+                             configs.front().steps.empty() ? 0 : configs.front().steps.back(),
                              configs.back().name, configs.back().microbatches,
                              configs.back().steps.empty() ? 0 : configs.back().steps.back(), local);
   }

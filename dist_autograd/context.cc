@@ -97,8 +97,10 @@ std::set<int> ContextState::workers() const {
 void ContextState::accumulate(const at::Tensor& variable, const at::Tensor& grad,
                               bool handed_over) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto [it, fresh] = gradients_.try_emplace(variable.unsafeGetTensorImpl(),
-                                            Gradient{variable, grad, handed_over});
+  // An expanded or overlapping gradient cannot be added into in place, even if handed over.
+  bool own = handed_over && grad.is_contiguous();
+  auto [it, fresh] =
+      gradients_.try_emplace(variable.unsafeGetTensorImpl(), Gradient{variable, grad, own});
   if (fresh) return;
   Gradient& g = it->second;
   if (g.own) {

@@ -380,8 +380,8 @@ int train_as_master(const TrainSettings& s) {
         bar.update(step, loss_sum / step, rate);
       }
       Validation v = validate(split, validation_loader, s);
-      std::cerr << fmt::format("epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, "
-                               "Dice {:.3f}\n",
+      std::cerr << fmt::format("epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU "
+                               "{:.3f}, Dice {:.3f}\n",
                                epoch, s.epochs, loss_sum / std::max<std::size_t>(step, 1), v.loss,
                                v.iou, v.dice);
       metrics["epochs"].push_back({{"epoch", epoch},

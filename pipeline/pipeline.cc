@@ -164,29 +164,29 @@ Pipeline::Pipeline(std::vector<RemoteModule> stages, PipelineOptions options)
   const auto p = static_cast<std::int64_t>(stages_.size());
   if (p == 0) throw Error(ErrorKind::InvalidArgument, "a pipeline needs at least one stage");
   if (options_.microbatches < 1) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("a pipeline needs at least one micro-batch, not {}",
-                            options_.microbatches));
+    throw Error(
+        ErrorKind::InvalidArgument,
+        fmt::format("a pipeline needs at least one micro-batch, not {}", options_.microbatches));
   }
   std::vector<bool> checkpoint(stages_.size(), false);
   for (int s : options_.checkpoint_stages) {
     if (s < 0 || s >= p) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("cannot checkpoint stage {}: the pipeline has stages 0 to {}", s,
-                              p - 1));
+      throw Error(
+          ErrorKind::InvalidArgument,
+          fmt::format("cannot checkpoint stage {}: the pipeline has stages 0 to {}", s, p - 1));
     }
     checkpoint[s] = true;
   }
-  id_ = (static_cast<std::int64_t>(rpc::self().rank) << 40) | pipeline::pipeline_counter.fetch_add(1);
+  id_ =
+      (static_cast<std::int64_t>(rpc::self().rank) << 40) | pipeline::pipeline_counter.fetch_add(1);
   const std::string master = rpc::self().name;
   std::vector<rpc::FuturePtr> calls;
   std::vector<std::string> names;
   for (std::int64_t s = 0; s < p; ++s) {
     const RemoteModule& stage = stages_[s];
     // Under 1F1B stage s holds at most p - s micro-batches; GPipe holds them all.
-    std::int64_t limit = options_.schedule == Schedule::OneFOneB
-                             ? p - s
-                             : std::numeric_limits<std::int64_t>::max();
+    std::int64_t limit =
+        options_.schedule == Schedule::OneFOneB ? p - s : std::numeric_limits<std::int64_t>::max();
     calls.push_back(rpc::rpc_async(
         stage.worker(), "ferry.pipeline.setup",
         {id_, s, p, c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(stage.module_rref())),
@@ -208,7 +208,8 @@ Pipeline::Pipeline(std::vector<RemoteModule> stages, PipelineOptions options)
   }
   std::map<std::string, std::int64_t> offsets;
   for (const RemoteModule& stage : stages_) {
-    if (!offsets.count(stage.worker())) offsets[stage.worker()] = pipeline::clock_offset_ns(stage.worker());
+    if (!offsets.count(stage.worker()))
+      offsets[stage.worker()] = pipeline::clock_offset_ns(stage.worker());
     clock_offsets_ns_.push_back(offsets[stage.worker()]);
   }
   memory_base_.assign(stages_.size(), 0);
@@ -234,13 +235,12 @@ Pipeline::~Pipeline() {
 std::vector<Pipeline::StageMemory> Pipeline::memory_peaks() {
   std::vector<StageMemory> out;
   for (size_t s = 0; s < stages_.size(); ++s) {
-    std::vector<std::int64_t> m =
-        rpc::rpc_sync(stages_[s].worker(), "ferry.pipeline.memory",
-                      {id_, static_cast<std::int64_t>(s), true})
-            .toIntVector();
+    std::vector<std::int64_t> m = rpc::rpc_sync(stages_[s].worker(), "ferry.pipeline.memory",
+                                                {id_, static_cast<std::int64_t>(s), true})
+                                      .toIntVector();
     constexpr double kMiB = 1 << 20;
-    out.push_back({static_cast<double>(m[0]) / kMiB,
-                   static_cast<double>(m[2] - memory_base_[s]) / kMiB});
+    out.push_back(
+        {static_cast<double>(m[0]) / kMiB, static_cast<double>(m[2] - memory_base_[s]) / kMiB});
     memory_base_[s] = m[1];
   }
   return out;
@@ -262,7 +262,8 @@ Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& t
                             target.defined() ? c10::str(target.sizes()) : "(none)"));
   }
   const auto p = static_cast<int>(stages_.size());
-  const int m_count = static_cast<int>(std::min<std::int64_t>(options_.microbatches, input.size(0)));
+  const int m_count =
+      static_cast<int>(std::min<std::int64_t>(options_.microbatches, input.size(0)));
   const std::vector<at::Tensor> inputs = input.tensor_split(m_count);
   const std::vector<at::Tensor> targets = target.tensor_split(m_count);
   const double total = static_cast<double>(input.size(0));
@@ -284,17 +285,17 @@ Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& t
   int forwards_sent = 0, outputs_in = 0, backwards_done = 0;
   auto send_forward = [&](int m) {
     input_sent[m] = now_ns();
-    auto call = rpc::rpc_async(stages_.front().worker(), "ferry.pipeline.forward",
-                               {id_, std::int64_t{0}, std::int64_t{m},
-                                c10::ivalue::Tuple::create({inputs[m]})});
+    auto call = rpc::rpc_async(
+        stages_.front().worker(), "ferry.pipeline.forward",
+        {id_, std::int64_t{0}, std::int64_t{m}, c10::ivalue::Tuple::create({inputs[m]})});
     master_span(SpanKind::Send, m, input_sent[m]);
     pipeline::report_to(inbox, call, m, /*report_success=*/false);
   };
   auto send_backward = [&](int m) {
     grad_sent[m] = now_ns();
-    auto call = rpc::rpc_async(stages_.back().worker(), "ferry.pipeline.backward",
-                               {id_, std::int64_t{p - 1}, std::int64_t{m},
-                                c10::List<at::Tensor>({grads[m]})});
+    auto call = rpc::rpc_async(
+        stages_.back().worker(), "ferry.pipeline.backward",
+        {id_, std::int64_t{p - 1}, std::int64_t{m}, c10::List<at::Tensor>({grads[m]})});
     master_span(SpanKind::Send, m, grad_sent[m]);
     pipeline::report_to(inbox, call, m, /*report_success=*/true);
   };
@@ -373,8 +374,7 @@ Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& t
   }
   std::vector<at::Tensor> events(p);
   for (int s = 0; s < p; ++s) {
-    events[s] = rpc::rpc_sync(stages_[s].worker(), "ferry.pipeline.events",
-                              {id_, std::int64_t{s}})
+    events[s] = rpc::rpc_sync(stages_[s].worker(), "ferry.pipeline.events", {id_, std::int64_t{s}})
                     .toTensor();
     auto e = events[s].accessor<std::int64_t, 2>();
     for (std::int64_t i = 0; i < e.size(0); ++i) {

@@ -57,11 +57,11 @@ struct Slot {
   std::int64_t limit = 0;  // forwards whose backward has not run yet
   bool checkpoint = false;
 
-  std::mutex mutex;  // guards what follows
+  std::mutex mutex;                                              // guards what follows
   std::map<std::pair<std::int64_t, std::int64_t>, Saved> saved;  // (context, micro-batch)
   std::int64_t in_flight = 0;
   std::deque<Parked> parked;
-  std::vector<std::int64_t> events;  // kEventFields per event
+  std::vector<std::int64_t> events;   // kEventFields per event
   std::int64_t activation_bytes = 0;  // held by the micro-batches in `saved`
   std::int64_t activation_peak = 0;   // the most since the last reset
 };
@@ -161,8 +161,7 @@ std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t m
   }
   return std::make_exception_ptr(
       Error(kind, fmt::format("{} of micro-batch {} at stage {} (\"{}\") on worker \"{}\": {}",
-                              what, microbatch, slot.index, slot.type, rpc::self().name,
-                              message)));
+                              what, microbatch, slot.index, slot.type, rpc::self().name, message)));
 }
 
 // Completes `done` when `call` does: with None, or with its error unchanged (it already names the
@@ -252,7 +251,8 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
     // What the forward left allocated (its graph's saved tensors and the output; a
     // checkpointed stage's output goes once sent) plus the inputs, which it keeps too. The
     // compute thread runs one thing at a time, so the difference is this forward's.
-    saved.bytes = rpc::tensor_memory().live_bytes - live_before + bytes_of(floating_tensors(inputs)) -
+    saved.bytes = rpc::tensor_memory().live_bytes - live_before +
+                  bytes_of(floating_tensors(inputs)) -
                   (slot->checkpoint ? bytes_of(floating_tensors(output)) : 0);
     {
       std::lock_guard<std::mutex> lock(slot->mutex);
@@ -261,12 +261,11 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
       slot->saved[{context, microbatch}] = std::move(saved);
     }
     std::int64_t computed = now_ns();
-    FuturePtr call =
-        last ? rpc::rpc_async(slot->master, "ferry.pipeline.output",
-                              {slot->pipeline, microbatch, detached(output)})
-             : rpc::rpc_async(slot->next, "ferry.pipeline.forward",
-                              {slot->pipeline, slot->index + 1, microbatch,
-                               as_inputs(detached(output))});
+    FuturePtr call = last ? rpc::rpc_async(slot->master, "ferry.pipeline.output",
+                                           {slot->pipeline, microbatch, detached(output)})
+                          : rpc::rpc_async(slot->next, "ferry.pipeline.forward",
+                                           {slot->pipeline, slot->index + 1, microbatch,
+                                            as_inputs(detached(output))});
     record(*slot, kForwardEvent, microbatch, start, computed);
     record(*slot, kSendForwardEvent, microbatch, computed, now_ns());
     complete_with(call, done);
@@ -380,8 +379,8 @@ void check_args(const std::vector<c10::IValue>& args, const char* function, size
 void install_stage_runtime(rpc::FunctionRegistry& registry) {
   registry.add("ferry.pipeline.setup",
                [](std::int64_t pipeline, std::int64_t index, std::int64_t count,
-                  rpc::RRefPtr module, std::string previous, std::string next,
-                  std::string master, std::int64_t limit, bool checkpoint) {
+                  rpc::RRefPtr module, std::string previous, std::string next, std::string master,
+                  std::int64_t limit, bool checkpoint) {
                  if (!module->isOwner()) {
                    throw Error(ErrorKind::InvalidArgument,
                                fmt::format("stage {} of pipeline {} is not owned by worker "
@@ -435,10 +434,8 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
     std::int64_t microbatch = args[2].toInt();
     record(*slot, kArriveBackwardEvent, microbatch, arrived, arrived);
     auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-    rpc::post_to_compute_thread(
-        [slot, context, microbatch, grads = args[3].toTensorVector(), done] {
-          run_backward(slot, context, microbatch, grads, done);
-        });
+    rpc::post_to_compute_thread([slot, context, microbatch, grads = args[3].toTensorVector(),
+                                 done] { run_backward(slot, context, microbatch, grads, done); });
     return done;
   });
   registry.add("ferry.pipeline.events", [](std::int64_t pipeline, std::int64_t index) {

@@ -68,10 +68,12 @@ void Timeline::add_step(std::vector<Span> spans, double start_s, double end_s) {
     std::sort(busy.begin(), busy.end());
     double cursor = start_s;
     for (auto [from, to] : busy) {
-      if (from > cursor) spans.push_back({compute_track(s), SpanKind::Idle, steps_, -1, cursor, from});
+      if (from > cursor)
+        spans.push_back({compute_track(s), SpanKind::Idle, steps_, -1, cursor, from});
       cursor = std::max(cursor, to);
     }
-    if (end_s > cursor) spans.push_back({compute_track(s), SpanKind::Idle, steps_, -1, cursor, end_s});
+    if (end_s > cursor)
+      spans.push_back({compute_track(s), SpanKind::Idle, steps_, -1, cursor, end_s});
   }
   spans_.insert(spans_.end(), spans.begin(), spans.end());
   wall_s_ += end_s - start_s;
@@ -123,9 +125,15 @@ std::string Timeline::table() const {
 void Timeline::write_chrome_trace(const std::string& path) const {
   nlohmann::json events = nlohmann::json::array();
   auto name_track = [&](int track, const std::string& name) {
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", track},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", 1},
+                      {"tid", track},
                       {"args", {{"name", name}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 1}, {"tid", track},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_sort_index"},
+                      {"pid", 1},
+                      {"tid", track},
                       {"args", {{"sort_index", track}}}});
   };
   events.push_back(

@@ -60,11 +60,11 @@ struct World {
     master = std::make_unique<Process>(
         "/bin/sh",
         std::vector<std::string>{"-c", std::string("exec ") + FERRY_MASTER + " train " +
-                                            train_args + " > " + dir + "/master.log 2>&1"},
+                                           train_args + " > " + dir + "/master.log 2>&1"},
         env(0));
     for (int rank = 1; rank <= 3; ++rank) {
-      workers.push_back(std::make_unique<Process>(ferry::testing::worker_binary(), std::vector<std::string>{},
-                                                  env(rank)));
+      workers.push_back(std::make_unique<Process>(ferry::testing::worker_binary(),
+                                                  std::vector<std::string>{}, env(rank)));
     }
   }
   ~World() { fs::remove_all(dir); }

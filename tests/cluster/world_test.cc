@@ -58,9 +58,9 @@ TEST(World, SixtyFourAgentsInitialiseCallTheirNeighbourAndShutDownTenTimes) {
   std::vector<std::unique_ptr<Process>> agents;
   for (int rank = 1; rank < kAgents; ++rank) {
     agents.push_back(std::make_unique<Process>(
-        FERRY_WORLD_AGENT,
-        std::vector<std::string>{"--rank", std::to_string(rank), "--world-size",
-                                 std::to_string(kAgents), "--ports", ports},
+        ferry::testing::peer_binary(),
+        std::vector<std::string>{"--world-rank", std::to_string(rank), "--world-size",
+                                 std::to_string(kAgents), "--worlds", ports},
         std::map<std::string, std::string>{{"FERRY_LOG_LEVEL", "warn"}}));
   }
   double first = run_world(port_list[0]);

@@ -1,6 +1,8 @@
 // Pipelined steps across real worker processes: gradients against the full batch in one process
 // for every schedule and micro-batch count, the bytes through the master, activation memory and
 // the order of work under each schedule, failures, and the trace.
+#include "ferry/pipeline/pipeline.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,7 +12,6 @@
 
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/compare.h"
-#include "ferry/pipeline/pipeline.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 #include "tests/support/test_stages.h"
@@ -175,10 +176,11 @@ TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipe) {
   for (int s = 0; s < 3; ++s) {
     const auto& gpipe = peaks[Schedule::GPipe][s];
     const auto& one_f_one_b = peaks[Schedule::OneFOneB][s];
-    SCOPED_TRACE(fmt::format("stage {}: activations gpipe {:.2f} MiB, 1f1b {:.2f} MiB; all "
-                             "tensors gpipe {:.2f} MiB, 1f1b {:.2f} MiB",
-                             s, gpipe.activation_mib, one_f_one_b.activation_mib,
-                             gpipe.tensor_mib, one_f_one_b.tensor_mib));
+    SCOPED_TRACE(
+        fmt::format("stage {}: activations gpipe {:.2f} MiB, 1f1b {:.2f} MiB; all "
+                    "tensors gpipe {:.2f} MiB, 1f1b {:.2f} MiB",
+                    s, gpipe.activation_mib, one_f_one_b.activation_mib, gpipe.tensor_mib,
+                    one_f_one_b.tensor_mib));
     // 8 micro-batches at once against at most 3 - s.
     EXPECT_GT(gpipe.activation_mib, 0);
     EXPECT_LT(one_f_one_b.activation_mib, 0.5 * gpipe.activation_mib);
@@ -202,8 +204,9 @@ TEST(Pipeline, FailuresAreNamedAndTheNextStepStartsClean) {
         return mse(out, target);
       });
     });
-    EXPECT_NE(error.find("the loss of micro-batch 0 failed: no loss for you"), std::string::npos)
-        << error;
+    // Whichever output reached the master first: outputs are handled on its pool threads.
+    EXPECT_NE(error.find("the loss of micro-batch "), std::string::npos) << error;
+    EXPECT_NE(error.find(" failed: no loss for you"), std::string::npos) << error;
   }
   for (const char* worker : {"a", "b", "c"}) EXPECT_EQ(kept_on(worker), 0) << worker;
   {
@@ -225,21 +228,26 @@ TEST(Pipeline, FailuresAreNamedAndTheNextStepStartsClean) {
 TEST(Pipeline, MisuseIsAClearError) {
   LocalWorld world(three_workers());
   Chain chain(6, 8);
-  EXPECT_NE(error_of([&] { Pipeline(chain.stages, options(Schedule::GPipe, 0)); })
-                .find("at least one micro-batch"),
+  EXPECT_NE(error_of([&] {
+              Pipeline(chain.stages, options(Schedule::GPipe, 0));
+            }).find("at least one micro-batch"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { Pipeline(chain.stages, options(Schedule::GPipe, 2, {3})); })
-                .find("cannot checkpoint stage 3: the pipeline has stages 0 to 2"),
+  EXPECT_NE(error_of([&] {
+              Pipeline(chain.stages, options(Schedule::GPipe, 2, {3}));
+            }).find("cannot checkpoint stage 3: the pipeline has stages 0 to 2"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_schedule("zigzag"); }).find("known: gpipe, 1f1b"),
             std::string::npos);
   Pipeline pipe(chain.stages, options(Schedule::GPipe, 2));
   at::Tensor x = torch::randn({4, 6});
-  EXPECT_NE(error_of([&] { pipe.step(x, torch::randn({4, 1}), mse); })
-                .find("needs an open ferry::dist_autograd::Context"),
+  EXPECT_NE(error_of([&] {
+              pipe.step(x, torch::randn({4, 1}), mse);
+            }).find("needs an open ferry::dist_autograd::Context"),
             std::string::npos);
   dist_autograd::Context context;
-  EXPECT_NE(error_of([&] { pipe.step(x, torch::randn({3, 1}), mse); }).find("4 inputs"),
+  EXPECT_NE(error_of([&] {
+              pipe.step(x, torch::randn({3, 1}), mse);
+            }).find("4 inputs"),
             std::string::npos);
 }
 

@@ -21,7 +21,9 @@ void sh(const std::string& command) {
   if (pclose(pipe) != 0) throw std::runtime_error(command + ": " + output);
 }
 
-void sh_quiet(const std::string& command) { (void)std::system((command + " >/dev/null 2>&1").c_str()); }
+void sh_quiet(const std::string& command) {
+  (void)std::system((command + " >/dev/null 2>&1").c_str());
+}
 
 // Removes namespaces and bridges of earlier test processes that are gone.
 void remove_leftovers() {
@@ -76,9 +78,10 @@ NetnsCluster::NetnsCluster(int hosts, LinkShaping shaping)
         sh(fmt::format("ip netns exec {} ip link set {} up", name, inside));
       }
       if (!shaping.rate.empty()) {
-        sh(fmt::format("ip netns exec {} tc qdisc add dev eth0 root tbf rate {} burst 64kb "
-                       "latency {}",
-                       name, shaping.rate, shaping.latency));
+        sh(
+            fmt::format("ip netns exec {} tc qdisc add dev eth0 root tbf rate {} burst 64kb "
+                        "latency {}",
+                        name, shaping.rate, shaping.latency));
       }
     }
   } catch (...) {
@@ -107,13 +110,12 @@ std::string NetnsCluster::second_address(int host) const {
 }
 
 Process& NetnsCluster::run(int host, const std::string& command,
-                           const std::map<std::string, std::string>& env,
-                           const std::string& log) {
-  processes_.push_back(std::make_unique<Process>(
-      "/usr/sbin/ip",
-      std::vector<std::string>{"netns", "exec", ns(host), "/bin/sh", "-c",
-                               "exec " + command + " > " + log + " 2>&1"},
-      env));
+                           const std::map<std::string, std::string>& env, const std::string& log) {
+  processes_.push_back(
+      std::make_unique<Process>("/usr/sbin/ip",
+                                std::vector<std::string>{"netns", "exec", ns(host), "/bin/sh", "-c",
+                                                         "exec " + command + " > " + log + " 2>&1"},
+                                env));
   return *processes_.back();
 }
 

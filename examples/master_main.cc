@@ -47,6 +47,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--checkpoint-dir", train.checkpoint_dir, "save after every epoch here");
   train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
   train_cmd->add_option("--seed", train.seed, "seed of weights, data and shuffling");
+  train_cmd->add_option("--secret-file", train.secret_file,
+                        "file holding the cluster secret (default: FERRY_SECRET, "
+                        "FERRY_SECRET_FILE); every rank needs the same");
   train_cmd->add_option("--metrics-file", train.metrics_file, "write per-epoch figures as JSON");
   train_cmd->add_flag("--compare-single-process", train.compare_single_process,
                       "at the end, measure one step of the whole model in one process");

@@ -437,7 +437,14 @@ int train_as_master(const TrainSettings& s) {
 }  // namespace
 
 int run_training(const TrainSettings& settings) {
-  rpc::Options options = rpc::resolve_options(rpc::Options{});
+  rpc::Options options;
+  options.secret_file = settings.secret_file;
+  try {
+    options = rpc::resolve_options(options);
+  } catch (const rpc::Error& e) {
+    log::error("{}", e.what());
+    return 2;
+  }
   if (options.rank != 0) return serve_as_worker(options);
   install_worker_functions();
   options.name = "master";

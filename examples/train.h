@@ -32,6 +32,7 @@ struct TrainSettings {
   std::string checkpoint_dir;
   bool resume = false;
   std::uint64_t seed = 0;
+  std::string secret_file;  // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE
   std::string metrics_file;  // the final figures as JSON, if set
   bool compare_single_process = false;  // also measure the whole model's step in one process
 };

@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   app.add_option("--master-addr", options.master_addr, "master host (default: MASTER_ADDR, ...)");
   app.add_option("--master-port", options.master_port, "master port (default: MASTER_PORT)");
   app.add_option("--threads", options.num_threads, "threads running requests");
+  app.add_option("--secret-file", options.secret_file,
+                 "file holding the cluster secret (default: FERRY_SECRET, FERRY_SECRET_FILE)");
   CLI11_PARSE(app, argc, argv);
 
   return ferry::examples::serve_as_worker(options);

@@ -22,6 +22,7 @@
 #include "ferry/rpc/grad_observer.h"
 #include "ferry/rpc/log.h"
 #include "ferry/rpc/thread_pool.h"
+#include "rpc/auth.h"
 #include "rpc/connection.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rref_context.h"
@@ -33,6 +34,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kDeadlineTick = std::chrono::milliseconds(10);
+
 constexpr auto kSyncSpin = std::chrono::microseconds(200);
 
 double seconds_since(Clock::time_point start) {
@@ -103,6 +105,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   std::map<std::uint64_t, std::unique_ptr<Connection>> connections;
   std::map<int, Connection*> outbound;
   std::uint64_t next_connection_id = 1;
+  std::uint64_t ticks = 0;  // of the deadline timer
 
   std::mutex queue_mutex;
   std::vector<Outgoing> queue;
@@ -430,14 +433,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     int rc = raw->start_connect(peer.host, peer.port);
     if (rc != 0) {
       raw->close(fmt::format("could not connect: {}", uv_strerror(rc)));
-      return raw;
     }
-    Message hello;
-    hello.kind = MessageKind::Control;
-    hello.peer_name = self.name;
-    hello.peer_rank = self.rank;
-    raw->write(encode_frame(hello));
-    publish_writer(raw);
+    // Calls written meanwhile wait in the connection until the handshake is done; its writer is
+    // published only then.
     return raw;
   }
 
@@ -454,12 +452,104 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       raw->close(fmt::format("accept failed: {}", uv_strerror(rc)));
       return;
     }
+    Message challenge;
+    challenge.kind = MessageKind::Control;
+    challenge.handshake.step = HandshakeStep::Challenge;
+    challenge.handshake.challenge = raw->handshake().challenge = auth::fresh_nonce();
+    raw->write(encode_frame(challenge));
+    // Replies go by connection; only an identified peer's requests are ever served.
     self->publish_writer(raw);
+  }
+
+  // ---- handshake (loop thread; see rpc/auth.h) -------------------------------------------------
+
+  void on_handshake(Connection& connection, const Message& message) {
+    const Handshake& step = message.handshake;
+    HandshakeState& state = connection.handshake();
+    const std::string& secret = options.secret;
+    if (connection.outbound_rank() >= 0) {
+      if (step.step == HandshakeStep::Challenge && !state.hello_sent) {
+        state.challenge = step.challenge;
+        state.nonce = auth::fresh_nonce();
+        state.hello_sent = true;
+        Message hello;
+        hello.kind = MessageKind::Control;
+        hello.peer_name = self.name;
+        hello.peer_rank = self.rank;
+        hello.handshake = {HandshakeStep::Hello, state.challenge, state.nonce,
+                           auth::hello_proof(secret, state.challenge, state.nonce, self.rank,
+                                             self.name)};
+        connection.write_handshake(encode_frame(hello));
+        return;
+      }
+      if (step.step == HandshakeStep::Welcome && state.hello_sent && !state.done) {
+        if (!secret.empty() &&
+            !auth::proofs_equal(auth::welcome_proof(secret, state.challenge, state.nonce),
+                                step.proof)) {
+          std::string who = workers.empty() ? fmt::format("rank {}", connection.outbound_rank())
+                                            : workers[connection.outbound_rank()].describe();
+          log::warn("closing the connection to {} at {}: it did not prove that it holds the "
+                    "cluster secret",
+                    who, connection.remote_address());
+          connection.close("it did not prove that it holds the cluster secret (FERRY_SECRET)");
+          return;
+        }
+        state.done = true;
+        connection.release();
+        publish_writer(&connection);
+        return;
+      }
+    } else if (step.step == HandshakeStep::Hello && !connection.identified()) {
+      const char* fault = nullptr;
+      if (step.challenge != state.challenge) {
+        fault = "it answered another challenge";
+      } else if (message.peer_rank < 0 || message.peer_rank >= options.world_size) {
+        fault = "its rank is not in this world";
+      } else if (!secret.empty() &&
+                 !auth::proofs_equal(auth::hello_proof(secret, state.challenge, step.nonce,
+                                                       message.peer_rank, message.peer_name),
+                                     step.proof)) {
+        fault = step.proof.empty() ? "it has no cluster secret"
+                                   : "its proof of the cluster secret is wrong";
+      }
+      if (fault != nullptr) {
+        log::warn("rejected a connection from {} claiming to be \"{}\" (rank {}): {}",
+                  connection.remote_address(), message.peer_name, message.peer_rank, fault);
+        connection.close(fmt::format("rejected: {}", fault));
+        return;
+      }
+      connection.set_peer(message.peer_name, message.peer_rank);
+      state.nonce = step.nonce;
+      state.done = true;
+      Message welcome;
+      welcome.kind = MessageKind::Control;
+      welcome.handshake = {HandshakeStep::Welcome, state.challenge, state.nonce,
+                           auth::welcome_proof(secret, state.challenge, state.nonce)};
+      connection.write(encode_frame(welcome));
+      return;
+    }
+    log::warn("closing connection from {}: handshake message out of order",
+              connection.remote_address());
+    connection.close("handshake message out of order");
+  }
+
+  // A stray or hostile client must not hold a connection open forever without a hello.
+  void close_stalled_handshakes() {
+    auto limit = Clock::now() - options.handshake_timeout;
+    for (auto& [id, connection] : connections) {
+      if (connection->outbound_rank() < 0 && !connection->identified() &&
+          !connection->closing() && connection->handshake().opened_at < limit) {
+        log::warn("closing connection from {}: no hello within {} ms",
+                  connection->remote_address(), options.handshake_timeout.count());
+        connection->close("no hello");
+      }
+    }
   }
 
   static void on_timer(uv_timer_t* handle) {
     auto* self = static_cast<State*>(handle->data);
     self->expire_deadlines();
+    if (++self->ticks % 10 == 0) self->close_stalled_handshakes();
   }
 
   void expire_deadlines() {
@@ -491,11 +581,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   void on_message(Connection& connection, Message message) override {
     switch (message.kind) {
       case MessageKind::Control:
-        if (connection.outbound_rank() >= 0 || connection.identified() || message.peer_rank < 0) {
-          connection.close("unexpected hello");
-          return;
-        }
-        connection.set_peer(message.peer_name, message.peer_rank);
+        on_handshake(connection, message);
         return;
       case MessageKind::Request:
         if (!connection.identified()) {
@@ -508,7 +594,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
         return;
       case MessageKind::Response:
       case MessageKind::Error:
-        if (connection.outbound_rank() < 0) {
+        if (connection.outbound_rank() < 0 || !connection.handshake().done) {
           connection.close("reply on a connection that sent no calls");
           return;
         }
@@ -548,8 +634,15 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     fail(std::move(*call), Error(message.error_kind, text, message.error_message));
   }
 
-  void on_closed(Connection& connection, const std::string& reason) override {
+  void on_closed(Connection& connection, const std::string& why) override {
     std::uint64_t id = connection.id();
+    // A peer that requires another secret closes the connection on our hello; say so.
+    const HandshakeState& handshake = connection.handshake();
+    std::string reason = connection.outbound_rank() >= 0 && handshake.hello_sent && !handshake.done
+                             ? fmt::format("{} during the handshake: it rejected this agent's "
+                                           "hello (is FERRY_SECRET the same on both?)",
+                                           why)
+                             : why;
     int rank =
         connection.outbound_rank() >= 0 ? connection.outbound_rank() : connection.peer_rank();
     bool stopping;
@@ -829,6 +922,10 @@ std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry)
   for (const auto& w : state->workers) state->rank_by_name[w.name] = w.rank;
   state->set_phase(State::Phase::Running);
   log::debug("joined as {} in a world of {}", state->self.describe(), options.world_size);
+  if (options.secret.empty() && options.rank == 0) {
+    log::warn("the cluster is open: any process that reaches its ports may join and call "
+              "functions; set FERRY_SECRET or --secret-file to require a shared secret");
+  }
   return std::unique_ptr<Agent>(new Agent(std::move(state)));
 }
 

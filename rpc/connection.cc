@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <utility>
 
 #include "ferry/rpc/log.h"
 
@@ -86,7 +87,8 @@ Connection::Connection(uv_loop_t* loop, std::uint64_t id, int outbound_rank, Fra
       observer_(observer),
       decoder_(limits, rrefs),
       writer_(std::make_shared<SocketWriter>(id, std::move(wake_loop))),
-      buffer_(new char[kBufferBytes]) {
+      buffer_(new char[kBufferBytes]),
+      holding_(outbound_rank >= 0) {
   uv_tcp_init(loop, &handle_);
   handle_.data = this;
 }
@@ -183,6 +185,19 @@ void Connection::on_connect(uv_connect_t* req, int status) {
 }
 
 void Connection::write(EncodedFrame frame) {
+  if (holding_) {
+    if (!closing_) held_.push_back(std::move(frame));
+    return;
+  }
+  write_handshake(std::move(frame));
+}
+
+void Connection::release() {
+  holding_ = false;
+  for (EncodedFrame& frame : std::exchange(held_, {})) write(std::move(frame));
+}
+
+void Connection::write_handshake(EncodedFrame frame) {
   {
     std::lock_guard<std::mutex> lock(writer_->mutex_);
     if (!writer_->open_) return;
@@ -296,6 +311,7 @@ void Connection::close(const std::string& reason) {
     writer_->open_ = false;
     writer_->queue_.clear();
   }
+  held_.clear();
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&handle_));
   uv_close(reinterpret_cast<uv_handle_t*>(&handle_), &Connection::on_close);
 }

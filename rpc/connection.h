@@ -7,6 +7,7 @@
 
 #include <uv.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -68,6 +69,15 @@ class ConnectionObserver {
   virtual void on_bytes_read(std::size_t n) { (void)n; }
 };
 
+// Where a connection's handshake stands (see rpc/auth.h); the agent drives it.
+struct HandshakeState {
+  std::string challenge;  // the accepting side's nonce
+  std::string nonce;      // the connecting side's nonce
+  bool hello_sent = false;
+  bool done = false;  // both sides are known; for an outbound connection, held frames went out
+  std::chrono::steady_clock::time_point opened_at = std::chrono::steady_clock::now();
+};
+
 class Connection {
  public:
   // `outbound_rank` is the peer's rank for a connection we opened, -1 for one we accepted (its
@@ -84,8 +94,14 @@ class Connection {
   int start_accepted();
   // Starts connecting; frames written meanwhile go out once connected.
   int start_connect(const std::string& host, int port);
-  // Queues a frame behind anything queued and flushes.
+  // Queues a frame behind anything queued and flushes. On an outbound connection, frames wait
+  // until release(): nothing but the handshake goes to a peer that has not proved itself.
   void write(EncodedFrame frame);
+  // Writes a handshake frame at once, ahead of held frames.
+  void write_handshake(EncodedFrame frame);
+  // The handshake is done: held frames go out, in order.
+  void release();
+  HandshakeState& handshake() { return handshake_; }
   // Hands every queued frame to libuv: one scatter/gather uv_write of head and tensor memory each.
   void flush();
   const std::shared_ptr<SocketWriter>& writer() const { return writer_; }
@@ -125,6 +141,9 @@ class Connection {
   std::unique_ptr<char[]> buffer_;
   char* direct_ = nullptr;  // where the last alloc pointed when it chose tensor memory
   bool closing_ = false;
+  bool holding_;
+  std::vector<EncodedFrame> held_;
+  HandshakeState handshake_;
   std::string close_reason_;
   std::string peer_name_;
   int peer_rank_ = -1;

@@ -338,6 +338,14 @@ std::uint32_t read_u32(const char* p) {
 
 capnp::Text::Reader text(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
 
+capnp::Data::Reader bytes(const std::string& s) {
+  return capnp::Data::Reader(reinterpret_cast<const kj::byte*>(s.data()), s.size());
+}
+
+std::string from_bytes(capnp::Data::Reader data) {
+  return std::string(reinterpret_cast<const char*>(data.begin()), data.size());
+}
+
 }  // namespace
 
 EncodedFrame encode_frame(const Message& message, int max_nesting_depth, RRefCodec* rrefs,
@@ -364,6 +372,10 @@ EncodedFrame encode_frame(const Message& message, int max_nesting_depth, RRefCod
     auto hello = env.initHello();
     hello.setName(text(message.peer_name));
     hello.setRank(message.peer_rank);
+    hello.setStep(static_cast<wire::HandshakeStep>(message.handshake.step));
+    hello.setChallenge(bytes(message.handshake.challenge));
+    hello.setNonce(bytes(message.handshake.nonce));
+    hello.setProof(bytes(message.handshake.proof));
   }
   auto descs = env.initTensors(frame.tensors.size());
   for (size_t i = 0; i < frame.tensors.size(); ++i) {
@@ -558,8 +570,17 @@ void FrameDecoder::finish_envelope(std::vector<Message>* out) {
       message.error_worker = error.getWorker().cStr();
     }
     if (message.kind == MessageKind::Control) {
-      message.peer_name = env.getHello().getName().cStr();
-      message.peer_rank = env.getHello().getRank();
+      auto hello = env.getHello();
+      message.peer_name = hello.getName().cStr();
+      message.peer_rank = hello.getRank();
+      auto step = static_cast<std::uint16_t>(hello.getStep());
+      if (step > static_cast<std::uint16_t>(HandshakeStep::Welcome)) {
+        throw Error(ErrorKind::BadFrame, fmt::format("unknown handshake step {}", step));
+      }
+      message.handshake.step = static_cast<HandshakeStep>(step);
+      message.handshake.challenge = from_bytes(hello.getChallenge());
+      message.handshake.nonce = from_bytes(hello.getNonce());
+      message.handshake.proof = from_bytes(hello.getProof());
     }
     size_t i = 0;
     for (auto desc : env.getTensors()) {

@@ -2,9 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "ferry/rpc/error.h"
+#include "ferry/rpc/log.h"
 
 extern char** environ;
 
@@ -36,6 +43,26 @@ bool int_from_env(const std::map<std::string, std::string>& env,
     }
   }
   return false;
+}
+
+// The secret in `path`, less one trailing newline (as `echo` or an editor leaves it).
+std::string read_secret_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw Error(ErrorKind::Init,
+                fmt::format("{} {}: cannot read it: {}", what, path, std::strerror(errno)));
+  }
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  std::string secret = bytes.str();
+  if (!secret.empty() && secret.back() == '\n') secret.pop_back();
+  if (!secret.empty() && secret.back() == '\r') secret.pop_back();
+  if (secret.empty()) throw Error(ErrorKind::Init, fmt::format("{} {} is empty", what, path));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    log::warn("{} {} is readable by other users; chmod 600 it", what, path);
+  }
+  return secret;
 }
 
 }  // namespace
@@ -88,6 +115,15 @@ Options resolve_options(Options options, const std::map<std::string, std::string
   }
   if (options.ifname.empty()) {
     if (const std::string* ifname = find(env, "FERRY_IFNAME")) options.ifname = *ifname;
+  }
+  if (options.secret.empty()) {
+    if (!options.secret_file.empty()) {
+      options.secret = read_secret_file(options.secret_file, "secret file");
+    } else if (const std::string* secret = find(env, "FERRY_SECRET")) {
+      options.secret = *secret;
+    } else if (const std::string* path = find(env, "FERRY_SECRET_FILE")) {
+      options.secret = read_secret_file(*path, "FERRY_SECRET_FILE");
+    }
   }
 
   if (options.rank < 0) {

@@ -98,10 +98,22 @@ struct ErrorInfo {
   worker @2 :Text;
 }
 
-# First frame on every connection: who is calling.
+# The handshake that opens every connection (see rpc/auth.h): the accepting side's challenge,
+# the connecting side's hello (who is calling, with its proof of the cluster secret), and the
+# accepting side's welcome (its own proof).
+enum HandshakeStep {
+  hello @0;
+  challenge @1;
+  welcome @2;
+}
+
 struct Hello {
   name @0 :Text;
   rank @1 :Int32;
+  step @2 :HandshakeStep;
+  challenge @3 :Data;
+  nonce @4 :Data;
+  proof @5 :Data;
 }
 
 struct Envelope {

@@ -11,6 +11,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
   libgtest-dev googletest
+  libsodium-dev
   iproute2 procps
 )
 

@@ -90,6 +90,10 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
   int world = static_cast<int>(settings_.peer_names.size()) + 1;
   for (size_t i = 0; i < settings_.peer_names.size(); ++i) {
     std::map<std::string, std::string> env = settings_.env;
+    auto own = settings_.env_of.find(settings_.peer_names[i]);
+    if (own != settings_.env_of.end()) {
+      for (const auto& [key, value] : own->second) env[key] = value;
+    }
     env["RANK"] = std::to_string(i + 1);
     env["WORLD_SIZE"] = std::to_string(world);
     env["MASTER_ADDR"] = "127.0.0.1";
@@ -111,6 +115,8 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
   options.rpc_timeout = settings_.rpc_timeout;
   options.init_timeout = std::chrono::milliseconds(20000);
   options.shutdown_timeout = settings_.shutdown_timeout;
+  options.secret = settings_.secret;
+  options.handshake_timeout = settings_.handshake_timeout;
   register_once();
   rpc::init(options);
 }

@@ -55,6 +55,11 @@ class LocalWorld {
     bool use_ferry_worker = false;
     // Extra environment of every peer.
     std::map<std::string, std::string> env;
+    // Extra environment of one peer, by name, over `env`.
+    std::map<std::string, std::map<std::string, std::string>> env_of;
+    // The master's cluster secret (peers take theirs from FERRY_SECRET in `env`).
+    std::string secret;
+    std::chrono::milliseconds handshake_timeout{10000};
   };
 
   explicit LocalWorld(Settings settings);

@@ -21,11 +21,20 @@
 
 namespace ferry::rpc {
 
-constexpr std::uint16_t kProtocolVersion = 1;
+constexpr std::uint16_t kProtocolVersion = 2;
 constexpr std::uint32_t kFrameMagic = 0x31595246;  // "FRY1" read as little-endian u32
 constexpr std::size_t kFrameHeaderBytes = 16;
 
 enum class MessageKind : std::uint8_t { Request, Response, Error, Control };
+
+// Control messages are the steps of the handshake that opens a connection (see rpc/auth.h).
+enum class HandshakeStep : std::uint8_t { Hello, Challenge, Welcome };
+struct Handshake {
+  HandshakeStep step = HandshakeStep::Hello;
+  std::string challenge;  // Challenge, Hello: the accepting side's nonce
+  std::string nonce;      // Hello, Welcome: the connecting side's nonce
+  std::string proof;      // Hello, Welcome: HMAC of both nonces; empty in an open cluster
+};
 
 // One decoded message (value type). Which fields matter depends on `kind`.
 struct Message {
@@ -38,6 +47,7 @@ struct Message {
   std::string error_worker;                           // Error: the worker that raised it
   std::string peer_name;                              // Control: hello from the connecting side
   int peer_rank = -1;                                 // Control
+  Handshake handshake;                                // Control
   GradTag grad;  // Request, Response: the autograd context it was sent in, if any
 };
 

@@ -19,10 +19,16 @@ struct Options {
   std::string master_addr;  // host of rank 0's rendezvous store; empty: from the environment
   int master_port = -1;     // -1: from the environment; 0 on rank 0 picks a free port
   std::string ifname;       // interface to listen on; empty: FERRY_IFNAME, else the route to master
+  // The cluster secret every connection proves at its handshake (see rpc/auth.h). Empty: read
+  // from `secret_file`, else FERRY_SECRET, else the file FERRY_SECRET_FILE names; still empty:
+  // the cluster is open to anyone who can reach its ports.
+  std::string secret;
+  std::string secret_file;
   int num_threads = 4;      // pool threads that run user functions
   std::chrono::milliseconds rpc_timeout{60000};            // default deadline of a call
   std::chrono::milliseconds init_timeout{30000};           // bound on the whole rendezvous
   std::chrono::milliseconds shutdown_timeout{10000};       // bound on the graceful shutdown barrier
+  std::chrono::milliseconds handshake_timeout{10000};  // an accepted connection's hello, at most
   std::uint64_t max_frame_bytes = std::uint64_t{4} << 30;  // envelope plus tensor bytes
   int max_nesting_depth = 64;                              // of containers inside a value
 };

@@ -1,0 +1,245 @@
+// The handshake's shared-secret authentication: a world whose agents share FERRY_SECRET works;
+// an agent with another secret is refused by name; a raw client that cannot prove the secret, or
+// replays a proof made for another connection, gets nothing but the challenge; one that proves it
+// is served; a client that never says hello is closed.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/frame.h"
+#include "ferry/rpc/rpc.h"
+#include "rpc/auth.h"
+#include "tests/support/cluster.h"
+#include "tests/support/error_of.h"
+
+namespace {
+
+using ferry::rpc::Handshake;
+using ferry::rpc::HandshakeStep;
+using ferry::rpc::Message;
+using ferry::rpc::MessageKind;
+using ferry::rpc::WorkerInfo;
+using ferry::testing::LocalWorld;
+
+const char* kSecret = "correct horse battery staple";
+
+LocalWorld::Settings with_secret(const std::string& secret) {
+  LocalWorld::Settings settings;
+  settings.secret = secret;
+  settings.env["FERRY_SECRET"] = secret;
+  return settings;
+}
+
+// A client speaking the wire protocol by hand, as an attacker or another implementation would.
+class RawClient {
+ public:
+  explicit RawClient(const WorkerInfo& to) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(to.port);
+    inet_pton(AF_INET, to.host.c_str(), &addr.sin_addr);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    timeval limit{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  }
+  ~RawClient() { ::close(fd_); }
+
+  void send(const Message& message) {
+    ferry::rpc::EncodedFrame frame = ferry::rpc::encode_frame(message);
+    std::string bytes(frame.head.begin(), frame.head.end());
+    ASSERT_EQ(::write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
+
+  // The next message, or nothing once the agent closed the connection (or after 5 s).
+  std::optional<Message> receive() {
+    while (received_.empty()) {
+      char buf[4096];
+      ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) return std::nullopt;
+      decoder_.consume(buf, static_cast<size_t>(n), &received_);
+    }
+    Message next = std::move(received_.front());
+    received_.erase(received_.begin());
+    return next;
+  }
+
+  // Every message until the agent closes the connection; `closed` says whether it did.
+  std::vector<Message> drain(bool* closed) {
+    std::vector<Message> out;
+    *closed = false;
+    for (int i = 0; i < 64; ++i) {
+      std::optional<Message> m = receive();
+      if (!m) {
+        char byte;
+        ssize_t n = ::read(fd_, &byte, 1);
+        *closed = n == 0 || (n < 0 && errno == ECONNRESET);
+        return out;
+      }
+      out.push_back(std::move(*m));
+    }
+    return out;
+  }
+
+ private:
+  int fd_;
+  ferry::rpc::FrameDecoder decoder_{ferry::rpc::FrameLimits{}};
+  std::vector<Message> received_;
+};
+
+Message hello(int rank, const std::string& name, Handshake handshake) {
+  Message m;
+  m.kind = MessageKind::Control;
+  m.peer_rank = rank;
+  m.peer_name = name;
+  m.handshake = std::move(handshake);
+  return m;
+}
+
+Message echo_request(std::int64_t value) {
+  Message m;
+  m.kind = MessageKind::Request;
+  m.id = 1;
+  m.function = "echo";
+  m.value = c10::ivalue::Tuple::create({c10::IValue(value)});
+  return m;
+}
+
+std::string challenge_from(RawClient& client) {
+  std::optional<Message> first = client.receive();
+  EXPECT_TRUE(first.has_value());
+  if (!first) return {};
+  EXPECT_EQ(first->kind, MessageKind::Control);
+  EXPECT_EQ(first->handshake.step, HandshakeStep::Challenge);
+  EXPECT_EQ(first->handshake.challenge.size(), ferry::rpc::auth::kNonceBytes);
+  return first->handshake.challenge;
+}
+
+bool any_response(const std::vector<Message>& messages) {
+  for (const Message& m : messages) {
+    if (m.kind != MessageKind::Control) return true;
+  }
+  return false;
+}
+
+TEST(Auth, AWorldSharingASecretCallsAcrossEveryConnection) {
+  LocalWorld world(with_secret(kSecret));
+  EXPECT_EQ(ferry::rpc::rpc_sync("a", "echo", {int64_t{5}}).toInt(), 5);
+  // a -> b is a connection between two peers, authenticated the same way.
+  EXPECT_EQ(
+      ferry::rpc::rpc_sync("a", "relay", {std::string("b"), std::string("echo"), int64_t{9}})
+          .toInt(),
+      9);
+}
+
+TEST(Auth, AnAgentWithAnotherSecretIsRefusedAndTheErrorSaysWhy) {
+  LocalWorld::Settings settings = with_secret(kSecret);
+  settings.env_of["b"]["FERRY_SECRET"] = "another secret";
+  settings.rpc_timeout = std::chrono::milliseconds(5000);
+  LocalWorld world(settings);
+  EXPECT_EQ(ferry::rpc::rpc_sync("a", "echo", {int64_t{5}}).toInt(), 5);
+  // b refuses the master's hello: the master learns that the handshake failed, not a timeout.
+  auto start = std::chrono::steady_clock::now();
+  std::string error = ferry::testing::error_of(
+      [] { ferry::rpc::rpc_sync("b", "echo", {int64_t{5}}); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << error;
+  EXPECT_NE(error.find("worker \"b\""), std::string::npos) << error;
+  EXPECT_NE(error.find("during the handshake"), std::string::npos) << error;
+  EXPECT_NE(error.find("FERRY_SECRET"), std::string::npos) << error;
+  // Between peers too: b refuses a's hello, and a's call fails with the same reason.
+  error = ferry::testing::error_of([] {
+    ferry::rpc::rpc_sync("a", "relay", {std::string("b"), std::string("echo"), int64_t{9}});
+  });
+  EXPECT_NE(error.find("during the handshake"), std::string::npos) << error;
+}
+
+TEST(Auth, ARawClientWithoutTheSecretGetsOnlyTheChallenge) {
+  LocalWorld world(with_secret(kSecret));
+  const WorkerInfo& a = world.master().worker("a");
+  {
+    // No proof at all, and a request right behind the hello.
+    RawClient client(a);
+    std::string challenge = challenge_from(client);
+    client.send(hello(1, "intruder", {HandshakeStep::Hello, challenge, std::string(32, 'n'), ""}));
+    client.send(echo_request(7));
+    bool closed;
+    std::vector<Message> rest = client.drain(&closed);
+    EXPECT_TRUE(closed);
+    EXPECT_FALSE(any_response(rest));
+  }
+  {
+    // A proof made with a guessed secret.
+    RawClient client(a);
+    std::string challenge = challenge_from(client);
+    std::string nonce(32, 'n');
+    client.send(hello(1, "intruder",
+                      {HandshakeStep::Hello, challenge, nonce,
+                       ferry::rpc::auth::hello_proof("guess", challenge, nonce, 1, "intruder")}));
+    client.send(echo_request(7));
+    bool closed;
+    EXPECT_FALSE(any_response(client.drain(&closed)));
+    EXPECT_TRUE(closed);
+  }
+  {
+    // A valid proof replayed from another connection answers another challenge.
+    RawClient earlier(a);
+    std::string old_challenge = challenge_from(earlier);
+    RawClient client(a);
+    challenge_from(client);
+    std::string nonce(32, 'n');
+    client.send(hello(1, "intruder",
+                      {HandshakeStep::Hello, old_challenge, nonce,
+                       ferry::rpc::auth::hello_proof(kSecret, old_challenge, nonce, 1,
+                                                     "intruder")}));
+    client.send(echo_request(7));
+    bool closed;
+    EXPECT_FALSE(any_response(client.drain(&closed)));
+    EXPECT_TRUE(closed);
+  }
+  // The agent serves its world as before.
+  EXPECT_EQ(ferry::rpc::rpc_sync("a", "echo", {int64_t{5}}).toInt(), 5);
+}
+
+TEST(Auth, AClientProvingTheSecretIsWelcomedWithTheAgentsOwnProofAndServed) {
+  LocalWorld world(with_secret(kSecret));
+  RawClient client(world.master().worker("a"));
+  std::string challenge = challenge_from(client);
+  std::string nonce = ferry::rpc::auth::fresh_nonce();
+  client.send(hello(2, "b-again",
+                    {HandshakeStep::Hello, challenge, nonce,
+                     ferry::rpc::auth::hello_proof(kSecret, challenge, nonce, 2, "b-again")}));
+  std::optional<Message> welcome = client.receive();
+  ASSERT_TRUE(welcome.has_value());
+  EXPECT_EQ(welcome->handshake.step, HandshakeStep::Welcome);
+  EXPECT_TRUE(ferry::rpc::auth::proofs_equal(
+      ferry::rpc::auth::welcome_proof(kSecret, challenge, nonce), welcome->handshake.proof));
+  EXPECT_FALSE(ferry::rpc::auth::proofs_equal(
+      ferry::rpc::auth::welcome_proof("guess", challenge, nonce), welcome->handshake.proof));
+  client.send(echo_request(7));
+  std::optional<Message> reply = client.receive();
+  ASSERT_TRUE(reply.has_value());
+  ASSERT_EQ(reply->kind, MessageKind::Response);
+  EXPECT_EQ(reply->value.toInt(), 7);
+}
+
+TEST(Auth, AClientThatNeverSaysHelloIsClosed) {
+  LocalWorld::Settings settings;
+  settings.handshake_timeout = std::chrono::milliseconds(300);
+  LocalWorld world(settings);
+  RawClient client(world.master().self());
+  challenge_from(client);
+  auto start = std::chrono::steady_clock::now();
+  bool closed;
+  client.drain(&closed);
+  EXPECT_TRUE(closed);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+}
+
+}  // namespace

@@ -204,7 +204,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   Connection* new_connection(int outbound_rank) {
     auto connection = std::make_unique<Connection>(&loop, next_connection_id++, outbound_rank,
-                                                   limits(), rrefs.get(), this,
+                                                   limits(), options.max_queued_bytes,
+                                                   rrefs.get(), this,
                                                    [this](std::uint64_t id) { request_flush(id); });
     Connection* raw = connection.get();
     connections.emplace(raw->id(), std::move(connection));
@@ -333,7 +334,19 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       pending.emplace(request.id, std::move(call));
     }
     if (writer) {
-      if (writer->send(frame) != SocketWriter::Result::Closed) return future;
+      SocketWriter::Result sent = writer->send(frame, send_deadline(deadline_of(request.id)));
+      if (sent == SocketWriter::Result::Full) {
+        if (std::optional<PendingCall> waited = take_pending(request.id)) {
+          fail(std::move(*waited),
+               Error(ErrorKind::Timeout,
+                     fmt::format("call \"{}\" to {} could not be sent within its deadline: "
+                                 "{:.0f} MiB were still queued to it (it reads slower than "
+                                 "this process sends)",
+                                 function, callee.describe(), writer->queued_bytes() / 1048576.0)));
+        }
+        return future;
+      }
+      if (sent != SocketWriter::Result::Closed) return future;
       // That connection is going away; the loop opens a new one.
       std::lock_guard<std::mutex> lock(pending_mutex);
       auto it = pending.find(request.id);
@@ -345,6 +358,17 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     outgoing.frame = std::move(frame);
     enqueue(std::move(outgoing));
     return future;
+  }
+
+  Clock::time_point deadline_of(std::uint64_t call_id) {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    auto it = pending.find(call_id);
+    return it == pending.end() ? Clock::now() : it->second.deadline;
+  }
+
+  // How long a sender may wait for room in a connection's queue; the loop thread never waits.
+  Clock::time_point send_deadline(Clock::time_point wanted) const {
+    return std::this_thread::get_id() == loop_thread.get_id() ? SocketWriter::kNoBound : wanted;
   }
 
   Error unknown_worker(const std::string& name) const {
@@ -776,8 +800,15 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     }
     payload_sent += frame.size();
     std::shared_ptr<SocketWriter> writer = writer_for_connection(connection_id);
-    if (!writer || writer->send(frame) == SocketWriter::Result::Closed) {
+    SocketWriter::Result sent =
+        writer ? writer->send(frame, send_deadline(Clock::now() + options.rpc_timeout))
+               : SocketWriter::Result::Closed;
+    if (sent == SocketWriter::Result::Closed) {
       log::debug("dropping the reply to call {}: its connection is gone", id);
+    } else if (sent == SocketWriter::Result::Full) {
+      log::warn("dropping the reply to call {} (\"{}\") from {}: its connection's queue stayed "
+                "full for {} ms",
+                id, function, workers[caller_rank].describe(), options.rpc_timeout.count());
     }
   }
 

@@ -26,6 +26,7 @@ constexpr size_t kDirectReadMin = 16 * 1024;
 struct WriteRequest {
   uv_write_t req;
   EncodedFrame frame;
+  std::uint64_t bytes = 0;  // of the frame still to write when the request was made
   std::vector<uv_buf_t> bufs;
 };
 
@@ -50,11 +51,21 @@ std::vector<iovec> frame_buffers(EncodedFrame& frame, std::uint64_t offset) {
 
 }  // namespace
 
-SocketWriter::Result SocketWriter::send(EncodedFrame& frame) {
+std::uint64_t SocketWriter::queued_bytes() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queued_bytes_;
+}
+
+SocketWriter::Result SocketWriter::send(EncodedFrame& frame, Clock::time_point deadline) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto room = [&] {
+      return !open_ || queued_bytes_ == 0 || queued_bytes_ + frame.size() <= max_queued_bytes_;
+    };
+    if (deadline != kNoBound && !drained_.wait_until(lock, deadline, room)) return Result::Full;
     if (!open_) return Result::Closed;
     if (loop_busy_ || !queue_.empty()) {
+      queued_bytes_ += frame.size();
       queue_.push_back({std::move(frame), 0});
       // Already queued work means the loop was already asked to flush.
       if (queue_.size() > 1) return Result::Queued;
@@ -72,6 +83,7 @@ SocketWriter::Result SocketWriter::send(EncodedFrame& frame) {
       if (written == frame.size()) return Result::Sent;
       // The rest goes through the loop, which also notices and reports a broken socket.
       loop_busy_ = true;
+      queued_bytes_ += frame.size() - written;
       queue_.push_front({std::move(frame), written});
     }
   }
@@ -80,13 +92,13 @@ SocketWriter::Result SocketWriter::send(EncodedFrame& frame) {
 }
 
 Connection::Connection(uv_loop_t* loop, std::uint64_t id, int outbound_rank, FrameLimits limits,
-                       RRefCodec* rrefs, ConnectionObserver* observer,
-                       std::function<void(std::uint64_t)> wake_loop)
+                       std::uint64_t max_queued_bytes, RRefCodec* rrefs,
+                       ConnectionObserver* observer, std::function<void(std::uint64_t)> wake_loop)
     : id_(id),
       outbound_rank_(outbound_rank),
       observer_(observer),
       decoder_(limits, rrefs),
-      writer_(std::make_shared<SocketWriter>(id, std::move(wake_loop))),
+      writer_(std::make_shared<SocketWriter>(id, max_queued_bytes, std::move(wake_loop))),
       buffer_(new char[kBufferBytes]),
       holding_(outbound_rank >= 0) {
   uv_tcp_init(loop, &handle_);
@@ -201,6 +213,7 @@ void Connection::write_handshake(EncodedFrame frame) {
   {
     std::lock_guard<std::mutex> lock(writer_->mutex_);
     if (!writer_->open_) return;
+    writer_->queued_bytes_ += frame.size();
     writer_->queue_.push_back({std::move(frame), 0});
   }
   flush();
@@ -214,6 +227,7 @@ void Connection::flush() {
       auto* request = new WriteRequest{};
       request->frame = std::move(writer_->queue_.front().frame);
       std::uint64_t offset = writer_->queue_.front().offset;
+      request->bytes = request->frame.size() - offset;
       writer_->queue_.pop_front();
       request->req.data = request;
       for (const iovec& part : frame_buffers(request->frame, offset)) {
@@ -230,6 +244,7 @@ void Connection::flush() {
                    static_cast<unsigned>(request->bufs.size()), &Connection::on_write);
       if (rc != 0) {
         --writer_->writes_in_flight_;
+        writer_->queued_bytes_ -= request->bytes;
         delete request;
         failure = fmt::format("write failed: {}", uv_strerror(rc));
         break;
@@ -243,18 +258,19 @@ void Connection::flush() {
 void Connection::on_write(uv_write_t* req, int status) {
   auto* request = static_cast<WriteRequest*>(req->data);
   auto* self = static_cast<Connection*>(req->handle->data);
+  std::uint64_t bytes = request->bytes;
   delete request;
-  if (status < 0) {
-    {
-      std::lock_guard<std::mutex> lock(self->writer_->mutex_);
-      --self->writer_->writes_in_flight_;
-    }
-    if (status != UV_ECANCELED) self->close(fmt::format("write failed: {}", uv_strerror(status)));
-    return;
+  SocketWriter& writer = *self->writer_;
+  {
+    std::lock_guard<std::mutex> lock(writer.mutex_);
+    --writer.writes_in_flight_;
+    writer.queued_bytes_ -= bytes;
+    if (status >= 0) writer.update_busy();
   }
-  std::lock_guard<std::mutex> lock(self->writer_->mutex_);
-  --self->writer_->writes_in_flight_;
-  self->writer_->update_busy();
+  writer.drained_.notify_all();
+  if (status < 0 && status != UV_ECANCELED) {
+    self->close(fmt::format("write failed: {}", uv_strerror(status)));
+  }
 }
 
 void Connection::on_alloc(uv_handle_t* handle, size_t, uv_buf_t* buf) {
@@ -309,8 +325,12 @@ void Connection::close(const std::string& reason) {
     // From here on no thread writes to the socket, which uv_close is about to release.
     std::lock_guard<std::mutex> lock(writer_->mutex_);
     writer_->open_ = false;
+    for (const auto& queued : writer_->queue_) {
+      writer_->queued_bytes_ -= queued.frame.size() - queued.offset;
+    }
     writer_->queue_.clear();
   }
+  writer_->drained_.notify_all();
   held_.clear();
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&handle_));
   uv_close(reinterpret_cast<uv_handle_t*>(&handle_), &Connection::on_close);

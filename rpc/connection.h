@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -29,15 +30,26 @@ class Connection;
 // every call, which dominates a small round trip. Whatever the socket does not take at once
 // goes to the front of the queue, and the loop thread writes the queue with uv_write while the
 // socket drains. The mutex makes writes of whole frames exclusive, so bytes never interleave.
+//
+// Backpressure: frames hold their tensors until written, so a peer that reads slower than this
+// process sends would make the queue grow without end. Past `max_queued_bytes` a sender waits
+// until the socket has taken enough; a frame alone may exceed the bound.
 class SocketWriter {
  public:
-  enum class Result { Sent, Queued, Closed };
+  enum class Result { Sent, Queued, Closed, Full };
+  using Clock = std::chrono::steady_clock;
 
-  SocketWriter(std::uint64_t id, std::function<void(std::uint64_t)> wake_loop)
-      : id_(id), wake_loop_(std::move(wake_loop)) {}
+  SocketWriter(std::uint64_t id, std::uint64_t max_queued_bytes,
+               std::function<void(std::uint64_t)> wake_loop)
+      : id_(id), max_queued_bytes_(max_queued_bytes), wake_loop_(std::move(wake_loop)) {}
   std::uint64_t id() const { return id_; }
-  // Any thread. Takes the frame unless the result is Closed (the connection is gone).
-  Result send(EncodedFrame& frame);
+  // Takes the frame unless the result is Closed (the connection is gone) or Full (the queue
+  // stayed over its bound until `deadline`). With kNoBound, takes it whatever the queue holds: the
+  // loop thread must never wait, as it is the one that drains the queue.
+  static constexpr Clock::time_point kNoBound = Clock::time_point::min();
+  Result send(EncodedFrame& frame, Clock::time_point deadline);
+  // Bytes of frames taken but not yet written.
+  std::uint64_t queued_bytes();
 
  private:
   friend class Connection;
@@ -47,8 +59,11 @@ class SocketWriter {
   };
 
   const std::uint64_t id_;
+  const std::uint64_t max_queued_bytes_;
   const std::function<void(std::uint64_t)> wake_loop_;  // asks the loop to flush this writer
   std::mutex mutex_;
+  std::condition_variable drained_;
+  std::uint64_t queued_bytes_ = 0;  // in queue_ and in uv_write requests not yet completed
   int fd_ = -1;               // set once the socket is connected
   bool open_ = true;          // false from the moment the connection starts closing
   bool loop_busy_ = true;     // libuv holds unwritten bytes, or the socket is not connected yet
@@ -83,7 +98,7 @@ class Connection {
   // `outbound_rank` is the peer's rank for a connection we opened, -1 for one we accepted (its
   // peer is known once its hello arrives).
   Connection(uv_loop_t* loop, std::uint64_t id, int outbound_rank, FrameLimits limits,
-             RRefCodec* rrefs, ConnectionObserver* observer,
+             std::uint64_t max_queued_bytes, RRefCodec* rrefs, ConnectionObserver* observer,
              std::function<void(std::uint64_t)> wake_loop);
   ~Connection();
   Connection(const Connection&) = delete;

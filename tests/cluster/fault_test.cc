@@ -13,6 +13,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 
@@ -124,7 +125,8 @@ std::map<int, std::pair<double, double>> losses_in(const std::string& metrics_fi
   std::map<int, std::pair<double, double>> out;
   std::ifstream in(metrics_file);
   if (!in) return out;
-  for (const auto& e : nlohmann::json::parse(in).at("epochs")) {
+  nlohmann::json metrics = nlohmann::json::parse(in);
+  for (const auto& e : metrics.at("epochs")) {
     out[e.at("epoch").get<int>()] = {e.at("train_loss").get<double>(),
                                      e.at("val_loss").get<double>()};
   }
@@ -142,8 +144,8 @@ TEST(Faults, AMasterKilledWhileSavingLeavesTheLastCheckpointAndResumingFollowsTh
   World straight("straight", job + " --metrics-file " + straight_metrics);
   ASSERT_TRUE(straight.master->wait(std::chrono::seconds(120)).has_value()) << straight.log();
   auto expected = losses_in(straight_metrics);
+  ASSERT_EQ(expected.size(), 3u) << straight.log() << read_file(straight_metrics);
   fs::remove(straight_metrics);
-  ASSERT_EQ(expected.size(), 3u) << straight.log();
 
   std::string ckpt = "/tmp/ferry-fault-save-" + std::to_string(getpid());
   fs::remove_all(ckpt);
@@ -160,7 +162,9 @@ TEST(Faults, AMasterKilledWhileSavingLeavesTheLastCheckpointAndResumingFollowsTh
   std::cout << "killed " << (mid_save ? "during" : "after") << " the save of ckpt-1; LATEST is "
             << latest << "\n";
   ASSERT_TRUE(fs::exists(ckpt + "/" + latest + "/manifest.json")) << latest;
-  if (mid_save) EXPECT_EQ(latest, "ckpt-0");
+  if (mid_save) {
+    EXPECT_EQ(latest, "ckpt-0");
+  }
 
   std::string resumed_metrics = ckpt + "-resumed.json";
   World resumed("resumed", job + " --resume --checkpoint-dir " + ckpt + " --metrics-file " +
@@ -171,12 +175,12 @@ TEST(Faults, AMasterKilledWhileSavingLeavesTheLastCheckpointAndResumingFollowsTh
   auto got = losses_in(resumed_metrics);
   ASSERT_FALSE(got.empty()) << resumed.log();
   for (const auto& [epoch, losses] : got) {
-    // Not bit for bit: the restored state is, but the first resumed epoch's losses differ from
-    // the uninterrupted run's by about 1e-8, and training amplifies that to 1e-4 two epochs on.
-    // A state not restored (an optimizer step count, a shuffle order) moves them by 1e-2 or more.
-    EXPECT_LT(relative(losses.first, expected.at(epoch).first), 1e-3) << "epoch " << epoch;
-    EXPECT_LT(relative(losses.second, expected.at(epoch).second), 1e-3) << "epoch " << epoch;
-    std::cout << "epoch " << epoch << ": train " << losses.first << " (uninterrupted "
+    // With one intra-op thread (as here) the resumed curve is the uninterrupted one to the last
+    // printed digit. With several, the first resumed epoch differs by about 1e-8 and training
+    // amplifies that to 1e-4 two epochs on; a state not restored moves them by 1e-2 or more.
+    EXPECT_LT(relative(losses.first, expected.at(epoch).first), 1e-6) << "epoch " << epoch;
+    EXPECT_LT(relative(losses.second, expected.at(epoch).second), 1e-6) << "epoch " << epoch;
+    std::cout << std::setprecision(10) << "epoch " << epoch << ": train " << losses.first << " (uninterrupted "
               << expected.at(epoch).first << "), validation " << losses.second << " ("
               << expected.at(epoch).second << ")\n";
   }

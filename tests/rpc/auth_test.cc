@@ -2,6 +2,8 @@
 // an agent with another secret is refused by name; a raw client that cannot prove the secret, or
 // replays a proof made for another connection, gets nothing but the challenge; one that proves it
 // is served; a client that never says hello is closed.
+#include "rpc/auth.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -16,7 +18,6 @@
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/frame.h"
 #include "ferry/rpc/rpc.h"
-#include "rpc/auth.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 
@@ -133,10 +134,9 @@ TEST(Auth, AWorldSharingASecretCallsAcrossEveryConnection) {
   LocalWorld world(with_secret(kSecret));
   EXPECT_EQ(ferry::rpc::rpc_sync("a", "echo", {int64_t{5}}).toInt(), 5);
   // a -> b is a connection between two peers, authenticated the same way.
-  EXPECT_EQ(
-      ferry::rpc::rpc_sync("a", "relay", {std::string("b"), std::string("echo"), int64_t{9}})
-          .toInt(),
-      9);
+  EXPECT_EQ(ferry::rpc::rpc_sync("a", "relay", {std::string("b"), std::string("echo"), int64_t{9}})
+                .toInt(),
+            9);
 }
 
 TEST(Auth, AnAgentWithAnotherSecretIsRefusedAndTheErrorSaysWhy) {
@@ -147,8 +147,8 @@ TEST(Auth, AnAgentWithAnotherSecretIsRefusedAndTheErrorSaysWhy) {
   EXPECT_EQ(ferry::rpc::rpc_sync("a", "echo", {int64_t{5}}).toInt(), 5);
   // b refuses the master's hello: the master learns that the handshake failed, not a timeout.
   auto start = std::chrono::steady_clock::now();
-  std::string error = ferry::testing::error_of(
-      [] { ferry::rpc::rpc_sync("b", "echo", {int64_t{5}}); });
+  std::string error =
+      ferry::testing::error_of([] { ferry::rpc::rpc_sync("b", "echo", {int64_t{5}}); });
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << error;
   EXPECT_NE(error.find("worker \"b\""), std::string::npos) << error;
   EXPECT_NE(error.find("during the handshake"), std::string::npos) << error;
@@ -194,10 +194,10 @@ TEST(Auth, ARawClientWithoutTheSecretGetsOnlyTheChallenge) {
     RawClient client(a);
     challenge_from(client);
     std::string nonce(32, 'n');
-    client.send(hello(1, "intruder",
-                      {HandshakeStep::Hello, old_challenge, nonce,
-                       ferry::rpc::auth::hello_proof(kSecret, old_challenge, nonce, 1,
-                                                     "intruder")}));
+    client.send(
+        hello(1, "intruder",
+              {HandshakeStep::Hello, old_challenge, nonce,
+               ferry::rpc::auth::hello_proof(kSecret, old_challenge, nonce, 1, "intruder")}));
     client.send(echo_request(7));
     bool closed;
     EXPECT_FALSE(any_response(client.drain(&closed)));

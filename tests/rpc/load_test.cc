@@ -1,9 +1,13 @@
-// Load: many small calls in flight at once complete, and neither side's memory runs away.
+// Load: many small calls in flight at once complete, and neither side's memory runs away; a
+// sender faster than its reader is held back instead of queueing without end.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <signal.h>
+
+#include <atomic>
 #include <chrono>
-#include <fstream>
+#include <thread>
 
 #include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
@@ -13,17 +17,6 @@ namespace ferry::rpc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Resident memory now (VmRSS), MiB.
-double rss_mib(pid_t pid = 0) {
-  std::ifstream status(pid == 0 ? std::string("/proc/self/status")
-                                : "/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
-}
 
 TEST(Load, TenThousandConcurrentSmallCallsCompleteInBoundedMemory) {
   testing::LocalWorld::Settings settings;
@@ -53,6 +46,49 @@ TEST(Load, TenThousandConcurrentSmallCallsCompleteInBoundedMemory) {
   EXPECT_LT(master_peak, 100.0);
   EXPECT_LT(peer_peak, 100.0);
   EXPECT_LT(seconds, 30.0);
+}
+
+TEST(Load, ASenderOfAGibibyteToAReaderThatStoppedIsHeldBackAtTheQueueBound) {
+  testing::LocalWorld::Settings settings;
+  settings.peer_names = {"a"};
+  settings.rpc_timeout = std::chrono::milliseconds(60000);
+  testing::LocalWorld world(settings);
+  rpc_sync("a", "echo", {int64_t{0}});
+  const std::uint64_t bound = agent().options().max_queued_bytes;
+  constexpr int kCalls = 64;
+  constexpr int64_t kFloats = 4 << 20;  // 16 MiB a call, 1 GiB in all
+  // A stopped process reads nothing: its socket buffers fill, then this side's queue.
+  world.peer(0).kill(SIGSTOP);
+  reset_tensor_memory_peak();
+  double rss_before = rss_mib();
+  std::atomic<int> sent{0};
+  std::vector<FuturePtr> calls(kCalls);
+  std::thread sender([&] {
+    for (int i = 0; i < kCalls; ++i) {
+      calls[i] = rpc_async("a", "byte_count", {torch::full({kFloats}, static_cast<float>(i))});
+      ++sent;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  int sent_while_stopped = sent.load();
+  double tensor_peak_mib = tensor_memory().peak_bytes / 1048576.0;
+  double rss_growth = rss_mib() - rss_before;
+  world.peer(0).kill(SIGCONT);
+  sender.join();
+  for (int i = 0; i < kCalls; ++i) {
+    calls[i]->wait();
+    ASSERT_FALSE(calls[i]->hasError()) << i << ": " << calls[i]->tryRetrieveErrorMessage();
+    EXPECT_EQ(calls[i]->value().toInt(), kFloats * 4);
+  }
+  std::cout << "while the reader was stopped: " << sent_while_stopped << " of " << kCalls
+            << " calls of 16 MiB taken, tensor memory peak " << tensor_peak_mib
+            << " MiB, RSS growth " << rss_growth << " MiB (queue bound " << (bound >> 20)
+            << " MiB)\n";
+  EXPECT_LT(sent_while_stopped, kCalls / 2);
+  EXPECT_GT(sent_while_stopped, 0);
+  // The queue's bound, the tensor being made, and what the socket buffers took.
+  EXPECT_LT(tensor_peak_mib, (bound >> 20) + 64.0);
+  EXPECT_LT(rss_growth, (bound >> 20) + 128.0);
 }
 
 }  // namespace

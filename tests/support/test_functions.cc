@@ -61,6 +61,7 @@ void register_test_functions(rpc::FunctionRegistry& registry) {
                [](at::Tensor x, int64_t ms) { return SlowBackward::apply(x, ms); });
   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
   registry.add("echo", [](c10::IValue v) { return v; });
+  registry.add("byte_count", [](at::Tensor t) { return static_cast<int64_t>(t.nbytes()); });
   registry.add("sleep_ms", [](int64_t ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return ms;

@@ -31,6 +31,9 @@ struct Options {
   std::chrono::milliseconds handshake_timeout{10000};  // an accepted connection's hello, at most
   std::uint64_t max_frame_bytes = std::uint64_t{4} << 30;  // envelope plus tensor bytes
   int max_nesting_depth = 64;                              // of containers inside a value
+  // Bytes queued to one peer (frames hold their tensors until written) before a sender waits
+  // for the socket to take them, up to its call's deadline: a slow reader gets backpressure.
+  std::uint64_t max_queued_bytes = std::uint64_t{256} << 20;
 };
 
 // Fills every unset field of `options` from `env` (normally the process environment) and checks

@@ -10,16 +10,21 @@
 
 namespace ferry::rpc {
 
-// The peak resident memory (VmHWM) of `pid` (0: this process), MiB; -1 if unknown.
-inline double peak_rss_mib(pid_t pid = 0) {
+// A "Vm...:" line of /proc/<pid>/status (0: this process), MiB; -1 if unknown.
+inline double status_mib(pid_t pid, const std::string& field) {
   std::ifstream status(pid == 0 ? std::string("/proc/self/status")
                                 : "/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024.0;
   }
   return -1;
 }
+
+// The peak resident memory (VmHWM) of `pid` (0: this process), MiB; -1 if unknown.
+inline double peak_rss_mib(pid_t pid = 0) { return status_mib(pid, "VmHWM"); }
+// The resident memory now (VmRSS), MiB; -1 if unknown.
+inline double rss_mib(pid_t pid = 0) { return status_mib(pid, "VmRSS"); }
 
 // Tensor memory of this process, counted at the CPU allocator rpc::init() installs (see
 // rpc/tensor_cache.h; nothing is counted with FERRY_TENSOR_CACHE_MIB=0): what is live now and the

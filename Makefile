@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build test bench demo clean format
+.PHONY: deps configure build test bench demo fuzz sanitize clean format
 
 deps:
 	@bash scripts/install-deps.sh
@@ -18,6 +18,23 @@ build: configure
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300 -j 2
+
+# The frame decoder and handshake under libFuzzer for FUZZ_SECONDS; new inputs it finds go to
+# build/fuzz/corpus, crashes to build/fuzz/crash-*.
+FUZZ_SECONDS ?= 600
+fuzz: build
+	mkdir -p $(BUILD_DIR)/fuzz/corpus
+	ASAN_OPTIONS=detect_leaks=0 $(BUILD_DIR)/fuzz/frame_fuzzer -max_total_time=$(FUZZ_SECONDS) \
+	  -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=$(BUILD_DIR)/fuzz/ \
+	  $(BUILD_DIR)/fuzz/corpus fuzz/corpus/frames
+
+# Every test built with AddressSanitizer and UndefinedBehaviorSanitizer, in build-sanitize.
+# LibTorch keeps some allocations until exit on purpose, so leak reports are off.
+sanitize: deps
+	cmake -S . -B build-sanitize -G Ninja -DFERRY_SANITIZE=ON -DFERRY_FUZZ=OFF $(CMAKE_FLAGS)
+	cmake --build build-sanitize -j $(JOBS)
+	cd build-sanitize && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure --timeout 900 -j 2
 
 bench: build
 	$(BUILD_DIR)/bin/ferry-bench rpc

@@ -524,18 +524,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
         return;
       }
     } else if (step.step == HandshakeStep::Hello && !connection.identified()) {
-      const char* fault = nullptr;
-      if (step.challenge != state.challenge) {
-        fault = "it answered another challenge";
-      } else if (message.peer_rank < 0 || message.peer_rank >= options.world_size) {
-        fault = "its rank is not in this world";
-      } else if (!secret.empty() &&
-                 !auth::proofs_equal(auth::hello_proof(secret, state.challenge, step.nonce,
-                                                       message.peer_rank, message.peer_name),
-                                     step.proof)) {
-        fault = step.proof.empty() ? "it has no cluster secret"
-                                   : "its proof of the cluster secret is wrong";
-      }
+      const char* fault =
+          auth::hello_fault(secret, state.challenge, options.world_size, step.challenge,
+                            step.nonce, step.proof, message.peer_rank, message.peer_name);
       if (fault != nullptr) {
         log::warn("rejected a connection from {} claiming to be \"{}\" (rank {}): {}",
                   connection.remote_address(), message.peer_name, message.peer_rank, fault);

@@ -61,6 +61,19 @@ std::string welcome_proof(const std::string& secret, const std::string& challeng
   return mac(secret, framed({"ferry welcome v1", nonce, challenge}));
 }
 
+const char* hello_fault(const std::string& secret, const std::string& challenge, int world_size,
+                        const std::string& answered_challenge, const std::string& nonce,
+                        const std::string& proof, int rank, const std::string& name) {
+  if (answered_challenge != challenge) return "it answered another challenge";
+  if (rank < 0 || rank >= world_size) return "its rank is not in this world";
+  if (secret.empty()) return nullptr;
+  if (proof.empty()) return "it has no cluster secret";
+  if (!proofs_equal(hello_proof(secret, challenge, nonce, rank, name), proof)) {
+    return "its proof of the cluster secret is wrong";
+  }
+  return nullptr;
+}
+
 bool proofs_equal(const std::string& expected, const std::string& given) {
   return expected.size() == crypto_auth_hmacsha256_BYTES && given.size() == expected.size() &&
          crypto_verify_32(reinterpret_cast<const unsigned char*>(expected.data()),

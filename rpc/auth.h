@@ -24,6 +24,12 @@ std::string hello_proof(const std::string& secret, const std::string& challenge,
 std::string welcome_proof(const std::string& secret, const std::string& challenge,
                           const std::string& nonce);
 
+// Why the hello of a peer claiming `rank` and `name` does not pass at an agent that sent
+// `challenge` in a world of `world_size`, or nullptr if it passes.
+const char* hello_fault(const std::string& secret, const std::string& challenge, int world_size,
+                        const std::string& answered_challenge, const std::string& nonce,
+                        const std::string& proof, int rank, const std::string& name);
+
 // Compares in constant time, so a forger learns nothing from how long a rejection takes.
 bool proofs_equal(const std::string& expected, const std::string& given);
 

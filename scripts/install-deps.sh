@@ -12,6 +12,7 @@ packages=(
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
   libgtest-dev googletest
   libsodium-dev
+  clang-14 libclang-rt-14-dev
   iproute2 procps
 )
 

@@ -157,9 +157,9 @@ TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
   EXPECT_TRUE(contains(error, "UnknownFunction: call \"no_such_function\" on worker \"a\""))
       << error;
   EXPECT_TRUE(contains(error,
-                       "(registered: add, chain, double_it, echo, fail, fail_backward, make_remote, "
-                       "owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, sleep_ms, "
-                       "slow_backward, whoami)"))
+                       "(registered: add, byte_count, chain, double_it, echo, fail, fail_backward, "
+                       "make_remote, owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, "
+                       "sleep_ms, slow_backward, whoami)"))
       << error;
 }
 

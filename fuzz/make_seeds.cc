@@ -46,9 +46,9 @@ int main(int argc, char** argv) {
   Message hello = challenge_msg;
   hello.peer_name = "worker1";
   hello.peer_rank = 1;
-  hello.handshake = {HandshakeStep::Hello, challenge, nonce,
-                     ferry::rpc::auth::hello_proof("fuzzing secret", challenge, nonce, 1,
-                                                   "worker1")};
+  hello.handshake = {
+      HandshakeStep::Hello, challenge, nonce,
+      ferry::rpc::auth::hello_proof("fuzzing secret", challenge, nonce, 1, "worker1")};
   write_seed(dir, "hello", hello, 7);
 
   Message welcome = challenge_msg;

@@ -1,7 +1,8 @@
 // ferry-launch: runs N copies of a command on this machine as one world, in the manner of
 // torchrun: each gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT; every
 // line it prints comes out prefixed with its rank; SIGINT and SIGTERM are passed on; and if one
-// copy dies the others are stopped and the launcher exits non-zero, saying which one and how.
+// copy dies the others are stopped and the launcher exits non-zero, saying which one and how
+// (with --tolerate-lost-workers, only if it is rank 0: a master with spares carries on).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -108,6 +109,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> command;
   app.add_option("--nproc", nproc, "processes to start")->check(CLI::Range(1, 4096));
   app.add_option("--master-port", port, "rendezvous port (default: a free one)");
+  bool tolerate_lost_workers = false;
+  app.add_flag("--tolerate-lost-workers", tolerate_lost_workers,
+               "a rank other than 0 that dies does not stop the others (ferry-master train "
+               "--spares rebuilds its stages)");
   app.add_option("command", command, "the command, after --")->required();
   CLI11_PARSE(app, argc, argv);
   if (port == 0) port = ferry::rpc::pick_free_port();
@@ -184,6 +189,11 @@ int main(int argc, char** argv) {
         --running;
         relay(c, true);
         bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && !stopping && tolerate_lost_workers && c.rank != 0) {
+          std::fprintf(stderr, "ferry-launch: rank %d (pid %d) %s; the others go on\n", c.rank,
+                       static_cast<int>(pid), describe_status(status).c_str());
+          continue;
+        }
         if (failed && !stopping) {
           std::fprintf(stderr, "ferry-launch: rank %d (pid %d) %s; stopping the others\n",
                        c.rank, static_cast<int>(pid), describe_status(status).c_str());

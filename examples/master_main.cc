@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--classes", train.classes, "output channels of the head");
   train_cmd->add_option("--checkpoint-dir", train.checkpoint_dir, "save after every epoch here");
   train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
+  train_cmd->add_option("--spares", train.spares,
+                        "the last K workers hold no stage; when a worker is lost, one of them "
+                        "takes over its stages from the last checkpoint and training goes on")
+      ->check(CLI::NonNegativeNumber);
   train_cmd->add_option("--seed", train.seed, "seed of weights, data and shuffling");
   train_cmd->add_option("--secret-file", train.secret_file,
                         "file holding the cluster secret (default: FERRY_SECRET, "

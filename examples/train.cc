@@ -11,14 +11,17 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "examples/worker_loop.h"
 #include "ferry/data/dataset.h"
@@ -66,9 +69,17 @@ int64_t depth_of(const std::string& model) {
 
 // Stage name -> worker: from --placement, else one stage per worker in rank order (the master
 // hosts them all in a world of one).
-std::map<std::string, std::string> place_stages(const std::string& placement) {
+// Stage to worker: round robin over the workers that are not spares, then --placement's choices.
+std::map<std::string, std::string> place_stages(const std::string& placement, int spares) {
   std::vector<std::string> names;
   for (const auto& w : rpc::workers()) names.push_back(w.name);
+  if (spares > 0) {
+    if (static_cast<int>(names.size()) < 2 + spares) {
+      fail(fmt::format("--spares {} leaves no worker for the stages in a world of {}", spares,
+                       names.size()));
+    }
+    names.resize(names.size() - spares);
+  }
   std::map<std::string, std::string> out;
   for (int s = 0; s < 3; ++s) {
     out[kStageNames[s]] = names.size() == 1 ? names[0] : names[1 + s % (names.size() - 1)];
@@ -295,6 +306,108 @@ std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const RemoteUnet& 
   return std::make_unique<Pipeline>(std::move(stages), options);
 }
 
+// The model's stages on their workers, with the optimizer and the pipeline over them: built
+// again as a whole when spares take over a lost worker's stages.
+struct StagesOnWorkers {
+  RemoteUnet split;
+  std::unique_ptr<dist_autograd::DistributedOptimizer> optimizer;
+  std::unique_ptr<Pipeline> pipe;
+  double last_train_loss = 0;  // mean over the last epoch's steps
+};
+
+std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, int64_t depth,
+                                              const std::array<std::string, 3>& workers) {
+  auto job = std::make_unique<StagesOnWorkers>(StagesOnWorkers{
+      RemoteUnet::create(depth, s.classes, workers, static_cast<int64_t>(s.seed)), nullptr,
+      nullptr});
+  if (!s.weights.empty()) {
+    models::LoadReport report = job->split.load_weights(s.weights);
+    if (report.loaded == 0) {
+      fail(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
+                       report.describe()));
+    }
+    if (report.ok()) {
+      log::info("weights loaded from {}", s.weights);
+    } else {
+      log::warn("weights from {} loaded where they fit; {}", s.weights, report.describe());
+    }
+  }
+  job->optimizer = std::make_unique<dist_autograd::DistributedOptimizer>(optimizer_spec(s),
+                                                                         job->split.parameters());
+  job->pipe = pipeline_of(s, job->split);
+  return job;
+}
+
+// Loads the latest checkpoint in `dir` into the stages and the optimizer; returns the epoch it
+// was saved after.
+int restore(StagesOnWorkers& job, const std::string& dir) {
+  NamedValues extra = load_checkpoint(dir, job.split.named());
+  job.optimizer->load_state_dict(extra.at("optimizer"));
+  return static_cast<int>(extra.at("epoch").toInt());
+}
+
+// Puts a spare in place of every lost worker that held a stage; says what it did, one line per
+// worker, or nothing when there is no such worker or not enough spares (then the job fails).
+std::vector<std::string> take_over_lost_workers(std::array<std::string, 3>& workers,
+                                                std::vector<std::string>& spares) {
+  std::vector<std::string> lost_here;
+  for (const std::string& name : rpc::agent().lost_workers()) {
+    if (std::find(workers.begin(), workers.end(), name) != workers.end()) lost_here.push_back(name);
+  }
+  if (lost_here.empty() || lost_here.size() > spares.size()) return {};
+  std::vector<std::string> done;
+  for (const std::string& lost : lost_here) {
+    std::string spare = spares.front();
+    spares.erase(spares.begin());
+    std::vector<std::string> stages;
+    for (size_t k = 0; k < workers.size(); ++k) {
+      if (workers[k] != lost) continue;
+      workers[k] = spare;
+      stages.push_back(kStageNames[k]);
+    }
+    done.push_back(fmt::format("worker \"{}\" was lost; spare \"{}\" takes over stage {}", lost,
+                               spare, fmt::join(stages, ", ")));
+  }
+  return done;
+}
+
+// One pass over the training set; returns the seconds spent in steps.
+double train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
+                   const TrainSettings& s) {
+  auto micro_loss = [&s](const at::Tensor& out, const at::Tensor& target) {
+    return loss_of(s.loss, out, target);
+  };
+  loader.start_epoch(epoch);
+  ProgressBar bar(epoch, s.epochs, loader.batches());
+  double loss_sum = 0, rate = 0, train_s = 0;
+  std::size_t step = 0;
+  while (auto batch = loader.next()) {
+    auto start = Clock::now();
+    double loss_value;
+    {
+      dist_autograd::Context context;
+      if (job.pipe) {
+        loss_value = job.pipe->step(batch->images, batch->masks, micro_loss).loss;
+      } else {
+        at::Tensor loss =
+            loss_of(s.loss, job.split.forward(batch->images, !s.via_master), batch->masks);
+        dist_autograd::backward(context.id(), {loss});
+        loss_value = loss.item<double>();
+      }
+      job.optimizer->step(context.id());
+    }
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    train_s += seconds;
+    double images_per_s = batch->images.size(0) / seconds;
+    rate = step == 0 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
+    loss_sum += loss_value;
+    ++step;
+    bar.update(step, loss_sum / step, rate);
+  }
+  job.last_train_loss = loss_sum / std::max<std::size_t>(step, 1);
+  return train_s;
+}
+
 int train_as_master(const TrainSettings& s) {
   int64_t depth = depth_of(s.model);
   if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
@@ -313,90 +426,89 @@ int train_as_master(const TrainSettings& s) {
   data::BatchLoader validation_loader(validation_set, validation_indices, s.batch_size,
                                       std::nullopt);
 
-  auto placement = place_stages(s.placement);
+  auto placement = place_stages(s.placement, s.spares);
   std::array<std::string, 3> workers;
   for (size_t k = 0; k < workers.size(); ++k) {
     workers[k] = placement.at(kStageNames[k]);
     log::info("stage {} ({}) on worker \"{}\"", kStageNames[k], kStageTypes[k], workers[k]);
   }
-  RemoteUnet split = RemoteUnet::create(depth, s.classes, workers, static_cast<int64_t>(s.seed));
-  if (!s.weights.empty()) {
-    models::LoadReport report = split.load_weights(s.weights);
-    if (report.loaded == 0) {
-      fail(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
-                       report.describe()));
-    }
-    if (report.ok()) {
-      log::info("weights loaded from {}", s.weights);
-    } else {
-      log::warn("weights from {} loaded where they fit; {}", s.weights, report.describe());
+  std::vector<std::string> spares;
+  for (size_t r = rpc::workers().size() - s.spares; r < rpc::workers().size(); ++r) {
+    spares.push_back(rpc::workers()[r].name);
+  }
+  if (!spares.empty()) {
+    log::info("spare workers: {}", fmt::join(spares, ", "));
+    if (s.checkpoint_dir.empty()) {
+      log::warn("--spares without --checkpoint-dir: a lost worker's stages start again from "
+                "the first epoch");
     }
   }
-  dist_autograd::DistributedOptimizer optimizer(optimizer_spec(s), split.parameters());
-  std::unique_ptr<Pipeline> pipe = pipeline_of(s, split);
-  auto micro_loss = [&s](const at::Tensor& out, const at::Tensor& target) {
-    return loss_of(s.loss, out, target);
-  };
+  std::unique_ptr<StagesOnWorkers> job = build_stages(s, depth, workers);
 
   int first_epoch = 1;
   if (s.resume) {
     if (s.checkpoint_dir.empty()) fail("--resume needs --checkpoint-dir");
-    NamedValues extra = load_checkpoint(s.checkpoint_dir, split.named());
-    optimizer.load_state_dict(extra.at("optimizer"));
-    first_epoch = static_cast<int>(extra.at("epoch").toInt()) + 1;
+    first_epoch = restore(*job, s.checkpoint_dir) + 1;
     log::info("resumed from {} after epoch {}", s.checkpoint_dir, first_epoch - 1);
   }
 
   nlohmann::ordered_json metrics;
   metrics["epochs"] = nlohmann::ordered_json::array();
   double train_s = 0;
-  try {
-    for (int epoch = first_epoch; epoch <= s.epochs; ++epoch) {
-      train_loader.start_epoch(epoch);
-      ProgressBar bar(epoch, s.epochs, train_loader.batches());
-      double loss_sum = 0, rate = 0;
-      std::size_t step = 0;
-      while (auto batch = train_loader.next()) {
-        auto start = Clock::now();
-        double loss_value;
-        {
-          dist_autograd::Context context;
-          if (pipe) {
-            loss_value = pipe->step(batch->images, batch->masks, micro_loss).loss;
-          } else {
-            at::Tensor loss =
-                loss_of(s.loss, split.forward(batch->images, !s.via_master), batch->masks);
-            dist_autograd::backward(context.id(), {loss});
-            loss_value = loss.item<double>();
-          }
-          optimizer.step(context.id());
+  int takeovers = 0;
+  for (;;) {
+    try {
+      for (int epoch = first_epoch; epoch <= s.epochs; ++epoch) {
+        train_s += train_epoch(*job, train_loader, epoch, s);
+        Validation v = validate(job->split, validation_loader, s);
+        metrics["epochs"].push_back({{"epoch", epoch},
+                                     {"train_loss", job->last_train_loss},
+                                     {"val_loss", v.loss},
+                                     {"val_iou", v.iou},
+                                     {"val_dice", v.dice}});
+        std::cerr << fmt::format("epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU "
+                                 "{:.3f}, Dice {:.3f}\n",
+                                 epoch, s.epochs, job->last_train_loss, v.loss, v.iou, v.dice);
+        if (!s.checkpoint_dir.empty()) {
+          save_checkpoint(
+              s.checkpoint_dir, job->split.named(), 2,
+              {{"optimizer", job->optimizer->state_dict()}, {"epoch", int64_t{epoch}}});
         }
-        double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-        train_s += seconds;
-        double images_per_s = batch->images.size(0) / seconds;
-        rate = step == 0 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
-        loss_sum += loss_value;
-        ++step;
-        bar.update(step, loss_sum / step, rate);
       }
-      Validation v = validate(split, validation_loader, s);
-      std::cerr << fmt::format("epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU "
-                               "{:.3f}, Dice {:.3f}\n",
-                               epoch, s.epochs, loss_sum / std::max<std::size_t>(step, 1), v.loss,
-                               v.iou, v.dice);
-      metrics["epochs"].push_back({{"epoch", epoch},
-                                   {"train_loss", loss_sum / std::max<std::size_t>(step, 1)},
-                                   {"val_loss", v.loss},
-                                   {"val_iou", v.iou},
-                                   {"val_dice", v.dice}});
-      if (!s.checkpoint_dir.empty()) {
-        save_checkpoint(s.checkpoint_dir, split.named(), 2,
-                        {{"optimizer", optimizer.state_dict()}, {"epoch", int64_t{epoch}}});
+      break;
+    } catch (const rpc::Error& e) {
+      std::vector<std::string> taken;
+      if (!spares.empty() &&
+          (e.kind() == rpc::ErrorKind::PeerDied || e.kind() == rpc::ErrorKind::Timeout)) {
+        // The error may come from a worker that saw the loss before this process's own
+        // connection to the lost worker closed: give that a moment.
+        auto until = Clock::now() + std::chrono::seconds(3);
+        while ((taken = take_over_lost_workers(workers, spares)).empty() && Clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
       }
+      if (taken.empty()) {
+        throw rpc::Error(e.kind(), fmt::format("{}{}", e.what(), lost_stages(e, job->split, s)));
+      }
+      log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
+      // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
+      job.reset();
+      job = build_stages(s, depth, workers);
+      bool saved = !s.checkpoint_dir.empty() &&
+                   std::filesystem::exists(std::filesystem::path(s.checkpoint_dir) / "LATEST");
+      first_epoch = saved ? restore(*job, s.checkpoint_dir) + 1 : 1;
+      log::warn("training goes on from epoch {}{}", first_epoch,
+                saved ? fmt::format(" (the checkpoint in {})", s.checkpoint_dir) : "");
+      auto& done = metrics["epochs"];
+      while (!done.empty() && done.back()["epoch"].get<int>() >= first_epoch) {
+        done.erase(done.size() - 1);
+      }
+      ++takeovers;
     }
-  } catch (const rpc::Error& e) {
-    throw rpc::Error(e.kind(), fmt::format("{}{}", e.what(), lost_stages(e, split, s)));
   }
+  metrics["takeovers"] = takeovers;
+  RemoteUnet& split = job->split;
+  std::unique_ptr<Pipeline>& pipe = job->pipe;
   if (!pipe) {
     print_stage_table(split, train_s, !s.via_master);
   } else {

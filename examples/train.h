@@ -31,6 +31,7 @@ struct TrainSettings {
   int64_t classes = 1;
   std::string checkpoint_dir;
   bool resume = false;
+  int spares = 0;  // the last ranks wait as spares; one takes over the stages of a lost worker
   std::uint64_t seed = 0;
   std::string secret_file;  // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE
   std::string metrics_file;  // the final figures as JSON, if set

@@ -503,7 +503,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
         hello.handshake = {HandshakeStep::Hello, state.challenge, state.nonce,
                            auth::hello_proof(secret, state.challenge, state.nonce, self.rank,
                                              self.name)};
-        connection.write_handshake(encode_frame(hello));
+        connection.write_now(encode_frame(hello));
         return;
       }
       if (step.step == HandshakeStep::Welcome && state.hello_sent && !state.done) {
@@ -992,6 +992,13 @@ void Agent::shutdown(bool graceful) { state_->stop(graceful); }
 
 std::uint64_t Agent::bytes_sent() const { return state_->payload_sent.load(); }
 std::uint64_t Agent::bytes_received() const { return state_->bytes_read.load(); }
+
+std::vector<std::string> Agent::lost_workers() const {
+  std::lock_guard<std::mutex> lock(state_->pending_mutex);
+  std::vector<std::string> out;
+  for (const auto& [rank, reason] : state_->lost_reasons) out.push_back(state_->workers[rank].name);
+  return out;
+}
 
 RRefPtr Agent::remote(const std::string& to, const std::string& function,
                       std::vector<c10::IValue> args,

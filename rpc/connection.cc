@@ -201,7 +201,7 @@ void Connection::write(EncodedFrame frame) {
     if (!closing_) held_.push_back(std::move(frame));
     return;
   }
-  write_handshake(std::move(frame));
+  write_now(std::move(frame));
 }
 
 void Connection::release() {
@@ -209,7 +209,7 @@ void Connection::release() {
   for (EncodedFrame& frame : std::exchange(held_, {})) write(std::move(frame));
 }
 
-void Connection::write_handshake(EncodedFrame frame) {
+void Connection::write_now(EncodedFrame frame) {
   {
     std::lock_guard<std::mutex> lock(writer_->mutex_);
     if (!writer_->open_) return;

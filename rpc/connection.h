@@ -112,8 +112,8 @@ class Connection {
   // Queues a frame behind anything queued and flushes. On an outbound connection, frames wait
   // until release(): nothing but the handshake goes to a peer that has not proved itself.
   void write(EncodedFrame frame);
-  // Writes a handshake frame at once, ahead of held frames.
-  void write_handshake(EncodedFrame frame);
+  // Queues a frame and flushes even while frames are held: the handshake goes ahead of them.
+  void write_now(EncodedFrame frame);
   // The handshake is done: held frames go out, in order.
   void release();
   HandshakeState& handshake() { return handshake_; }

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "tests/support/cluster.h"
@@ -16,13 +15,7 @@
 namespace {
 
 using ferry::testing::NetnsCluster;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using ferry::testing::read_file;
 
 std::string temp(const std::string& name) {
   return "/tmp/ferry-multihost-" + std::to_string(getpid()) + "-" + name;

@@ -1,6 +1,11 @@
 #include "ferry/rpc/options.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 
 #include "ferry/rpc/error.h"
 
@@ -61,6 +66,36 @@ TEST(Options, ExplicitOptionsWinOverTheEnvironment) {
   EXPECT_EQ(o.name, "master");
   EXPECT_EQ(o.master_addr, "127.0.0.1");
   EXPECT_EQ(o.ifname, "eth1");
+}
+
+TEST(Options, TheSecretComesFromTheOptionsAFileOrTheEnvironment) {
+  const std::map<std::string, std::string> world = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}};
+  std::string path = "/tmp/ferry-options-secret-" + std::to_string(::getpid());
+  std::ofstream(path) << "from the file\n";  // one trailing newline, as echo leaves it
+  ::chmod(path.c_str(), 0600);
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(world.begin(), world.end());
+    return extra;
+  };
+  EXPECT_EQ(resolve_options({}, world).secret, "");
+  EXPECT_EQ(resolve_options({}, with({{"FERRY_SECRET", "s"}})).secret, "s");
+  EXPECT_EQ(resolve_options({}, with({{"FERRY_SECRET_FILE", path}})).secret, "from the file");
+  Options from_file;
+  from_file.secret_file = path;
+  EXPECT_EQ(resolve_options(from_file, with({{"FERRY_SECRET", "s"}})).secret, "from the file");
+  Options given;
+  given.secret = "given";
+  EXPECT_EQ(resolve_options(given, with({{"FERRY_SECRET", "s"}})).secret, "given");
+
+  std::string missing = init_error(with({{"FERRY_SECRET_FILE", path + ".missing"}}));
+  EXPECT_NE(missing.find("FERRY_SECRET_FILE " + path + ".missing: cannot read it"),
+            std::string::npos)
+      << missing;
+  std::ofstream(path, std::ios::trunc) << "\n";
+  std::string empty = init_error(with({{"FERRY_SECRET_FILE", path}}));
+  EXPECT_NE(empty.find("is empty"), std::string::npos) << empty;
+  std::remove(path.c_str());
 }
 
 TEST(Options, FirstSlurmHostHandlesEveryForm) {

@@ -35,6 +35,9 @@ class Process {
   std::optional<int> status_;
 };
 
+// The whole of a text file (a log, a small result); empty if it cannot be read.
+std::string read_file(const std::string& path);
+
 // A free TCP port on 127.0.0.1 (bound and released; good enough for a test's rendezvous).
 int free_port();
 

@@ -71,6 +71,9 @@ class Agent {
   std::uint64_t bytes_sent() const;
   // Bytes read from peers' connections: their requests and replies, hellos included.
   std::uint64_t bytes_received() const;
+  // Peers whose connection dropped while the world ran, by name: gone for this world, as calls
+  // to them fail at once.
+  std::vector<std::string> lost_workers() const;
   // Serves until any agent begins shutdown (then joins it) or the master is gone (then stops at
   // once). What a worker process does with its life.
   void wait_for_shutdown();

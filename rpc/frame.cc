@@ -603,7 +603,8 @@ void FrameDecoder::finish_envelope(std::vector<Message>* out) {
   } catch (const c10::Error& e) {
     // LibTorch's own checks of a value a well-formed envelope can still describe (an undefined
     // tensor in a typed list, found by fuzzing): the peer's fault, not this process's.
-    throw Error(ErrorKind::BadFrame, fmt::format("malformed value: {}", e.what_without_backtrace()));
+    throw Error(ErrorKind::BadFrame,
+                fmt::format("malformed value: {}", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     throw Error(ErrorKind::BadFrame, fmt::format("malformed value: {}", e.what()));
   }

@@ -104,8 +104,8 @@ TEST(Faults, AKilledWorkerFailsTheJobNamingItsStageAndTheCheckpointResumes) {
   // Checkpoints are numbered from 0, one per epoch: ckpt-n holds epoch n + 1.
   int saved_epoch = std::stoi(latest.substr(5)) + 1;
   std::string epochs = std::to_string(saved_epoch + 1);
-  World resumed("resume", std::string(kJob) + " --epochs " + epochs + " --resume --checkpoint-dir " +
-                              ckpt);
+  World resumed("resume", std::string(kJob) + " --epochs " + epochs +
+                              " --resume --checkpoint-dir " + ckpt);
   status = resumed.master->wait(std::chrono::seconds(120));
   ASSERT_TRUE(status.has_value()) << resumed.log();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << resumed.log();

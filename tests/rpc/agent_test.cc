@@ -21,6 +21,7 @@
 namespace ferry::rpc {
 namespace {
 
+using ferry::testing::connect_raw;
 using ferry::testing::LocalWorld;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -218,18 +219,6 @@ TEST(Agent, ShutdownWithADeadPeerIsBounded) {
   world.reset();  // graceful shutdown of the master, then of peer "a"
   EXPECT_LT(Clock::now() - start, milliseconds(6000));
   EXPECT_FALSE(is_initialized());
-}
-
-int connect_raw(const WorkerInfo& to) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(to.port);
-  inet_pton(AF_INET, to.host.c_str(), &addr.sin_addr);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
 }
 
 // True if the agent closed the connection (read returns 0 or a reset) within the receive timeout.

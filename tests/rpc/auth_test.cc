@@ -2,15 +2,10 @@
 // an agent with another secret is refused by name; a raw client that cannot prove the secret, or
 // replays a proof made for another connection, gets nothing but the challenge; one that proves it
 // is served; a client that never says hello is closed.
-#include "rpc/auth.h"
-
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -18,6 +13,7 @@
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/frame.h"
 #include "ferry/rpc/rpc.h"
+#include "rpc/auth.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 
@@ -42,15 +38,7 @@ LocalWorld::Settings with_secret(const std::string& secret) {
 // A client speaking the wire protocol by hand, as an attacker or another implementation would.
 class RawClient {
  public:
-  explicit RawClient(const WorkerInfo& to) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(to.port);
-    inet_pton(AF_INET, to.host.c_str(), &addr.sin_addr);
-    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    timeval limit{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-  }
+  explicit RawClient(const WorkerInfo& to) : fd_(ferry::testing::connect_raw(to)) {}
   ~RawClient() { ::close(fd_); }
 
   void send(const Message& message) {

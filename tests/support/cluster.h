@@ -38,6 +38,10 @@ class Process {
 // The whole of a text file (a log, a small result); empty if it cannot be read.
 std::string read_file(const std::string& path);
 
+// A plain TCP socket connected to `to`'s agent, with a 5 s receive timeout: for tests that speak
+// (or garble) the wire protocol by hand.
+int connect_raw(const rpc::WorkerInfo& to);
+
 // A free TCP port on 127.0.0.1 (bound and released; good enough for a test's rendezvous).
 int free_port();
 

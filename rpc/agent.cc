@@ -326,6 +326,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     call.deadline = call.start + timeout.value_or(options.rpc_timeout);
     call.complete_inline = complete_inline;
     FuturePtr future = call.future;
+    Clock::time_point deadline = call.deadline;
     std::shared_ptr<SocketWriter> writer = writer_for_rank(callee.rank);
     call.connection_id = writer ? writer->id() : 0;
     {
@@ -334,7 +335,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       pending.emplace(request.id, std::move(call));
     }
     if (writer) {
-      SocketWriter::Result sent = writer->send(frame, send_deadline(deadline_of(request.id)));
+      SocketWriter::Result sent = writer->send(frame, send_deadline(deadline));
       if (sent == SocketWriter::Result::Full) {
         if (std::optional<PendingCall> waited = take_pending(request.id)) {
           fail(std::move(*waited),
@@ -358,12 +359,6 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     outgoing.frame = std::move(frame);
     enqueue(std::move(outgoing));
     return future;
-  }
-
-  Clock::time_point deadline_of(std::uint64_t call_id) {
-    std::lock_guard<std::mutex> lock(pending_mutex);
-    auto it = pending.find(call_id);
-    return it == pending.end() ? Clock::now() : it->second.deadline;
   }
 
   // How long a sender may wait for room in a connection's queue; the loop thread never waits.

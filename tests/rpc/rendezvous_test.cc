@@ -1,8 +1,14 @@
 // Start-up failures: every rank fails within its timeout, and the error names who is at fault.
 #include "rpc/rendezvous.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
 
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/error.h"
@@ -99,6 +105,41 @@ TEST(Rendezvous, ShutdownWaitsForEveryAgentAndReturns) {
   EXPECT_LT(Clock::now() - start, milliseconds(3000));
   EXPECT_EQ(exit_code(*p1), 0);
   EXPECT_THROW(agent->call_async("a", "echo", {}), Error);
+}
+
+// A port-0 bind (every agent's listener) lands in the ephemeral range, so a master port picked
+// from it could be taken by an agent before the store binds it.
+TEST(PickFreePort, ComesFromBelowTheKernelsEphemeralRange) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  ASSERT_TRUE(range >> low);
+  for (int i = 0; i < 50; ++i) {
+    int port = pick_free_port();
+    EXPECT_GE(port, 1024);
+    EXPECT_LT(port, low);
+  }
+}
+
+TEST(Rendezvous, AMasterPortAnotherProcessListensOnFailsAtRankZeroNamingThePort) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  int on = 1;
+  // As libuv does for every listener, so the store's bind meets what an agent's would.
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  int port = ntohs(addr.sin_port);
+  std::string error = start_error(master_options(2, port, milliseconds(1000)));
+  ::close(fd);
+  EXPECT_NE(error.find("rank 0 could not host the rendezvous store on port " +
+                       std::to_string(port)),
+            std::string::npos)
+      << error;
 }
 
 }  // namespace

@@ -29,12 +29,23 @@ fuzz: build
 	  $(BUILD_DIR)/fuzz/corpus fuzz/corpus/frames
 
 # Every test built with AddressSanitizer and UndefinedBehaviorSanitizer, in build-sanitize.
-# LibTorch keeps some allocations until exit on purpose, so leak reports are off.
+# LibTorch keeps some allocations until exit on purpose, so leak reports are off. ASan reports go
+# to files, so that one from a worker process a test started is seen too; UBSan ends the process
+# it finds something in and prints to its stderr. Any report fails the run.
+SANITIZER_REPORTS = $(CURDIR)/build-sanitize/reports
 sanitize: deps
 	cmake -S . -B build-sanitize -G Ninja -DFERRY_SANITIZE=ON -DFERRY_FUZZ=OFF $(CMAKE_FLAGS)
 	cmake --build build-sanitize -j $(JOBS)
-	cd build-sanitize && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure --timeout 900 -j 2
+	rm -rf $(SANITIZER_REPORTS) && mkdir -p $(SANITIZER_REPORTS)
+	cd build-sanitize && \
+	  { ASAN_OPTIONS=detect_leaks=0:log_path=$(SANITIZER_REPORTS)/asan \
+	    UBSAN_OPTIONS=print_stacktrace=1 \
+	    ctest --output-on-failure -j 2 2>&1; echo $$? > $(SANITIZER_REPORTS)/.status; } \
+	  | tee $(SANITIZER_REPORTS)/.ctest.log; \
+	  grep -h -A20 "runtime error:" $(SANITIZER_REPORTS)/.ctest.log && exit 1; \
+	  if [ -n "$$(ls $(SANITIZER_REPORTS))" ]; then \
+	    cat $(SANITIZER_REPORTS)/*; echo "ASan reports: $(SANITIZER_REPORTS)"; exit 1; \
+	  fi; exit $$(cat $(SANITIZER_REPORTS)/.status)
 
 bench: build
 	$(BUILD_DIR)/bin/ferry-bench rpc

@@ -46,6 +46,17 @@ struct Parked {
   FuturePtr done;
 };
 
+// Forwards, and backwards, start here in micro-batch order whatever order their requests arrive
+// in (handlers run on several pool threads): a BatchNorm's running statistics, and a sum of
+// gradients over more than two micro-batches, come out different in another order, and a run
+// would then not repeat itself.
+struct InOrder {
+  std::int64_t context = 0;                // the step being ordered; older ones were abandoned
+  std::int64_t next = 0;                   // the micro-batch that may start next
+  std::map<std::int64_t, Parked> early;    // arrived before an earlier micro-batch
+  bool abandoned = false;                  // the step was discarded
+};
+
 // One stage of one pipeline on this worker.
 struct Slot {
   std::int64_t pipeline = 0;
@@ -61,6 +72,7 @@ struct Slot {
   std::map<std::pair<std::int64_t, std::int64_t>, Saved> saved;  // (context, micro-batch)
   std::int64_t in_flight = 0;
   std::deque<Parked> parked;
+  InOrder forwards, backwards;
   std::vector<std::int64_t> events;   // kEventFields per event
   std::int64_t activation_bytes = 0;  // held by the micro-batches in `saved`
   std::int64_t activation_peak = 0;   // the most since the last reset
@@ -94,6 +106,42 @@ void record(Slot& slot, EventKind kind, std::int64_t microbatch, std::int64_t st
             std::int64_t end) {
   std::lock_guard<std::mutex> lock(slot.mutex);
   slot.events.insert(slot.events.end(), {kind, microbatch, start, end});
+}
+
+// `request`, micro-batch `microbatch` of step `context`, joins `order`. Returns the requests that
+// may start now, in micro-batch order (none while an earlier micro-batch has not arrived). A
+// request of an older or discarded step, and those still waiting from one when a newer step
+// begins, go to `abandoned`. Called under the slot's mutex.
+std::vector<Parked> take_in_order(InOrder& order, std::int64_t context, std::int64_t microbatch,
+                                  Parked request, std::vector<Parked>* abandoned) {
+  if (context < order.context || (context == order.context && order.abandoned)) {
+    abandoned->push_back(std::move(request));
+    return {};
+  }
+  if (context > order.context) {
+    for (auto& [m, waiting] : order.early) abandoned->push_back(std::move(waiting));
+    order = InOrder{context, 0, {}, false};
+  }
+  if (microbatch < order.next || order.early.count(microbatch) > 0) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("micro-batch {} of this step came a second time", microbatch));
+  }
+  order.early[microbatch] = std::move(request);
+  std::vector<Parked> ready;
+  for (auto it = order.early.find(order.next); it != order.early.end();
+       it = order.early.find(order.next)) {
+    ready.push_back(std::move(it->second));
+    order.early.erase(it);
+    ++order.next;
+  }
+  return ready;
+}
+
+void fail_abandoned(std::vector<Parked>& abandoned) {
+  for (Parked& p : abandoned) {
+    p.done->setError(std::make_exception_ptr(
+        Error(ErrorKind::RemoteException, "the pipeline step was abandoned")));
+  }
 }
 
 // The floating-point tensors of a stage's inputs or outputs, in the order the wire carries them;
@@ -176,19 +224,16 @@ void complete_with(const FuturePtr& call, const FuturePtr& done) {
   });
 }
 
-// A forward whose backward has run (or failed) leaves its place to the next parked one.
+// A forward whose backward has run (or failed) leaves its place to the next parked one. It is
+// posted under the slot's mutex, so that no forward admitted meanwhile overtakes it.
 void release_place(Slot& slot) {
-  std::function<void()> next;
-  {
-    std::lock_guard<std::mutex> lock(slot.mutex);
-    if (slot.in_flight > 0) --slot.in_flight;  // a discard may have reset it meanwhile
-    if (!slot.parked.empty() && slot.in_flight < slot.limit) {
-      next = std::move(slot.parked.front().work);
-      slot.parked.pop_front();
-      ++slot.in_flight;
-    }
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  if (slot.in_flight > 0) --slot.in_flight;  // a discard may have reset it meanwhile
+  if (!slot.parked.empty() && slot.in_flight < slot.limit) {
+    rpc::post_to_compute_thread(std::move(slot.parked.front().work));
+    slot.parked.pop_front();
+    ++slot.in_flight;
   }
-  if (next) rpc::post_to_compute_thread(std::move(next));
 }
 
 // Sets the CPU generator's state for a recomputation and puts the current one back after it.
@@ -411,18 +456,22 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
     auto work = [slot, context, microbatch, inputs = args[3], done] {
       run_forward(slot, context, microbatch, inputs, done);
     };
-    bool now;
+    std::vector<Parked> abandoned;
     {
+      // Posted under the mutex, so that the compute thread gets them in the order decided here.
       std::lock_guard<std::mutex> lock(slot->mutex);
       slot->events.insert(slot->events.end(), {kArriveForwardEvent, microbatch, arrived, arrived});
-      now = slot->in_flight < slot->limit;
-      if (now) {
-        ++slot->in_flight;
-      } else {
-        slot->parked.push_back({work, done});
+      for (Parked& ready :
+           take_in_order(slot->forwards, context, microbatch, {work, done}, &abandoned)) {
+        if (slot->in_flight < slot->limit) {
+          ++slot->in_flight;
+          rpc::post_to_compute_thread(std::move(ready.work));
+        } else {
+          slot->parked.push_back(std::move(ready));
+        }
       }
     }
-    if (now) rpc::post_to_compute_thread(std::move(work));
+    fail_abandoned(abandoned);
     return done;
   });
   registry.add_async("ferry.pipeline.backward", [](std::vector<c10::IValue>& args) {
@@ -432,10 +481,21 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
     std::int64_t context = context_or_throw("ferry.pipeline.backward");
     SlotPtr slot = slot_of(args[0].toInt(), args[1].toInt());
     std::int64_t microbatch = args[2].toInt();
-    record(*slot, kArriveBackwardEvent, microbatch, arrived, arrived);
     auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-    rpc::post_to_compute_thread([slot, context, microbatch, grads = args[3].toTensorVector(),
-                                 done] { run_backward(slot, context, microbatch, grads, done); });
+    auto work = [slot, context, microbatch, grads = args[3].toTensorVector(), done] {
+      run_backward(slot, context, microbatch, grads, done);
+    };
+    std::vector<Parked> abandoned;
+    {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      slot->events.insert(slot->events.end(),
+                          {kArriveBackwardEvent, microbatch, arrived, arrived});
+      for (Parked& ready :
+           take_in_order(slot->backwards, context, microbatch, {work, done}, &abandoned)) {
+        rpc::post_to_compute_thread(std::move(ready.work));
+      }
+    }
+    fail_abandoned(abandoned);
     return done;
   });
   registry.add("ferry.pipeline.events", [](std::int64_t pipeline, std::int64_t index) {
@@ -451,21 +511,25 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
   // After a failed step: what it left (kept graphs, parked forwards) goes; parked requests fail.
   registry.add("ferry.pipeline.discard", [](std::int64_t pipeline) {
     for (const SlotPtr& slot : slots_of(pipeline)) {
-      std::deque<Parked> parked;
+      std::vector<Parked> abandoned;
       {
         std::lock_guard<std::mutex> lock(slot->mutex);
         slot->saved.clear();
         slot->activation_bytes = 0;
         slot->in_flight = 0;
-        parked.swap(slot->parked);
+        for (Parked& p : slot->parked) abandoned.push_back(std::move(p));
+        slot->parked.clear();
+        for (InOrder* order : {&slot->forwards, &slot->backwards}) {
+          for (auto& [m, waiting] : order->early) abandoned.push_back(std::move(waiting));
+          order->early.clear();
+          order->abandoned = true;  // a late request of this step fails at once
+        }
       }
-      for (Parked& p : parked) {
-        p.done->setError(std::make_exception_ptr(
-            Error(ErrorKind::RemoteException, "the pipeline step was abandoned")));
-      }
+      fail_abandoned(abandoned);
     }
   });
-  // Micro-batches whose forward is kept or parked here, over every pipeline (for tests).
+  // Micro-batches whose forward is kept, parked or waiting for its turn here, over every pipeline
+  // (for tests).
   registry.add("ferry.pipeline.kept", []() {
     std::vector<SlotPtr> all;
     {
@@ -475,7 +539,8 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
     std::int64_t kept = 0;
     for (const SlotPtr& slot : all) {
       std::lock_guard<std::mutex> lock(slot->mutex);
-      kept += static_cast<std::int64_t>(slot->saved.size() + slot->parked.size());
+      kept += static_cast<std::int64_t>(slot->saved.size() + slot->parked.size() +
+                                        slot->forwards.early.size());
     }
     return kept;
   });

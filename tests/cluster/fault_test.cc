@@ -136,9 +136,10 @@ double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs
 const std::string kCurveJob =
     "--model unet-resnet18 --image-size 32 --samples 80 --seed 3 --optimizer adam --epochs 3";
 
-std::map<int, std::pair<double, double>> uninterrupted_losses() {
+// `flags` are added to kCurveJob's.
+std::map<int, std::pair<double, double>> uninterrupted_losses(const std::string& flags = "") {
   std::string metrics = "/tmp/ferry-fault-straight-" + std::to_string(getpid()) + ".json";
-  World straight("straight", kCurveJob + " --metrics-file " + metrics);
+  World straight("straight", kCurveJob + flags + " --metrics-file " + metrics);
   EXPECT_TRUE(straight.master->wait(std::chrono::seconds(120)).has_value()) << straight.log();
   auto losses = losses_in(metrics);
   EXPECT_EQ(losses.size(), 3u) << straight.log() << read_file(metrics);
@@ -223,15 +224,17 @@ TEST(Faults, WorkersExitByThemselvesWhenTheMasterIsKilled) {
 }
 
 // With a spare, a killed worker's stage is rebuilt on the spare from the last checkpoint, and the
-// job finishes by itself with the losses of a run that was never interrupted.
-TEST(Faults, ASpareTakesOverAKilledWorkersStageAndTheJobFinishesOnTheSameCurve) {
-  auto expected = uninterrupted_losses();
+// job finishes by itself with the losses of a run that was never interrupted. `flags` are added
+// to kCurveJob's for both runs.
+void expect_spare_takes_over(const std::string& flags) {
+  auto expected = uninterrupted_losses(flags);
   ASSERT_EQ(expected.size(), 3u);
   std::string ckpt = "/tmp/ferry-fault-spare-" + std::to_string(getpid());
   std::string metrics = ckpt + ".json";
   fs::remove_all(ckpt);
   World world("spare",
-              kCurveJob + " --spares 1 --checkpoint-dir " + ckpt + " --metrics-file " + metrics,
+              kCurveJob + flags + " --spares 1 --checkpoint-dir " + ckpt + " --metrics-file " +
+                  metrics,
               4);
   ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt + "/LATEST"); }, std::chrono::seconds(120),
                          std::chrono::milliseconds(10)))
@@ -262,6 +265,16 @@ TEST(Faults, ASpareTakesOverAKilledWorkersStageAndTheJobFinishesOnTheSameCurve) 
   }
   fs::remove_all(ckpt);
   fs::remove(metrics);
+}
+
+TEST(Faults, ASpareTakesOverAKilledWorkersStageAndTheJobFinishesOnTheSameCurve) {
+  expect_spare_takes_over("");
+}
+
+// The same with micro-batches in flight when the worker dies: the new pipeline runs over the
+// rebuilt stages.
+TEST(Faults, ASpareTakesOverInAPipelinedJobAndItFinishesOnTheSameCurve) {
+  expect_spare_takes_over(" --pipeline 1f1b --microbatches 2");
 }
 
 }  // namespace

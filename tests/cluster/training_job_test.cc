@@ -1,5 +1,6 @@
 // The binaries a user runs: ferry-launch starting a world of ferry-master processes that train
-// the U-Net on the synthetic set or a folder of images, ferry-launch's handling of a rank that dies, and ferry-master describe.
+// the U-Net on the synthetic set or a folder of images, ferry-launch's handling of a rank that
+// dies, and ferry-master describe.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,6 +16,8 @@
 #include <opencv2/imgcodecs.hpp>
 #include <string>
 
+#include "tests/support/sanitizer_allowance.h"
+
 namespace {
 
 struct CommandResult {
@@ -25,7 +28,8 @@ struct CommandResult {
 // Runs a shell command (its own bound: `timeout`) and returns its exit status and output.
 CommandResult run(const std::string& command) {
   CommandResult result;
-  FILE* pipe = popen(("timeout 240 " + command + " 2>&1").c_str(), "r");
+  int limit_s = 240 * ferry::testing::kSanitizerSlowdown;
+  FILE* pipe = popen(("timeout " + std::to_string(limit_s) + " " + command + " 2>&1").c_str(), "r");
   if (!pipe) return result;
   std::array<char, 4096> buf;
   while (fgets(buf.data(), buf.size(), pipe)) result.output += buf.data();

@@ -12,6 +12,7 @@
 #include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
+#include "tests/support/sanitizer_allowance.h"
 
 namespace ferry::rpc {
 namespace {
@@ -43,9 +44,9 @@ TEST(Load, TenThousandConcurrentSmallCallsCompleteInBoundedMemory) {
   std::cout << kCalls << " calls in flight at once: " << seconds << " s; peak growth master "
             << master_peak << " MiB, peer " << peer_peak << " MiB\n";
   // 10 000 calls of 64 bytes each: a few KiB of state apiece, not megabytes.
-  EXPECT_LT(master_peak, 100.0);
-  EXPECT_LT(peer_peak, 100.0);
-  EXPECT_LT(seconds, 30.0);
+  EXPECT_LT(master_peak, 100.0 + testing::kSanitizerExtraMiB);
+  EXPECT_LT(peer_peak, 100.0 + testing::kSanitizerExtraMiB);
+  EXPECT_LT(seconds, 30.0 * testing::kSanitizerSlowdown);
 }
 
 TEST(Load, ASenderOfAGibibyteToAReaderThatStoppedIsHeldBackAtTheQueueBound) {

@@ -13,6 +13,7 @@
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/error.h"
 #include "tests/support/cluster.h"
+#include "tests/support/sanitizer_allowance.h"
 
 namespace ferry::rpc {
 namespace {
@@ -72,10 +73,12 @@ TEST(Rendezvous, DuplicateWorkerNameFailsEveryRank) {
 
 TEST(Rendezvous, IncompleteWorldFailsWithinItsTimeoutNamingTheMissingRank) {
   int port = ferry::testing::free_port();
-  auto p1 = spawn_peer(1, 3, port, "a", 1500);
+  // Long enough for rank 1's process to start (LibTorch loading) on a loaded machine.
+  milliseconds timeout(4000 * ferry::testing::kSanitizerSlowdown);
+  auto p1 = spawn_peer(1, 3, port, "a", static_cast<int>(timeout.count()));
   auto start = Clock::now();
-  std::string error = start_error(master_options(3, port, milliseconds(1500)));
-  EXPECT_LT(Clock::now() - start, milliseconds(4000));
+  std::string error = start_error(master_options(3, port, timeout));
+  EXPECT_LT(Clock::now() - start, timeout + milliseconds(2500));
   EXPECT_EQ(error,
             "rank 0: the world of 3 did not complete in time: rank 2 never joined "
             "(joined: 0, 1)");

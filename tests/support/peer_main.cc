@@ -7,6 +7,7 @@
 
 #include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
+#include "tests/support/sanitizer_allowance.h"
 #include "tests/support/test_functions.h"
 
 namespace {
@@ -32,7 +33,7 @@ int join_worlds(int rank, int world_size, const std::string& ports) {
     options.master_port = std::stoi(port);
     options.num_threads = 1;
     options.rpc_timeout = std::chrono::seconds(20);
-    options.init_timeout = std::chrono::seconds(60);
+    options.init_timeout = std::chrono::seconds(60 * ferry::testing::kSanitizerSlowdown);
     options.shutdown_timeout = std::chrono::seconds(20);
     try {
       ferry::rpc::init(options);

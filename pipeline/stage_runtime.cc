@@ -122,6 +122,10 @@ std::vector<Parked> take_in_order(InOrder& order, std::int64_t context, std::int
     for (auto& [m, waiting] : order.early) abandoned->push_back(std::move(waiting));
     order = InOrder{context, 0, {}, false};
   }
+  if (microbatch < 0) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("micro-batch {}: micro-batches count from 0", microbatch));
+  }
   if (microbatch < order.next || order.early.count(microbatch) > 0) {
     throw Error(ErrorKind::InvalidArgument,
                 fmt::format("micro-batch {} of this step came a second time", microbatch));

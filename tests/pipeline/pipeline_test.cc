@@ -279,6 +279,23 @@ TEST(Pipeline, MisuseIsAClearError) {
               pipe.step(x, torch::randn({3, 1}), mse);
             }).find("4 inputs"),
             std::string::npos);
+  // A hand-made request with a micro-batch the stage cannot order.
+  const std::int64_t id = 999;
+  const std::string self = rpc::self().name;
+  rpc::rpc_sync("a", "ferry.pipeline.setup",
+                {id, std::int64_t{0}, std::int64_t{1},
+                 c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(chain.stages[0].module_rref())),
+                 self, self, self, std::int64_t{4}, false});
+  auto forward = [&](std::int64_t microbatch) {
+    rpc::rpc_sync("a", "ferry.pipeline.forward",
+                  {id, std::int64_t{0}, microbatch, c10::ivalue::Tuple::create({x})});
+  };
+  EXPECT_NE(error_of([&] { forward(-1); }).find("micro-batch -1: micro-batches count from 0"),
+            std::string::npos);
+  forward(0);
+  EXPECT_NE(error_of([&] { forward(0); }).find("micro-batch 0 of this step came a second time"),
+            std::string::npos);
+  rpc::rpc_sync("a", "ferry.pipeline.teardown", {id});
 }
 
 TEST(Pipeline, TraceHasATrackPerStageAndEveryMicroBatch) {

@@ -51,10 +51,10 @@ struct Parked {
 // gradients over more than two micro-batches, come out different in another order, and a run
 // would then not repeat itself.
 struct InOrder {
-  std::int64_t context = 0;                // the step being ordered; older ones were abandoned
-  std::int64_t next = 0;                   // the micro-batch that may start next
-  std::map<std::int64_t, Parked> early;    // arrived before an earlier micro-batch
-  bool abandoned = false;                  // the step was discarded
+  std::int64_t context = 0;              // the step being ordered; older ones were abandoned
+  std::int64_t next = 0;                 // the micro-batch that may start next
+  std::map<std::int64_t, Parked> early;  // arrived before an earlier micro-batch
+  bool abandoned = false;                // the step was discarded
 };
 
 // One stage of one pipeline on this worker.
@@ -492,8 +492,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
     std::vector<Parked> abandoned;
     {
       std::lock_guard<std::mutex> lock(slot->mutex);
-      slot->events.insert(slot->events.end(),
-                          {kArriveBackwardEvent, microbatch, arrived, arrived});
+      slot->events.insert(slot->events.end(), {kArriveBackwardEvent, microbatch, arrived, arrived});
       for (Parked& ready :
            take_in_order(slot->backwards, context, microbatch, {work, done}, &abandoned)) {
         rpc::post_to_compute_thread(std::move(ready.work));

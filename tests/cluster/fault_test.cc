@@ -5,7 +5,6 @@
 // follows the uninterrupted run's losses; with a spare, a killed worker's stage moves to the
 // spare and the job finishes on the same losses. Every wait is bounded.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,11 +13,13 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "tests/support/cluster.h"
+#include "tests/support/sanitizer_allowance.h"
 
 namespace {
 
@@ -26,6 +27,9 @@ using Clock = std::chrono::steady_clock;
 using ferry::testing::Process;
 using ferry::testing::read_file;
 namespace fs = std::filesystem;
+
+// How long a training job, or its way to a checkpoint, may take.
+const auto kJobTime = std::chrono::seconds(120 * ferry::testing::kSanitizerSlowdown);
 
 // Waits up to `limit` for `done`, looking every `poll`; false if it never held.
 template <typename F>
@@ -80,11 +84,10 @@ TEST(Faults, AKilledWorkerFailsTheJobNamingItsStageAndTheCheckpointResumes) {
   World world("kill-worker", std::string(kJob) + " --epochs 50 --checkpoint-dir " +
                                  "/tmp/ferry-fault-ckpt-" + std::to_string(getpid()));
   std::string ckpt = "/tmp/ferry-fault-ckpt-" + std::to_string(getpid());
-  ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt + "/LATEST"); }, std::chrono::seconds(90)))
-      << world.log();
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt + "/LATEST"); }, kJobTime)) << world.log();
   world.workers[1]->kill(SIGKILL);  // worker2, the decoder's
   auto killed = Clock::now();
-  std::optional<int> status = world.master->wait(std::chrono::seconds(120));
+  std::optional<int> status = world.master->wait(kJobTime);
   double detected = std::chrono::duration<double>(Clock::now() - killed).count();
   ASSERT_TRUE(status.has_value()) << world.log();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0) << world.log();
@@ -104,9 +107,9 @@ TEST(Faults, AKilledWorkerFailsTheJobNamingItsStageAndTheCheckpointResumes) {
   // Checkpoints are numbered from 0, one per epoch: ckpt-n holds epoch n + 1.
   int saved_epoch = std::stoi(latest.substr(5)) + 1;
   std::string epochs = std::to_string(saved_epoch + 1);
-  World resumed("resume", std::string(kJob) + " --epochs " + epochs +
-                              " --resume --checkpoint-dir " + ckpt);
-  status = resumed.master->wait(std::chrono::seconds(120));
+  World resumed("resume",
+                std::string(kJob) + " --epochs " + epochs + " --resume --checkpoint-dir " + ckpt);
+  status = resumed.master->wait(kJobTime);
   ASSERT_TRUE(status.has_value()) << resumed.log();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << resumed.log();
   EXPECT_NE(resumed.log().find("resumed from " + ckpt), std::string::npos) << resumed.log();
@@ -140,7 +143,7 @@ const std::string kCurveJob =
 std::map<int, std::pair<double, double>> uninterrupted_losses(const std::string& flags = "") {
   std::string metrics = "/tmp/ferry-fault-straight-" + std::to_string(getpid()) + ".json";
   World straight("straight", kCurveJob + flags + " --metrics-file " + metrics);
-  EXPECT_TRUE(straight.master->wait(std::chrono::seconds(120)).has_value()) << straight.log();
+  EXPECT_TRUE(straight.master->wait(kJobTime).has_value()) << straight.log();
   auto losses = losses_in(metrics);
   EXPECT_EQ(losses.size(), 3u) << straight.log() << read_file(metrics);
   fs::remove(metrics);
@@ -158,8 +161,8 @@ void expect_same_curve(const std::map<int, std::pair<double, double>>& got,
     EXPECT_LT(relative(losses.first, expected.at(epoch).first), 1e-6) << "epoch " << epoch;
     EXPECT_LT(relative(losses.second, expected.at(epoch).second), 1e-6) << "epoch " << epoch;
     std::cout << std::setprecision(10) << "epoch " << epoch << ": train " << losses.first
-              << " (uninterrupted " << expected.at(epoch).first << "), validation "
-              << losses.second << " (" << expected.at(epoch).second << ")\n";
+              << " (uninterrupted " << expected.at(epoch).first << "), validation " << losses.second
+              << " (" << expected.at(epoch).second << ")\n";
   }
 }
 
@@ -173,7 +176,7 @@ TEST(Faults, AMasterKilledWhileSavingLeavesTheLastCheckpointAndResumingFollowsTh
   fs::remove_all(ckpt);
   World killed("killed", kCurveJob + " --checkpoint-dir " + ckpt);
   // ckpt-1 appears as the second save starts; LATEST names it only once the save is complete.
-  ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt + "/ckpt-1"); }, std::chrono::seconds(120),
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt + "/ckpt-1"); }, kJobTime,
                          std::chrono::milliseconds(1)))
       << killed.log();
   killed.master->kill(SIGKILL);
@@ -191,7 +194,7 @@ TEST(Faults, AMasterKilledWhileSavingLeavesTheLastCheckpointAndResumingFollowsTh
   std::string resumed_metrics = ckpt + "-resumed.json";
   World resumed("resumed", kCurveJob + " --resume --checkpoint-dir " + ckpt + " --metrics-file " +
                                resumed_metrics);
-  std::optional<int> status = resumed.master->wait(std::chrono::seconds(120));
+  std::optional<int> status = resumed.master->wait(kJobTime);
   ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
       << resumed.log();
   auto got = losses_in(resumed_metrics);
@@ -209,8 +212,8 @@ TEST(Faults, AMasterKilledWhileSavingLeavesTheLastCheckpointAndResumingFollowsTh
 
 TEST(Faults, WorkersExitByThemselvesWhenTheMasterIsKilled) {
   World world("kill-master", std::string(kJob) + " --epochs 50");
-  ASSERT_TRUE(wait_until([&] { return world.log().find("epoch 1/50") != std::string::npos; },
-                         std::chrono::seconds(90)))
+  ASSERT_TRUE(
+      wait_until([&] { return world.log().find("epoch 1/50") != std::string::npos; }, kJobTime))
       << world.log();
   world.master->kill(SIGKILL);
   auto killed = Clock::now();
@@ -232,17 +235,16 @@ void expect_spare_takes_over(const std::string& flags) {
   std::string ckpt = "/tmp/ferry-fault-spare-" + std::to_string(getpid());
   std::string metrics = ckpt + ".json";
   fs::remove_all(ckpt);
-  World world("spare",
-              kCurveJob + flags + " --spares 1 --checkpoint-dir " + ckpt + " --metrics-file " +
-                  metrics,
-              4);
-  ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt + "/LATEST"); }, std::chrono::seconds(120),
+  World world(
+      "spare",
+      kCurveJob + flags + " --spares 1 --checkpoint-dir " + ckpt + " --metrics-file " + metrics, 4);
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt + "/LATEST"); }, kJobTime,
                          std::chrono::milliseconds(10)))
       << world.log();
   // Into the second epoch.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   world.workers[1]->kill(SIGKILL);  // worker2, the decoder's
-  std::optional<int> status = world.master->wait(std::chrono::seconds(120));
+  std::optional<int> status = world.master->wait(kJobTime);
   ASSERT_TRUE(status.has_value()) << world.log();
   std::string log = world.log();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << log;

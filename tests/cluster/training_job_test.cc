@@ -45,8 +45,9 @@ bool contains(const std::string& text, const std::string& part) {
 TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
   std::string metrics = "/tmp/ferry-train-test-" + std::to_string(getpid()) + ".json";
   CommandResult r = run(std::string(FERRY_LAUNCH) + " --nproc 4 -- " + FERRY_MASTER +
-              " train --model unet-resnet18 --image-size 64 --samples 320 --epochs 3"
-              " --batch-size 8 --optimizer adam --lr 0.003 --metrics-file " + metrics);
+                        " train --model unet-resnet18 --image-size 64 --samples 320 --epochs 3"
+                        " --batch-size 8 --optimizer adam --lr 0.003 --metrics-file " +
+                        metrics);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 0] epoch 3/3")) << r.output;
   EXPECT_TRUE(contains(r.output, "encoder  worker1")) << r.output;
@@ -105,7 +106,8 @@ TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
   // A file that is not there stops the job before it trains, naming the file.
   CommandResult missing = run(common + " --weights " + data + "/nothing.pt");
   EXPECT_NE(missing.status, 0);
-  EXPECT_TRUE(contains(missing.output, "weights file \"" + data + "/nothing.pt\": cannot be opened"))
+  EXPECT_TRUE(
+      contains(missing.output, "weights file \"" + data + "/nothing.pt\": cannot be opened"))
       << missing.output;
 
   // A broken image fails the epoch with the file's name.
@@ -121,8 +123,8 @@ TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
 TEST(TrainingJob, LauncherStopsTheWorldWhenARankDiesAndSaysWhich) {
   auto start = std::chrono::steady_clock::now();
   CommandResult r = run(std::string(FERRY_LAUNCH) +
-              " --nproc 3 -- sh -c 'echo hello from $RANK of $WORLD_SIZE; "
-              "if [ $RANK = 1 ]; then sleep 1; exit 3; fi; sleep 60'");
+                        " --nproc 3 -- sh -c 'echo hello from $RANK of $WORLD_SIZE; "
+                        "if [ $RANK = 1 ]; then sleep 1; exit 3; fi; sleep 60'");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 2] hello from 2 of 3")) << r.output;
   EXPECT_TRUE(contains(r.output, "rank 1 (pid")) << r.output;
@@ -146,11 +148,12 @@ TEST(TrainingJob, PipelinedJobLearnsAndWritesATrace) {
   CommandResult r = run(std::string(FERRY_LAUNCH) + " --nproc 4 -- " + FERRY_MASTER +
                         " train --model unet-resnet18 --image-size 64 --samples 200 --epochs 2"
                         " --batch-size 8 --optimizer adam --lr 0.003 --pipeline 1f1b"
-                        " --microbatches 4 --checkpoint-activations --trace " + base +
-                        ".trace.json --metrics-file " + base + ".json");
+                        " --microbatches 4 --checkpoint-activations --trace " +
+                        base + ".trace.json --metrics-file " + base + ".json");
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "pipelined steps: 1f1b, 4 micro-batches of 2 images, "
-                                 "activations recomputed in backward"))
+  EXPECT_TRUE(contains(r.output,
+                       "pipelined steps: 1f1b, 4 micro-batches of 2 images, "
+                       "activations recomputed in backward"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "stage 0: unet.encoder on worker1")) << r.output;
   EXPECT_TRUE(contains(r.output, "ideal (p - 1) / (M + p - 1) = 33% (p = 3, M = 4)")) << r.output;
@@ -183,8 +186,9 @@ TEST(TrainingJob, BadPipelineSettingsAreClearErrors) {
                     " --model unet-resnet18";
   CommandResult r = run(job + " --pipeline zigzag");
   EXPECT_NE(r.status, 0);
-  EXPECT_TRUE(contains(r.output, "--pipeline: unknown pipeline schedule \"zigzag\" (known: "
-                                 "gpipe, 1f1b)"))
+  EXPECT_TRUE(contains(r.output,
+                       "--pipeline: unknown pipeline schedule \"zigzag\" (known: "
+                       "gpipe, 1f1b)"))
       << r.output;
   r = run(job + " --microbatches 8");
   EXPECT_NE(r.status, 0);

@@ -1,9 +1,8 @@
 // Load: many small calls in flight at once complete, and neither side's memory runs away; a
 // sender faster than its reader is held back instead of queueing without end.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
-
 #include <signal.h>
+#include <torch/torch.h>
 
 #include <atomic>
 #include <chrono>

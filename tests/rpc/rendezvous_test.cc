@@ -139,9 +139,9 @@ TEST(Rendezvous, AMasterPortAnotherProcessListensOnFailsAtRankZeroNamingThePort)
   int port = ntohs(addr.sin_port);
   std::string error = start_error(master_options(2, port, milliseconds(1000)));
   ::close(fd);
-  EXPECT_NE(error.find("rank 0 could not host the rendezvous store on port " +
-                       std::to_string(port)),
-            std::string::npos)
+  EXPECT_NE(
+      error.find("rank 0 could not host the rendezvous store on port " + std::to_string(port)),
+      std::string::npos)
       << error;
 }
 

@@ -18,9 +18,7 @@ namespace {
 // The process starts once: LibTorch takes most of a second of CPU to load, which is not what the
 // test measures.
 int join_worlds(int rank, int world_size, const std::string& ports) {
-  auto name_of = [](int r) {
-    return r == 0 ? std::string("master") : "agent" + std::to_string(r);
-  };
+  auto name_of = [](int r) { return r == 0 ? std::string("master") : "agent" + std::to_string(r); };
   std::stringstream list(ports);
   std::string port;
   int world = 0;

@@ -206,10 +206,9 @@ void Rendezvous::wait_left(const std::set<int>& ignore, Clock::time_point deadli
   }
 }
 
-// A port from the kernel's ephemeral range could be handed to another socket bound to port 0 (an
-// agent's listener, say) between this pick and the store binding it; the store can still bind
-// its IPv6 wildcard beside that socket, and clients of the store then reach the wrong process.
-// So the port comes from just below that range, where no port-0 bind can land.
+// A port from the kernel's ephemeral range can be handed to another socket bound to port 0 (an
+// agent's listener, say) after this pick; clients of the store were then seen reaching that
+// agent instead. So the port comes from just below that range, where no port-0 bind can land.
 int pick_free_port(const std::string& host) {
   int error = 0;
   int low = lowest_ephemeral_port();

@@ -305,6 +305,9 @@ std::vector<c10::IValue> DistributedOptimizer::on_owners(
   when_all(calls)->wait();
   std::vector<std::string> failed;
   std::vector<c10::IValue> results;
+  // The first failure's kind: a worker that died (PeerDied) or went silent (Timeout) stays so for
+  // the caller, which may put a spare in its place.
+  rpc::ErrorKind kind = rpc::ErrorKind::RemoteException;
   for (size_t i = 0; i < calls.size(); ++i) {
     if (!calls[i]->hasError()) {
       results.push_back(calls[i]->value());
@@ -315,12 +318,13 @@ std::vector<c10::IValue> DistributedOptimizer::on_owners(
       std::rethrow_exception(calls[i]->exception_ptr());
     } catch (const rpc::Error& e) {
       if (!e.cause().empty()) cause = e.cause();
+      if (failed.empty()) kind = e.kind();
     } catch (...) {
     }
     failed.push_back(fmt::format("on worker \"{}\": {}", owners_[i].worker, cause));
   }
   if (!failed.empty()) {
-    throw rpc::Error(rpc::ErrorKind::RemoteException,
+    throw rpc::Error(kind,
                      fmt::format("optimizer \"{}\": {} failed {}", spec_.name, what,
                                  fmt::join(failed, "; ")));
   }

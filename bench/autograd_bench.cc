@@ -1,7 +1,8 @@
 // Steps alternate between the split model (activations stage to stage, as the training job sends
 // them, then through the master, as naive model parallelism does) and the local one so that all
-// see the same noise of this shared machine. Each process gets the same intra-op threads: the stages of a naive split
-// run one at a time, so each has the machine to itself while it runs, as the local model does.
+// see the same noise of this shared machine. Each process gets the same intra-op threads: the
+// stages of a naive split run one at a time, so each has the machine to itself while it runs, as
+// the local model does.
 #include "bench/autograd_bench.h"
 
 #include <fmt/format.h>
@@ -56,8 +57,8 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
     grad_error = models::max_relative_error(dist, want);
   }
 
-  dist_autograd::DistributedOptimizer optimizer(
-      dist_autograd::OptimizerSpec::sgd(kLr, kMomentum), split.parameters());
+  dist_autograd::DistributedOptimizer optimizer(dist_autograd::OptimizerSpec::sgd(kLr, kMomentum),
+                                                split.parameters());
   torch::optim::SGD local_optimizer(local->parameters(),
                                     torch::optim::SGDOptions(kLr).momentum(kMomentum));
   std::vector<double> dist_steps, via_master_steps, local_steps;
@@ -100,26 +101,30 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
     });
     if (!timed) continue;
     for (size_t k = 0; k < split.stages().size(); ++k) {
-      const std::string& name = split.stages()[k].name;
+      const std::string& name = split.stages()[k].name();
       parts["stage_" + name + "_forward_s"].push_back(clocks_after[2 * k] - clocks_before[2 * k]);
       parts["stage_" + name + "_backward_s"].push_back(clocks_after[2 * k + 1] -
-                                                      clocks_before[2 * k + 1]);
+                                                       clocks_before[2 * k + 1]);
     }
     dist_steps.push_back(dist);
     via_master_steps.push_back(via_master);
     local_steps.push_back(one);
-    for (auto [name, value] :
-         {std::pair{"dist_forward_s", f}, {"dist_backward_s", b}, {"dist_optimizer_s", o},
-          {"via_master_forward_s", mf}, {"via_master_backward_s", mb},
-          {"via_master_optimizer_s", mo},
-          {"local_forward_s", lf}, {"local_backward_s", lb}, {"local_optimizer_s", lo}}) {
+    for (auto [name, value] : {std::pair{"dist_forward_s", f},
+                               {"dist_backward_s", b},
+                               {"dist_optimizer_s", o},
+                               {"via_master_forward_s", mf},
+                               {"via_master_backward_s", mb},
+                               {"via_master_optimizer_s", mo},
+                               {"local_forward_s", lf},
+                               {"local_backward_s", lb},
+                               {"local_optimizer_s", lo}}) {
       parts[name].push_back(value);
     }
-    std::cerr << fmt::format("step {}: stage to stage {:.3f} s (forward {:.3f}, backward {:.3f}, "
-                             "optimizer {:.3f}), through the master {:.3f} s ({:.3f}, {:.3f}, "
-                             "{:.3f}), one process {:.3f} s ({:.3f}, {:.3f}, {:.3f})\n",
-                             step - settings.warmup, dist, f, b, o, via_master, mf, mb, mo, one,
-                             lf, lb, lo);
+    std::cerr << fmt::format(
+        "step {}: stage to stage {:.3f} s (forward {:.3f}, backward {:.3f}, "
+        "optimizer {:.3f}), through the master {:.3f} s ({:.3f}, {:.3f}, "
+        "{:.3f}), one process {:.3f} s ({:.3f}, {:.3f}, {:.3f})\n",
+        step - settings.warmup, dist, f, b, o, via_master, mf, mb, mo, one, lf, lb, lo);
   }
 
   int64_t contexts_left = static_cast<int64_t>(dist_autograd::context_count());
@@ -160,8 +165,7 @@ int run_autograd_bench(const AutogradBenchSettings& settings) {
     auto env = loopback_world_env(rank, 4, port);
     env["OMP_NUM_THREADS"] = std::to_string(threads);
     env["FERRY_LOG_LEVEL"] = "warn";
-    workers.push_back(
-        spawn_process(worker_binary, {"--name", fmt::format("worker{}", rank)}, env));
+    workers.push_back(spawn_process(worker_binary, {"--name", fmt::format("worker{}", rank)}, env));
   }
   init_loopback_master("master", 4, port);
 

@@ -3,6 +3,7 @@
 // every other rank serves as a worker.
 #include <CLI/CLI.hpp>
 
+#include "examples/model_tools.h"
 #include "examples/train.h"
 
 int main(int argc, char** argv) {
@@ -35,20 +36,32 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--pipeline", train.pipeline,
                         "pipeline the steps: gpipe (all forwards, then all backwards) or 1f1b "
                         "(one forward, one backward; less activation memory)");
-  train_cmd->add_option("--microbatches", train.microbatches,
-                        "micro-batches per batch in a pipelined step (1: the naive schedule)")
+  train_cmd
+      ->add_option("--microbatches", train.microbatches,
+                   "micro-batches per batch in a pipelined step (1: the naive schedule)")
       ->check(CLI::PositiveNumber);
   train_cmd->add_flag("--checkpoint-activations", train.checkpoint_activations,
                       "keep only each stage's inputs and recompute its forward in backward");
   train_cmd->add_option("--trace", train.trace_file,
                         "write a Chrome trace (Perfetto, chrome://tracing) of every stage's "
                         "forward, backward, send, receive and idle time");
+  train_cmd->add_option("--stages", train.stages,
+                        "cut the U-Net into this many balanced stages (default: its 3 seams)");
+  train_cmd->add_option("--balance", train.balance,
+                        "what --stages balances: memory|time|parameters (measured per block)");
+  train_cmd->add_option("--partition", train.partition,
+                        "cut by hand: the first block of each stage after the first, e.g. "
+                        "layer3.0,decoder.0 (see describe --blocks)");
+  train_cmd->add_option("--memory-budget-mib", train.memory_budget_mib,
+                        "each process's tensor memory bound, as a device's (default: "
+                        "FERRY_MEMORY_BUDGET_MIB, else none)");
   train_cmd->add_option("--classes", train.classes, "output channels of the head");
   train_cmd->add_option("--checkpoint-dir", train.checkpoint_dir, "save after every epoch here");
   train_cmd->add_flag("--resume", train.resume, "continue from the latest checkpoint");
-  train_cmd->add_option("--spares", train.spares,
-                        "the last K workers hold no stage; when a worker is lost, one of them "
-                        "takes over its stages from the last checkpoint and training goes on")
+  train_cmd
+      ->add_option("--spares", train.spares,
+                   "the last K workers hold no stage; when a worker is lost, one of them "
+                   "takes over its stages from the last checkpoint and training goes on")
       ->check(CLI::NonNegativeNumber);
   train_cmd->add_option("--seed", train.seed, "seed of weights, data and shuffling");
   train_cmd->add_option("--secret-file", train.secret_file,
@@ -58,15 +71,24 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--compare-single-process", train.compare_single_process,
                       "at the end, measure one step of the whole model in one process");
 
-  std::string model = "unet-resnet34";
-  int64_t classes = 1, image_size = 256;
-  bool json = false;
-  auto* describe_cmd = app.add_subcommand("describe", "each stage's size and output shapes");
-  describe_cmd->add_option("--model", model, "unet-resnet18|34|50|101|152");
-  describe_cmd->add_option("--classes", classes, "output channels of the head");
-  describe_cmd->add_option("--image-size", image_size, "input height and width");
+  ferry::examples::PlanSettings plan;
+  plan.image_size = 256;
+  bool json = false, blocks = false;
+  auto* describe_cmd = app.add_subcommand(
+      "describe", "each stage's blocks, size, output shapes and estimated peak memory and time");
+  describe_cmd->add_option("--model", plan.model, "unet-resnet18|34|50|101|152");
+  describe_cmd->add_option("--classes", plan.classes, "output channels of the head");
+  describe_cmd->add_option("--image-size", plan.image_size, "input height and width");
+  describe_cmd->add_option("--batch-size", plan.batch_size, "images per step, for the estimates");
+  describe_cmd->add_option("--stages", plan.stages, "balanced stages (default: the 3 seams)");
+  describe_cmd->add_option("--balance", plan.balance, "memory|time|parameters");
+  describe_cmd->add_option("--partition", plan.partition,
+                           "the first block of each stage after the first");
+  describe_cmd->add_option("--optimizer", plan.optimizer, "sgd|adam|adamw, for the estimates");
+  describe_cmd->add_flag("--blocks", blocks, "also every block's measured costs");
   describe_cmd->add_flag("--json", json, "one JSON object");
-  int64_t batch_size = 8;
+  std::string model = "unet-resnet34";
+  int64_t classes = 1, image_size = 256, batch_size = 8;
   auto* footprint_cmd =
       app.add_subcommand("footprint", "peak memory of one training step of the whole model");
   footprint_cmd->add_option("--model", model, "unet-resnet18|34|50|101|152");
@@ -83,7 +105,7 @@ int main(int argc, char** argv) {
       return ferry::examples::measure_single_process(model, classes, image_size, batch_size,
                                                      optimizer);
     }
-    return ferry::examples::describe_model(model, classes, image_size, json);
+    return ferry::examples::describe_model(plan, json, blocks);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry-master: %s\n", e.what());
     return 2;

@@ -23,6 +23,8 @@
 #include <sstream>
 #include <thread>
 
+#include "examples/model_tools.h"
+#include "examples/stage_plan.h"
 #include "examples/worker_loop.h"
 #include "ferry/data/dataset.h"
 #include "ferry/dist_autograd/context.h"
@@ -43,34 +45,14 @@ using Clock = std::chrono::steady_clock;
 
 using models::RemoteUnet;
 
-constexpr auto& kStageNames = RemoteUnet::kStageNames;
-constexpr auto& kStageTypes = RemoteUnet::kStageTypes;
-
 [[noreturn]] void fail(const std::string& message) {
   throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
 }
 
-int64_t depth_of(const std::string& model) {
-  const std::string prefix = "unet-resnet";
-  if (model.rfind(prefix, 0) != 0) {
-    fail(fmt::format("unknown model \"{}\" (models: unet-resnet18, unet-resnet34, unet-resnet50, "
-                     "unet-resnet101, unet-resnet152)",
-                     model));
-  }
-  int64_t depth = 0;
-  try {
-    depth = std::stoll(model.substr(prefix.size()));
-  } catch (const std::exception&) {
-    fail(fmt::format("unknown model \"{}\"", model));
-  }
-  models::resnet_channels(depth);  // throws for a depth that does not exist
-  return depth;
-}
-
-// Stage name -> worker: from --placement, else one stage per worker in rank order (the master
-// hosts them all in a world of one).
-// Stage to worker: round robin over the workers that are not spares, then --placement's choices.
-std::map<std::string, std::string> place_stages(const std::string& placement, int spares) {
+// The worker of each planned stage: round robin over the workers that are not spares (the master
+// hosts them all in a world of one), then --placement's choices.
+std::vector<std::string> place_stages(const StagePlan& plan, const std::string& placement,
+                                      int spares) {
   std::vector<std::string> names;
   for (const auto& w : rpc::workers()) names.push_back(w.name);
   if (spares > 0) {
@@ -80,23 +62,24 @@ std::map<std::string, std::string> place_stages(const std::string& placement, in
     }
     names.resize(names.size() - spares);
   }
-  std::map<std::string, std::string> out;
-  for (int s = 0; s < 3; ++s) {
-    out[kStageNames[s]] = names.size() == 1 ? names[0] : names[1 + s % (names.size() - 1)];
+  std::vector<std::string> out;
+  std::vector<std::string> stage_names;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    out.push_back(names.size() == 1 ? names[0] : names[1 + s % (names.size() - 1)]);
+    stage_names.push_back(plan.stages[s].name);
   }
   std::stringstream items(placement);
   std::string item;
   while (std::getline(items, item, ',')) {
     auto eq = item.find('=');
-    std::string stage = item.substr(0, eq);
-    if (eq == std::string::npos || !out.count(stage)) {
-      fail(fmt::format("--placement: \"{}\" is not stage=worker with a stage among encoder, "
-                       "decoder, head",
-                       item));
+    auto it = std::find(stage_names.begin(), stage_names.end(), item.substr(0, eq));
+    if (eq == std::string::npos || it == stage_names.end()) {
+      fail(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}", item,
+                       fmt::join(stage_names, ", ")));
     }
     std::string worker = item.substr(eq + 1);
     rpc::worker(worker);  // throws listing the workers there are
-    out[stage] = worker;
+    out[it - stage_names.begin()] = worker;
   }
   return out;
 }
@@ -144,7 +127,10 @@ std::string clock_text(double seconds) {
 class ProgressBar {
  public:
   ProgressBar(int epoch, int epochs, std::size_t steps)
-      : epoch_(epoch), epochs_(epochs), steps_(steps), tty_(isatty(STDERR_FILENO)),
+      : epoch_(epoch),
+        epochs_(epochs),
+        steps_(steps),
+        tty_(isatty(STDERR_FILENO)),
         start_(Clock::now()) {}
 
   void update(std::size_t step, double loss, double images_per_s) {
@@ -152,10 +138,10 @@ class ProgressBar {
     double eta = step == 0 ? 0 : elapsed / step * (steps_ - step);
     constexpr int kWidth = 24;
     int filled = static_cast<int>(kWidth * step / std::max<std::size_t>(steps_, 1));
-    std::string line = fmt::format("epoch {}/{} [{}{}] {}/{} loss {:.4f} {:.1f} img/s ETA {}",
-                                   epoch_, epochs_, std::string(filled, '#'),
-                                   std::string(kWidth - filled, '.'), step, steps_, loss,
-                                   images_per_s, clock_text(eta));
+    std::string line =
+        fmt::format("epoch {}/{} [{}{}] {}/{} loss {:.4f} {:.1f} img/s ETA {}", epoch_, epochs_,
+                    std::string(filled, '#'), std::string(kWidth - filled, '.'), step, steps_, loss,
+                    images_per_s, clock_text(eta));
     bool last = step == steps_;
     if (tty_) {
       std::cerr << "\r" << line << (last ? "\n" : "") << std::flush;
@@ -199,30 +185,6 @@ Validation validate(RemoteUnet& split, data::BatchLoader& loader, const TrainSet
   return v;
 }
 
-
-// Runs `ferry-master footprint` as a fresh process (so nothing of this one counts) and returns
-// the peak memory it reports, or -1.
-double single_process_peak_mib(const TrainSettings& s) {
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return -1;
-  std::string command = fmt::format(
-      "env -u RANK -u WORLD_SIZE -u SLURM_PROCID '{}' footprint --model {} --classes {} "
-      "--image-size {} --batch-size {} --optimizer {}",
-      std::string(self, n), s.model, s.classes, s.image_size, s.batch_size, s.optimizer);
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return -1;
-  char buf[256];
-  std::string last;
-  while (fgets(buf, sizeof buf, pipe)) last = buf;
-  if (pclose(pipe) != 0) return -1;
-  try {
-    return std::stod(last);
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
 void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
   std::vector<StageStats> stats;
   double computed = 0;
@@ -243,13 +205,12 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
     double backward = backward_by_worker[worker];
     // Stage to stage, the master sees only the whole chain: its transfers go on the first row.
     std::string network =
-        !direct ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - stats[k].forward_s))
+        !direct  ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - stats[k].forward_s))
         : k == 0 ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - computed))
                  : "-";
-    double idle =
-        train_s > 0 ? std::max(0.0, 1 - (stats[k].forward_s + backward) / train_s) : 0;
+    double idle = train_s > 0 ? std::max(0.0, 1 - (stats[k].forward_s + backward) / train_s) : 0;
     std::cerr << fmt::format("{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10} {:>5.0f}% {:>10.0f}\n",
-                             stage.name, worker, stats[k].parameters, stats[k].forward_s,
+                             stage.name(), worker, stats[k].parameters, stats[k].forward_s,
                              backward, network, 100 * idle, stats[k].worker_peak_rss_mib);
   }
   std::cerr << "backward s is per worker (all stages it hosts); network s is forward time seen "
@@ -265,7 +226,7 @@ std::string lost_stages(const rpc::Error& e, const RemoteUnet& split, const Trai
   if (e.kind() != rpc::ErrorKind::PeerDied && e.kind() != rpc::ErrorKind::Timeout) return "";
   std::map<std::string, std::vector<std::string>> hosted;
   for (const RemoteUnet::Stage& stage : split.stages()) {
-    hosted[stage.module.worker()].push_back(stage.name);
+    hosted[stage.module.worker()].push_back(stage.name());
   }
   std::string out;
   for (const auto& [worker, names] : hosted) {
@@ -296,12 +257,14 @@ std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const RemoteUnet& 
     fail(fmt::format("--microbatches {} is more than the {} images of a batch", s.microbatches,
                      s.batch_size));
   }
-  if (s.checkpoint_activations) options.checkpoint_stages = {0, 1, 2};
-  std::vector<RemoteModule> stages;
-  for (const RemoteUnet::Stage& stage : split.stages()) stages.push_back(stage.module);
-  log::info("pipelined steps: {}, {} micro-batches of {} images{}",
-            schedule_name(options.schedule), options.microbatches,
-            s.batch_size / options.microbatches,
+  if (s.checkpoint_activations) {
+    for (size_t k = 0; k < split.stages().size(); ++k) {
+      options.checkpoint_stages.push_back(static_cast<int>(k));
+    }
+  }
+  std::vector<RemoteModule> stages = split.modules();
+  log::info("pipelined steps: {}, {} micro-batches of {} images{}", schedule_name(options.schedule),
+            options.microbatches, s.batch_size / options.microbatches,
             s.checkpoint_activations ? ", activations recomputed in backward" : "");
   return std::make_unique<Pipeline>(std::move(stages), options);
 }
@@ -315,11 +278,11 @@ struct StagesOnWorkers {
   double last_train_loss = 0;  // mean over the last epoch's steps
 };
 
-std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, int64_t depth,
-                                              const std::array<std::string, 3>& workers) {
+std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const StagePlan& plan,
+                                              const std::vector<std::string>& workers) {
   auto job = std::make_unique<StagesOnWorkers>(StagesOnWorkers{
-      RemoteUnet::create(depth, s.classes, workers, static_cast<int64_t>(s.seed)), nullptr,
-      nullptr});
+      RemoteUnet::create(plan.depth, s.classes, plan.on(workers), static_cast<int64_t>(s.seed)),
+      nullptr, nullptr});
   if (!s.weights.empty()) {
     models::LoadReport report = job->split.load_weights(s.weights);
     if (report.loaded == 0) {
@@ -339,16 +302,18 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, int64_t de
 }
 
 // Loads the latest checkpoint in `dir` into the stages and the optimizer; returns the epoch it
-// was saved after.
+// was saved after. Tensors are found by name, so the checkpoint may come from another cut; the
+// optimizer's state is per parameter in the whole model's order, which no cut changes.
 int restore(StagesOnWorkers& job, const std::string& dir) {
-  NamedValues extra = load_checkpoint(dir, job.split.named());
+  NamedValues extra = load_checkpoint_by_tensor_name(dir, job.split.named());
   job.optimizer->load_state_dict(extra.at("optimizer"));
   return static_cast<int>(extra.at("epoch").toInt());
 }
 
 // Puts a spare in place of every lost worker that held a stage; says what it did, one line per
 // worker, or nothing when there is no such worker or not enough spares (then the job fails).
-std::vector<std::string> take_over_lost_workers(std::array<std::string, 3>& workers,
+std::vector<std::string> take_over_lost_workers(const StagePlan& plan,
+                                                std::vector<std::string>& workers,
                                                 std::vector<std::string>& spares) {
   std::vector<std::string> lost_here;
   for (const std::string& name : rpc::agent().lost_workers()) {
@@ -363,7 +328,7 @@ std::vector<std::string> take_over_lost_workers(std::array<std::string, 3>& work
     for (size_t k = 0; k < workers.size(); ++k) {
       if (workers[k] != lost) continue;
       workers[k] = spare;
-      stages.push_back(kStageNames[k]);
+      stages.push_back(plan.stages[k].name);
     }
     done.push_back(fmt::format("worker \"{}\" was lost; spare \"{}\" takes over stage {}", lost,
                                spare, fmt::join(stages, ", ")));
@@ -408,8 +373,28 @@ double train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
   return train_s;
 }
 
+// The cut the settings ask for, measured in this process before any stage is built.
+StagePlan plan_of(const TrainSettings& s) {
+  PlanSettings p;
+  p.model = s.model;
+  p.classes = s.classes;
+  p.image_size = s.image_size;
+  p.batch_size = s.batch_size;
+  p.stages = s.stages;
+  p.balance = s.balance;
+  p.partition = s.partition;
+  p.optimizer = s.optimizer;
+  int stages = s.stages > 0 ? s.stages : 3;
+  if (!s.partition.empty()) {
+    stages = 1 + static_cast<int>(std::count(s.partition.begin(), s.partition.end(), ','));
+  }
+  p.in_flight_samples =
+      in_flight_samples(s.batch_size, s.microbatches, s.pipeline == "1f1b", stages);
+  return plan_stages(p);
+}
+
 int train_as_master(const TrainSettings& s) {
-  int64_t depth = depth_of(s.model);
+  depth_of(s.model);  // an unknown model fails before the data is read
   if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
     fail(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
   }
@@ -426,12 +411,9 @@ int train_as_master(const TrainSettings& s) {
   data::BatchLoader validation_loader(validation_set, validation_indices, s.batch_size,
                                       std::nullopt);
 
-  auto placement = place_stages(s.placement, s.spares);
-  std::array<std::string, 3> workers;
-  for (size_t k = 0; k < workers.size(); ++k) {
-    workers[k] = placement.at(kStageNames[k]);
-    log::info("stage {} ({}) on worker \"{}\"", kStageNames[k], kStageTypes[k], workers[k]);
-  }
+  const StagePlan plan = plan_of(s);
+  std::vector<std::string> workers = place_stages(plan, s.placement, s.spares);
+  std::cerr << plan_table(plan, workers) << std::flush;
   std::vector<std::string> spares;
   for (size_t r = rpc::workers().size() - s.spares; r < rpc::workers().size(); ++r) {
     spares.push_back(rpc::workers()[r].name);
@@ -439,11 +421,12 @@ int train_as_master(const TrainSettings& s) {
   if (!spares.empty()) {
     log::info("spare workers: {}", fmt::join(spares, ", "));
     if (s.checkpoint_dir.empty()) {
-      log::warn("--spares without --checkpoint-dir: a lost worker's stages start again from "
-                "the first epoch");
+      log::warn(
+          "--spares without --checkpoint-dir: a lost worker's stages start again from "
+          "the first epoch");
     }
   }
-  std::unique_ptr<StagesOnWorkers> job = build_stages(s, depth, workers);
+  std::unique_ptr<StagesOnWorkers> job = build_stages(s, plan, workers);
 
   int first_epoch = 1;
   if (s.resume) {
@@ -466,13 +449,13 @@ int train_as_master(const TrainSettings& s) {
                                      {"val_loss", v.loss},
                                      {"val_iou", v.iou},
                                      {"val_dice", v.dice}});
-        std::cerr << fmt::format("epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU "
-                                 "{:.3f}, Dice {:.3f}\n",
-                                 epoch, s.epochs, job->last_train_loss, v.loss, v.iou, v.dice);
+        std::cerr << fmt::format(
+            "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU "
+            "{:.3f}, Dice {:.3f}\n",
+            epoch, s.epochs, job->last_train_loss, v.loss, v.iou, v.dice);
         if (!s.checkpoint_dir.empty()) {
-          save_checkpoint(
-              s.checkpoint_dir, job->split.named(), 2,
-              {{"optimizer", job->optimizer->state_dict()}, {"epoch", int64_t{epoch}}});
+          save_checkpoint(s.checkpoint_dir, job->split.named(), 2,
+                          {{"optimizer", job->optimizer->state_dict()}, {"epoch", int64_t{epoch}}});
         }
       }
       break;
@@ -483,7 +466,8 @@ int train_as_master(const TrainSettings& s) {
         // The error may come from a worker that saw the loss before this process's own
         // connection to the lost worker closed: give that a moment.
         auto until = Clock::now() + std::chrono::seconds(3);
-        while ((taken = take_over_lost_workers(workers, spares)).empty() && Clock::now() < until) {
+        while ((taken = take_over_lost_workers(plan, workers, spares)).empty() &&
+               Clock::now() < until) {
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
       }
@@ -493,7 +477,7 @@ int train_as_master(const TrainSettings& s) {
       log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
       // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
       job.reset();
-      job = build_stages(s, depth, workers);
+      job = build_stages(s, plan, workers);
       bool saved = !s.checkpoint_dir.empty() &&
                    std::filesystem::exists(std::filesystem::path(s.checkpoint_dir) / "LATEST");
       first_epoch = saved ? restore(*job, s.checkpoint_dir) + 1 : 1;
@@ -516,7 +500,7 @@ int train_as_master(const TrainSettings& s) {
     std::vector<Pipeline::StageMemory> memory = pipe->memory_peaks();
     std::string peaks;
     for (size_t k = 0; k < memory.size(); ++k) {
-      peaks += fmt::format("{}{} {:.0f} MiB", k ? ", " : "", kStageNames[k],
+      peaks += fmt::format("{}{} {:.0f} MiB", k ? ", " : "", plan.stages[k].name,
                            memory[k].activation_mib);
     }
     std::cerr << "most activations held at once: " << peaks << "\n";
@@ -527,16 +511,19 @@ int train_as_master(const TrainSettings& s) {
                            {"ideal_bubble", report.ideal_bubble}};
     if (!s.trace_file.empty()) {
       pipe->timeline().write_chrome_trace(s.trace_file);
-      std::cerr << fmt::format("trace of {} steps written to {} (open it in Perfetto or "
-                               "chrome://tracing)\n",
-                               report.steps, s.trace_file);
+      std::cerr << fmt::format(
+          "trace of {} steps written to {} (open it in Perfetto or "
+          "chrome://tracing)\n",
+          report.steps, s.trace_file);
     }
   }
   if (s.compare_single_process) {
-    double whole = single_process_peak_mib(s);
-    std::cerr << fmt::format("the whole model trained in one process (same batch) peaks at {:.0f} "
-                             "MiB\n",
-                             whole);
+    double whole =
+        single_process_peak_mib(s.model, s.classes, s.image_size, s.batch_size, s.optimizer);
+    std::cerr << fmt::format(
+        "the whole model trained in one process (same batch) peaks at {:.0f} "
+        "MiB\n",
+        whole);
     metrics["single_process_peak_mib"] = whole;
   }
   metrics["train_s"] = train_s;
@@ -557,6 +544,9 @@ int run_training(const TrainSettings& settings) {
     log::error("{}", e.what());
     return 2;
   }
+  if (settings.memory_budget_mib > 0) {
+    rpc::set_tensor_memory_budget(settings.memory_budget_mib << 20);
+  }
   if (options.rank != 0) return serve_as_worker(options);
   install_worker_functions();
   options.name = "master";
@@ -570,81 +560,17 @@ int run_training(const TrainSettings& settings) {
   try {
     code = train_as_master(settings);
   } catch (const std::exception& e) {
-    log::error("training failed: {}", e.what());
+    std::string what = e.what();
+    if (what.find(rpc::kOverBudget) != std::string::npos) {
+      what +=
+          "; to fit, cut the model into more stages (--stages), use more micro-batches "
+          "(--pipeline 1f1b --microbatches M) or recompute activations "
+          "(--checkpoint-activations)";
+    }
+    log::error("training failed: {}", what);
   }
   rpc::shutdown(code == 0);
   return code;
-}
-
-int measure_single_process(const std::string& model, int64_t classes, int64_t image_size,
-                           int64_t batch_size, const std::string& optimizer_name) {
-  models::Unet net(depth_of(model), classes);
-  at::Tensor x = torch::randn({batch_size, 3, image_size, image_size});
-  at::Tensor target = torch::zeros({batch_size, classes, image_size, image_size});
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  if (optimizer_name == "sgd") {
-    optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
-                                                    torch::optim::SGDOptions(0.01).momentum(0.9));
-  } else if (optimizer_name == "adamw") {
-    optimizer = std::make_unique<torch::optim::AdamW>(net->parameters());
-  } else {
-    optimizer = std::make_unique<torch::optim::Adam>(net->parameters());
-  }
-  torch::binary_cross_entropy_with_logits(net->forward(x), target).backward();
-  optimizer->step();
-  std::cout << rpc::peak_rss_mib() << std::endl;
-  return 0;
-}
-
-int describe_model(const std::string& model, int64_t classes, int64_t image_size, bool json) {
-  int64_t depth = depth_of(model);
-  models::register_unet_stages();
-  nlohmann::ordered_json out;
-  out["model"] = model;
-  out["stages"] = nlohmann::ordered_json::array();
-  int64_t total = 0;
-  c10::IValue value = torch::zeros({1, 3, image_size, image_size});
-  torch::NoGradGuard no_grad;
-  for (int k = 0; k < 3; ++k) {
-    StageConfig config = stage_config();
-    config.insert("depth", depth);
-    config.insert("classes", classes);
-    auto stage = make_stage(kStageTypes[k], config);
-    stage->train(false);
-    int64_t parameters = 0, bytes = 0;
-    for (auto& [name, t] : stage->named_parameters()) {
-      parameters += t.numel();
-      bytes += static_cast<int64_t>(t.nbytes());
-    }
-    for (auto& [name, t] : stage->named_buffers()) bytes += static_cast<int64_t>(t.nbytes());
-    value = stage->forward({value});
-    nlohmann::ordered_json shapes = nlohmann::ordered_json::array();
-    std::vector<at::Tensor> outputs =
-        value.isTensor() ? std::vector<at::Tensor>{value.toTensor()} : value.toTensorVector();
-    for (const auto& t : outputs) shapes.push_back(t.sizes().vec());
-    out["stages"].push_back({{"name", kStageNames[k]},
-                             {"type", kStageTypes[k]},
-                             {"parameters", parameters},
-                             {"buffers", stage->named_buffers().size()},
-                             {"bytes", bytes},
-                             {"output_shapes", shapes}});
-    total += parameters;
-  }
-  out["total_parameters"] = total;
-  if (json) {
-    std::cout << out.dump() << std::endl;
-    return 0;
-  }
-  std::cout << fmt::format("{} for {}x{} inputs (batch 1)\n", model, image_size, image_size);
-  for (const auto& stage : out["stages"]) {
-    std::cout << fmt::format("  {:<8} {:>11} parameters {:>4} buffers {:>8.1f} MiB  out {}\n",
-                             stage["name"].get<std::string>(), stage["parameters"].get<int64_t>(),
-                             stage["buffers"].get<int64_t>(),
-                             stage["bytes"].get<int64_t>() / 1048576.0,
-                             stage["output_shapes"].dump());
-  }
-  std::cout << fmt::format("  total    {:>11} parameters\n", total);
-  return 0;
 }
 
 }  // namespace ferry::examples

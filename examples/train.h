@@ -9,11 +9,16 @@ namespace ferry::examples {
 
 struct TrainSettings {
   std::string model = "unet-resnet34";
-  std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: one per worker
+  std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: round robin
+  // The cut (see stage_plan.h): 0 stages and no partition is the three seams.
+  int stages = 0;
+  std::string balance = "memory";  // memory | time | parameters
+  std::string partition;           // first block of each stage after the first
+  int64_t memory_budget_mib = 0;   // every rank's tensor memory bound; 0: FERRY_MEMORY_BUDGET_MIB
   std::string data = "synthetic";
-  int64_t samples = 512;  // of the synthetic set
-  bool crop = false;      // folder images: crop to image_size instead of resizing
-  std::string weights;    // initial weights file, if set
+  int64_t samples = 512;    // of the synthetic set
+  bool crop = false;        // folder images: crop to image_size instead of resizing
+  std::string weights;      // initial weights file, if set
   bool via_master = false;  // activations through the master instead of stage to stage
   // Pipelined steps: "gpipe" or "1f1b" over `microbatches` micro-batches; empty for plain steps
   // (unless microbatches > 1, checkpointing or a trace asks for a pipeline: then gpipe).
@@ -33,7 +38,7 @@ struct TrainSettings {
   bool resume = false;
   int spares = 0;  // the last ranks wait as spares; one takes over the stages of a lost worker
   std::uint64_t seed = 0;
-  std::string secret_file;  // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE
+  std::string secret_file;   // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE
   std::string metrics_file;  // the final figures as JSON, if set
   bool compare_single_process = false;  // also measure the whole model's step in one process
 };
@@ -41,13 +46,5 @@ struct TrainSettings {
 // Runs as rank 0 of the world described by the environment. Returns the exit code; a failure
 // (a worker lost, bad settings) is printed as one clear message.
 int run_training(const TrainSettings& settings);
-
-// One training step (forward, backward, a step of `optimizer`) of the whole model in this process;
-// prints its peak memory (MiB) as the last line. What the split saves is measured against this.
-int measure_single_process(const std::string& model, int64_t classes, int64_t image_size,
-                           int64_t batch_size, const std::string& optimizer);
-
-// Prints each stage's parameters, buffers, bytes and output shapes for an input of `image_size`.
-int describe_model(const std::string& model, int64_t classes, int64_t image_size, bool json);
 
 }  // namespace ferry::examples

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/worker_loop.h"
+#include "ferry/rpc/process_memory.h"
 
 int main(int argc, char** argv) {
   CLI::App app("Ferry worker: hosts model stages for a master");
@@ -16,7 +17,12 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.num_threads, "threads running requests");
   app.add_option("--secret-file", options.secret_file,
                  "file holding the cluster secret (default: FERRY_SECRET, FERRY_SECRET_FILE)");
+  int64_t memory_budget_mib = 0;
+  app.add_option("--memory-budget-mib", memory_budget_mib,
+                 "tensor memory bound of this process, as a device's (default: "
+                 "FERRY_MEMORY_BUDGET_MIB, else none)");
   CLI11_PARSE(app, argc, argv);
+  if (memory_budget_mib > 0) ferry::rpc::set_tensor_memory_budget(memory_budget_mib << 20);
 
   return ferry::examples::serve_as_worker(options);
 }

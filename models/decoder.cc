@@ -6,35 +6,47 @@
 
 #include "ferry/models/unet.h"
 #include "ferry/rpc/error.h"
+#include "models/blocks.h"
 
 namespace ferry::models {
-namespace {
+namespace detail {
 
 namespace nn = torch::nn;
+
+namespace {
 
 nn::Sequential conv_bn_relu(int64_t in, int64_t out) {
   return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).bias(false)),
                         nn::BatchNorm2d(out), nn::ReLU(nn::ReLUOptions(true)));
 }
 
-class DecoderBlockImpl : public nn::Module {
- public:
-  DecoderBlockImpl(int64_t in, int64_t skip, int64_t out)
-      : conv1_(register_module("conv1", conv_bn_relu(in + skip, out))),
-        conv2_(register_module("conv2", conv_bn_relu(out, out))) {}
-
-  at::Tensor forward(at::Tensor x, const at::Tensor& skip) {
-    x = torch::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2});
-    if (skip.defined()) x = torch::cat({x, skip}, 1);
-    return conv2_->forward(conv1_->forward(x));
-  }
-
- private:
-  nn::Sequential conv1_, conv2_;
-};
-TORCH_MODULE(DecoderBlock);
-
 }  // namespace
+
+DecoderBlockImpl::DecoderBlockImpl(int64_t in, int64_t skip, int64_t out)
+    : conv1_(register_module("conv1", conv_bn_relu(in + skip, out))),
+      conv2_(register_module("conv2", conv_bn_relu(out, out))) {}
+
+at::Tensor DecoderBlockImpl::forward(at::Tensor x, const at::Tensor& skip) {
+  x = torch::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2});
+  if (skip.defined()) x = torch::cat({x, skip}, 1);
+  return conv2_->forward(conv1_->forward(x));
+}
+
+void init_decoder_convolutions(nn::Module& module) {
+  // Not modules(/*include_self=*/true): that needs a module already owned by a shared_ptr, and
+  // constructors call this.
+  auto init = [](nn::Module& m) {
+    if (auto* c = m.as<nn::Conv2d>())
+      nn::init::kaiming_uniform_(c->weight, 0.0, torch::kFanIn, torch::kReLU);
+  };
+  init(module);
+  for (auto& child : module.modules(/*include_self=*/false)) init(*child);
+}
+
+}  // namespace detail
+
+namespace nn = torch::nn;
+using detail::DecoderBlock;
 
 UnetDecoderImpl::UnetDecoderImpl(std::vector<int64_t> encoder_channels,
                                  std::vector<int64_t> decoder_channels) {
@@ -54,11 +66,7 @@ UnetDecoderImpl::UnetDecoderImpl(std::vector<int64_t> encoder_channels,
     in = decoder_channels[i];
   }
   out_channels_ = in;
-  for (auto& module : modules(/*include_self=*/false)) {
-    if (auto* c = module->as<nn::Conv2d>()) {
-      nn::init::kaiming_uniform_(c->weight, 0.0, torch::kFanIn, torch::kReLU);
-    }
-  }
+  detail::init_decoder_convolutions(*this);
 }
 
 at::Tensor UnetDecoderImpl::forward(const std::vector<at::Tensor>& features) {
@@ -80,8 +88,8 @@ at::Tensor UnetDecoderImpl::forward(const std::vector<at::Tensor>& features) {
 
 SegmentationHeadImpl::SegmentationHeadImpl(int64_t in_channels, int64_t classes)
     // "0": segmentation_models_pytorch's head is a Sequential whose convolution comes first.
-    : conv_(register_module("0",
-                            nn::Conv2d(nn::Conv2dOptions(in_channels, classes, 3).padding(1)))) {
+    : conv_(
+          register_module("0", nn::Conv2d(nn::Conv2dOptions(in_channels, classes, 3).padding(1)))) {
   nn::init::xavier_uniform_(conv_->weight);
   nn::init::zeros_(conv_->bias);
 }
@@ -94,8 +102,6 @@ UnetImpl::UnetImpl(int64_t depth, int64_t classes, int64_t in_channels)
       segmentation_head(register_module("segmentation_head",
                                         SegmentationHead(decoder->out_channels(), classes))) {}
 
-at::Tensor UnetImpl::forward(const at::Tensor& x) {
-  return segmentation_head(decoder(encoder(x)));
-}
+at::Tensor UnetImpl::forward(const at::Tensor& x) { return segmentation_head(decoder(encoder(x))); }
 
 }  // namespace ferry::models

@@ -1,35 +1,84 @@
 #include "ferry/models/remote_unet.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
+#include <set>
 #include <stdexcept>
 
+#include "ferry/models/unet_blocks.h"
 #include "ferry/models/weights.h"
+#include "ferry/rpc/error.h"
 
 namespace ferry::models {
+namespace {
 
-RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes,
-                              const std::array<std::string, 3>& workers, int64_t seed) {
-  resnet_channels(depth);  // an unknown depth fails here, before any worker builds anything
+[[noreturn]] void fail(const std::string& message) {
+  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
+}
+
+void check_plan(int64_t depth, const std::vector<RemoteUnet::StagePlan>& plan) {
+  const auto count = static_cast<int64_t>(unet_blocks(depth).size());
+  if (plan.empty()) fail("a U-Net split needs at least one stage");
+  std::set<std::string> names;
+  int64_t next = 0;
+  for (const auto& stage : plan) {
+    if (!names.insert(stage.name).second) {
+      fail(fmt::format("two stages are named \"{}\"", stage.name));
+    }
+    if (stage.first != next || stage.last <= stage.first || stage.last > count) {
+      fail(
+          fmt::format("stage \"{}\" has blocks [{}, {}) but must start at block {} and hold at "
+                      "least one of the {} blocks",
+                      stage.name, stage.first, stage.last, next, count));
+    }
+    next = stage.last;
+  }
+  if (next != count) {
+    fail(fmt::format("the stages end at block {} of {}: the last must end with the head", next,
+                     count));
+  }
+}
+
+}  // namespace
+
+std::vector<RemoteUnet::StagePlan> RemoteUnet::seams(int64_t depth,
+                                                     const std::array<std::string, 3>& workers) {
+  const std::vector<UnetBlock> blocks = unet_blocks(depth);
+  const int64_t decoder = unet_block_index(blocks, "decoder.0");
+  const int64_t head = unet_block_index(blocks, "head");
+  return {{"encoder", 0, decoder, workers[0]},
+          {"decoder", decoder, head, workers[1]},
+          {"head", head, head + 1, workers[2]}};
+}
+
+RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes, const std::vector<StagePlan>& plan,
+                              int64_t seed) {
+  check_plan(depth, plan);  // before any worker builds anything
   RemoteUnet net;
   net.depth_ = depth;
   net.classes_ = classes;
-  for (size_t k = 0; k < kStageNames.size(); ++k) {
+  for (const StagePlan& stage : plan) {
     StageConfig config = stage_config();
     config.insert("depth", depth);
     config.insert("classes", classes);
-    config.insert("seed", seed + static_cast<int64_t>(k));
-    net.stages_.push_back(
-        {kStageNames[k], RemoteModule::create(workers[k], kStageTypes[k], config)});
+    config.insert("first", stage.first);
+    config.insert("last", stage.last);
+    config.insert("seed", seed);
+    net.stages_.push_back({stage, RemoteModule::create(stage.worker, "unet.blocks", config)});
   }
   return net;
 }
 
+RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes,
+                              const std::array<std::string, 3>& workers, int64_t seed) {
+  return create(depth, classes, seams(depth, workers), seed);
+}
+
 at::Tensor RemoteUnet::forward(const at::Tensor& images, bool direct) {
   if (direct) {
-    std::vector<RemoteModule> modules;
-    for (const Stage& stage : stages_) modules.push_back(stage.module);
     auto start = std::chrono::steady_clock::now();
-    at::Tensor out = RemoteModule::forward_chain(modules, {images}).toTensor();
+    at::Tensor out = RemoteModule::forward_chain(modules(), {images}).toTensor();
     stages_.front().forward_s +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return out;
@@ -58,18 +107,25 @@ std::vector<rpc::RRefPtr> RemoteUnet::parameters() const {
 
 NamedStages RemoteUnet::named() const {
   NamedStages out;
-  for (const Stage& stage : stages_) out.emplace_back(stage.name, stage.module);
+  for (const Stage& stage : stages_) out.emplace_back(stage.name(), stage.module);
+  return out;
+}
+
+std::vector<RemoteModule> RemoteUnet::modules() const {
+  std::vector<RemoteModule> out;
+  for (const Stage& stage : stages_) out.push_back(stage.module);
   return out;
 }
 
 Unet RemoteUnet::local_copy() const {
   Unet net(depth_, classes_);
-  for (size_t k = 0; k < stages_.size(); ++k) {
-    LoadReport report = load_state_dict(*net, stages_[k].module.state_dict(), kLocalPrefixes[k]);
-    if (!report.ok()) {
-      throw std::runtime_error("copying stage \"" + stages_[k].name +
-                               "\" into a local U-Net: " + report.describe());
-    }
+  c10::Dict<std::string, at::Tensor> state;
+  for (const Stage& stage : stages_) {
+    for (const auto& entry : stage.module.state_dict()) state.insert(entry.key(), entry.value());
+  }
+  LoadReport report = load_state_dict(*net, state);
+  if (!report.ok()) {
+    throw std::runtime_error("copying the stages into a local U-Net: " + report.describe());
   }
   return net;
 }
@@ -78,21 +134,22 @@ LoadReport RemoteUnet::load_weights(const std::string& path) {
   c10::Dict<std::string, at::Tensor> state = read_weights(path);
   bool whole = false;
   for (const auto& entry : state) {
-    for (const char* prefix : kLocalPrefixes) whole |= entry.key().rfind(prefix, 0) == 0;
+    for (const char* prefix : {"encoder.", "decoder.", "segmentation_head."}) {
+      whole |= entry.key().rfind(prefix, 0) == 0;
+    }
   }
   Unet local = local_copy();
-  LoadReport report = load_state_dict(*local, state, whole ? "" : kLocalPrefixes[0]);
-  for (size_t k = 0; k < stages_.size(); ++k) {
-    const std::string prefix = kLocalPrefixes[k];
+  LoadReport report = load_state_dict(*local, state, whole ? "" : "encoder.");
+  c10::Dict<std::string, at::Tensor> loaded;
+  for (const auto& named : {local->named_parameters(true), local->named_buffers(true)}) {
+    for (const auto& item : named) loaded.insert(item.key(), item.value());
+  }
+  for (const Stage& stage : stages_) {
     c10::Dict<std::string, at::Tensor> part;
-    for (const auto& named : {local->named_parameters(true), local->named_buffers(true)}) {
-      for (const auto& item : named) {
-        if (item.key().rfind(prefix, 0) == 0) {
-          part.insert(item.key().substr(prefix.size()), item.value());
-        }
-      }
+    for (const auto& entry : stage.module.state_dict()) {
+      part.insert(entry.key(), loaded.at(entry.key()));
     }
-    stages_[k].module.load_state_dict(part);
+    stage.module.load_state_dict(part);
   }
   return report;
 }

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "ferry/models/unet.h"
+#include "ferry/models/unet_blocks.h"
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/error.h"
 
@@ -25,12 +26,13 @@ void seed_from(const StageConfig& config, const char* stage) {
 
 std::unique_ptr<Stage> make_encoder(const StageConfig& config) {
   seed_from(config, "unet.encoder");
-  auto net = std::make_shared<ResNetEncoderImpl>(config_int(config, "unet.encoder", "depth", 34),
-                                                 config_int(config, "unet.encoder", "in_channels", 3));
+  auto net =
+      std::make_shared<ResNetEncoderImpl>(config_int(config, "unet.encoder", "depth", 34),
+                                          config_int(config, "unet.encoder", "in_channels", 3));
   return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     std::vector<at::Tensor> features = net->forward(one_tensor(inputs, "unet.encoder"));
-    return c10::IValue(c10::List<at::Tensor>(
-        std::vector<at::Tensor>(features.begin() + 1, features.end())));
+    return c10::IValue(
+        c10::List<at::Tensor>(std::vector<at::Tensor>(features.begin() + 1, features.end())));
   });
 }
 
@@ -49,10 +51,40 @@ std::unique_ptr<Stage> make_decoder(const StageConfig& config) {
 
 std::unique_ptr<Stage> make_head(const StageConfig& config) {
   seed_from(config, "unet.head");
-  auto net = std::make_shared<SegmentationHeadImpl>(
-      config_int(config, "unet.head", "in_channels", 16), config_int(config, "unet.head", "classes", 1));
+  auto net =
+      std::make_shared<SegmentationHeadImpl>(config_int(config, "unet.head", "in_channels", 16),
+                                             config_int(config, "unet.head", "classes", 1));
   return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     return c10::IValue(net->forward(one_tensor(inputs, "unet.head")));
+  });
+}
+
+// "unet.blocks": a range of the U-Net's blocks (unet_blocks.h).
+std::unique_ptr<Stage> make_blocks(const StageConfig& config) {
+  const char* type = "unet.blocks";
+  int64_t depth = config_int(config, type, "depth", 34);
+  int64_t count = static_cast<int64_t>(unet_blocks(depth).size());
+  auto net = std::make_shared<UnetBlocksImpl>(
+      depth, config_int(config, type, "classes", 1), config_int(config, type, "first", 0),
+      config_int(config, type, "last", count), config_int(config, type, "seed", 0),
+      config_int(config, type, "in_channels", 3));
+  const bool ends_model = net->last() == count;
+  return std::make_unique<ModuleStage>(net, [net, ends_model](std::vector<c10::IValue>& inputs) {
+    std::vector<at::Tensor> carry;
+    if (inputs.size() == 1 && inputs[0].isTensor()) {
+      carry.push_back(inputs[0].toTensor());
+    } else if (inputs.size() == 1 && inputs[0].isTensorList()) {
+      carry = inputs[0].toTensorVector();
+    } else {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       fmt::format("stage \"unet.blocks\" (blocks {}) takes the image or the "
+                                   "carry list of the stage before, not {} value{}",
+                                   net->range_name(), inputs.size(),
+                                   inputs.size() == 1 ? " of type " + inputs[0].tagKind() : "s"));
+    }
+    carry = net->forward(std::move(carry));
+    if (ends_model) return c10::IValue(carry.back());
+    return c10::IValue(c10::List<at::Tensor>(std::move(carry)));
   });
 }
 
@@ -79,6 +111,7 @@ void register_unet_stages() {
     register_stage("unet.encoder", make_encoder);
     register_stage("unet.decoder", make_decoder);
     register_stage("unet.head", make_head);
+    register_stage("unet.blocks", make_blocks);
     register_stage("synthetic.mlp", make_synthetic_mlp);
     return true;
   }();

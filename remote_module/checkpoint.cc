@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "ferry/rpc/error.h"
@@ -138,29 +139,34 @@ std::string save_checkpoint(const std::string& dir, const NamedStages& stages, i
   return folder.string();
 }
 
-NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
+namespace {
+
+// The newest complete checkpoint of `dir` and its manifest.
+std::pair<fs::path, nlohmann::json> latest_checkpoint(const std::string& dir) {
   fs::path root(dir);
   if (!fs::exists(root / "LATEST")) {
     fail(fmt::format("no checkpoint in \"{}\" (it has no LATEST file)", dir));
   }
   std::vector<char> latest = read_file(root / "LATEST");
   fs::path folder = root / std::string(latest.begin(), latest.end());
-  auto manifest = nlohmann::json::parse(read_file(folder / "manifest.json"));
-  std::vector<std::string> saved;
-  for (const auto& entry : manifest.at("stages")) saved.push_back(entry.at("name"));
-  for (const auto& [name, module] : stages) {
-    if (std::find(saved.begin(), saved.end(), name) == saved.end()) {
-      fail(fmt::format("checkpoint \"{}\" has no stage \"{}\" (it has: {})", folder.string(), name,
-                       fmt::join(saved, ", ")));
-    }
-    c10::IValue state = torch::pickle_load(read_file(folder / (name + ".pt")));
-    try {
-      module.load_state_dict(state.to<c10::Dict<std::string, at::Tensor>>());
-    } catch (const rpc::Error& e) {
-      throw rpc::Error(e.kind(), fmt::format("restoring stage \"{}\" from \"{}\": {}", name,
-                                             folder.string(), e.what()));
-    }
+  return {folder, nlohmann::json::parse(read_file(folder / "manifest.json"))};
+}
+
+c10::Dict<std::string, at::Tensor> read_state(const fs::path& file) {
+  return torch::pickle_load(read_file(file)).to<c10::Dict<std::string, at::Tensor>>();
+}
+
+void restore_stage(const std::string& name, const RemoteModule& module,
+                   const c10::Dict<std::string, at::Tensor>& state, const fs::path& folder) {
+  try {
+    module.load_state_dict(state);
+  } catch (const rpc::Error& e) {
+    throw rpc::Error(e.kind(), fmt::format("restoring stage \"{}\" from \"{}\": {}", name,
+                                           folder.string(), e.what()));
   }
+}
+
+NamedValues read_extra(const fs::path& folder, const nlohmann::json& manifest) {
   NamedValues extra;
   if (manifest.contains("extra")) {
     for (const auto& entry : manifest.at("extra")) {
@@ -169,6 +175,71 @@ NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
     }
   }
   return extra;
+}
+
+std::string first_names(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 5;
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kShown));
+  return fmt::format(
+      "{}{}", fmt::join(shown, ", "),
+      names.size() > kShown ? fmt::format(" and {} more", names.size() - kShown) : std::string());
+}
+
+}  // namespace
+
+NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
+  auto [folder, manifest] = latest_checkpoint(dir);
+  std::vector<std::string> saved;
+  for (const auto& entry : manifest.at("stages")) saved.push_back(entry.at("name"));
+  for (const auto& [name, module] : stages) {
+    if (std::find(saved.begin(), saved.end(), name) == saved.end()) {
+      fail(fmt::format("checkpoint \"{}\" has no stage \"{}\" (it has: {})", folder.string(), name,
+                       fmt::join(saved, ", ")));
+    }
+    restore_stage(name, module, read_state(folder / (name + ".pt")), folder);
+  }
+  return read_extra(folder, manifest);
+}
+
+NamedValues load_checkpoint_by_tensor_name(const std::string& dir, const NamedStages& stages) {
+  auto [folder, manifest] = latest_checkpoint(dir);
+  std::map<std::string, at::Tensor> pool;
+  for (const auto& entry : manifest.at("stages")) {
+    for (const auto& item : read_state(folder / entry.at("file").get<std::string>())) {
+      pool[item.key()] = item.value();
+    }
+  }
+  // Every stage's part is found before any is loaded, so a checkpoint that does not fit changes
+  // nothing.
+  std::vector<c10::Dict<std::string, at::Tensor>> parts;
+  for (const auto& [name, module] : stages) {
+    c10::Dict<std::string, at::Tensor> part;
+    std::vector<std::string> missing;
+    for (const auto& item : module.state_dict()) {
+      auto it = pool.find(item.key());
+      if (it == pool.end()) {
+        missing.push_back(item.key());
+        continue;
+      }
+      part.insert(it->first, it->second);
+      pool.erase(it);
+    }
+    if (!missing.empty()) {
+      fail(fmt::format("checkpoint \"{}\" has no tensor for {} of stage \"{}\"'s: {}",
+                       folder.string(), missing.size(), name, first_names(missing)));
+    }
+    parts.push_back(std::move(part));
+  }
+  if (!pool.empty()) {
+    std::vector<std::string> left;
+    for (const auto& [name, tensor] : pool) left.push_back(name);
+    fail(fmt::format("checkpoint \"{}\" has {} tensors that no stage has: {}", folder.string(),
+                     left.size(), first_names(left)));
+  }
+  for (size_t k = 0; k < stages.size(); ++k) {
+    restore_stage(stages[k].first, stages[k].second, parts[k], folder);
+  }
+  return read_extra(folder, manifest);
 }
 
 }  // namespace ferry

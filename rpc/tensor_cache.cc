@@ -2,16 +2,22 @@
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <malloc.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+
+#include "ferry/rpc/error.h"
 
 namespace ferry::rpc {
 namespace {
@@ -27,6 +33,38 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 // Bytes of tensor memory handed out and not yet released, and the most since the last reset.
 std::atomic<std::int64_t> live_bytes{0};
 std::atomic<std::int64_t> peak_bytes{0};
+std::atomic<std::int64_t> budget_bytes{0};  // 0: no bound
+
+double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// Concurrent allocations may each pass the check and together exceed the budget by what they ask
+// for: a device's allocator is no stricter about what it will fail.
+void check_budget(std::size_t n) {
+  std::int64_t budget = budget_bytes.load(std::memory_order_relaxed);
+  if (budget <= 0) return;
+  std::int64_t held = live_bytes.load(std::memory_order_relaxed);
+  if (held + static_cast<std::int64_t>(n) <= budget) return;
+  C10_THROW_ERROR(
+      OutOfMemoryError,
+      fmt::format("out of memory: a tensor of {:.1f} MiB was asked for while {:.1f} MiB "
+                  "are held, {} of {:.0f} MiB",
+                  mib(static_cast<std::int64_t>(n)), mib(held), kOverBudget, mib(budget)));
+}
+
+std::int64_t budget_from_environment() {
+  const char* env = std::getenv("FERRY_MEMORY_BUDGET_MIB");
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  errno = 0;
+  long long value = std::strtoll(env, &end, 10);
+  if (errno != 0 || *end != '\0' || value < 0) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("FERRY_MEMORY_BUDGET_MIB=\"{}\" is not a whole, non-negative number "
+                            "of MiB",
+                            env));
+  }
+  return static_cast<std::int64_t>(value) << 20;
+}
 
 void count(std::int64_t delta) {
   std::int64_t now = live_bytes += delta;
@@ -55,6 +93,7 @@ class TensorCache final : public c10::Allocator {
   TensorCache() : fallback_(c10::GetDefaultCPUAllocator()), max_cached_(max_cached_bytes()) {}
 
   c10::DataPtr allocate(std::size_t n) const override {
+    check_budget(n);
     if (n < kLargeBytes) {
       c10::DataPtr small = fallback_->allocate(n);
       void* data = small.release_context();
@@ -162,10 +201,21 @@ void TensorCache::release(void* data) {
 void install_tensor_cache() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (instance().max_cached() == 0) return;
+    std::int64_t budget = budget_from_environment();
+    if (budget > 0) budget_bytes.store(budget);
+    // A budget needs the counting allocator even where the cache is off.
+    if (instance().max_cached() == 0 && budget_bytes.load() == 0) return;
     c10::SetCPUAllocator(&instance(), /*priority=*/1);
   });
 }
+
+void count_tensor_memory() { install_tensor_cache(); }
+
+void set_tensor_memory_budget(std::int64_t bytes) {
+  budget_bytes.store(std::max<std::int64_t>(bytes, 0));
+}
+
+std::int64_t tensor_memory_budget() { return budget_bytes.load(); }
 
 at::Tensor empty_cached(c10::IntArrayRef shape, c10::ScalarType dtype) {
   return at::detail::empty_generic(shape, &instance(), c10::DispatchKeySet(c10::DispatchKey::CPU),

@@ -134,7 +134,7 @@ TEST(RemoteModule, BadRequestsAreClearErrorsAndTheWorkerKeepsServing) {
   EXPECT_TRUE(contains(unknown,
                        "cannot create stage \"unet.nothing\" on worker \"a\": unknown "
                        "stage type \"unet.nothing\" (registered: synthetic.mlp, test.mlp, "
-                       "test.pyramid, unet.decoder, unet.encoder, unet.head)"))
+                       "test.pyramid, unet.blocks, unet.decoder, unet.encoder, unet.head)"))
       << unknown;
 
   StageConfig missing = mlp_config(1);

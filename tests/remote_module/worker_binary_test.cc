@@ -36,7 +36,7 @@ TEST(FerryWorker, HostsTorchScriptStagesAndExitsCleanlyAtShutdown) {
     FAIL();
   } catch (const rpc::Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown stage type \"test.mlp\" (registered: "
-                                         "synthetic.mlp, unet.decoder, unet.encoder, unet.head)"),
+                                         "synthetic.mlp, unet.blocks, unet.decoder, unet.encoder, unet.head)"),
               std::string::npos)
         << e.what();
   }

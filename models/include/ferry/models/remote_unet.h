@@ -1,5 +1,6 @@
-// The U-Net cut into its three stages, each a RemoteModule on a worker, driven from this process:
-// the forward pass calls encoder, decoder and head one after the other.
+// The U-Net cut into stages, each a range of its blocks (unet_blocks.h) held by a RemoteModule
+// on a worker, driven from this process: the forward pass runs the stages one after the other.
+// Tensor names are the whole model's in every stage, so weights and checkpoints fit any cut.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,32 +19,44 @@ namespace ferry::models {
 
 class RemoteUnet {
  public:
-  static constexpr std::array<const char*, 3> kStageNames = {"encoder", "decoder", "head"};
-  static constexpr std::array<const char*, 3> kStageTypes = {"unet.encoder", "unet.decoder",
-                                                             "unet.head"};
-  // The one-process Unet's submodule that each stage corresponds to.
-  static constexpr std::array<const char*, 3> kLocalPrefixes = {"encoder.", "decoder.",
-                                                                "segmentation_head."};
-
-  struct Stage {
+  // Where one stage goes: blocks [first, last) on `worker`. Value type.
+  struct StagePlan {
     std::string name;
-    RemoteModule module;
-    double forward_s = 0;  // its forward calls as this process saw them, network included
+    int64_t first = 0;
+    int64_t last = 0;
+    std::string worker;
   };
 
-  // Builds encoder, decoder and head on workers[0..2]; stage k is seeded with seed + k.
+  // The U-Net's three natural parts: "encoder" (stem to the last block of layer4), "decoder"
+  // (its five blocks) and "head", on workers[0..2].
+  static std::vector<StagePlan> seams(int64_t depth, const std::array<std::string, 3>& workers);
+
+  // Builds every stage of `plan` on its worker. The ranges must cover the blocks in order without
+  // gaps and the names must differ: otherwise rpc::Error(InvalidArgument) naming the stage, before
+  // anything is built.
+  static RemoteUnet create(int64_t depth, int64_t classes, const std::vector<StagePlan>& plan,
+                           int64_t seed = 0);
+  // The three seams on `workers`.
   static RemoteUnet create(int64_t depth, int64_t classes,
                            const std::array<std::string, 3>& workers, int64_t seed = 0);
+
+  struct Stage {
+    StagePlan plan;
+    RemoteModule module;
+    double forward_s = 0;  // its forward calls as this process saw them, network included
+    const std::string& name() const { return plan.name; }
+  };
 
   // With `direct`, activations go from worker to worker (RemoteModule::forward_chain) and only
   // `forward_s` of the first stage is counted, for the whole chain; else this process calls each
   // stage in turn and passes the activations on.
   at::Tensor forward(const at::Tensor& images, bool direct = false);
   void train(bool on = true);
-  // Every stage's parameters in stage order, each stage's in its own order: the same order as
-  // a local Unet's parameters().
+  // Every stage's parameters in stage order: the same order as a local Unet's parameters(),
+  // whatever the cut.
   std::vector<rpc::RRefPtr> parameters() const;
   NamedStages named() const;
+  std::vector<RemoteModule> modules() const;
   // A one-process Unet holding exactly the stages' current parameters and buffers.
   Unet local_copy() const;
   // Loads a weights file (see read_weights) into the stages: names of a whole U-Net

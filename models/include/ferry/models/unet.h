@@ -75,8 +75,9 @@ class UnetImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Unet);
 
-// Registers the three stage types, and "synthetic.mlp" (width, layers, seed: balanced stages for
-// pipeline benchmarks), idempotently. Workers that host these stages call it.
+// Registers the three stage types, "unet.blocks" (see unet_blocks.h) and "synthetic.mlp" (width,
+// layers, seed: balanced stages for pipeline benchmarks), idempotently. Workers that host these
+// stages call it.
 void register_unet_stages();
 
 }  // namespace ferry::models

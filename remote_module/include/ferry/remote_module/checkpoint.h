@@ -29,5 +29,10 @@ std::string save_checkpoint(const std::string& dir, const NamedStages& stages, i
 // saved with it. Throws rpc::Error naming the directory, the stage and what is wrong (no
 // checkpoint, a stage it lacks, a tensor that does not fit).
 NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages);
+// As load_checkpoint, but by tensor name whichever stage saved each tensor: for models whose
+// tensor names do not depend on the cut (a U-Net's block ranges), so that a run resumes on
+// another number of stages. Every tensor of every stage must be in the checkpoint and every saved
+// tensor must find a stage; errors name the directory, the stage and the tensors.
+NamedValues load_checkpoint_by_tensor_name(const std::string& dir, const NamedStages& stages);
 
 }  // namespace ferry

@@ -37,5 +37,18 @@ struct TensorMemory {
 TensorMemory tensor_memory();
 // Starts a new peak from what is live now.
 void reset_tensor_memory_peak();
+// Counts tensor memory in a process that starts no agent (rpc::init() does this itself): installs
+// the allocator of rpc/tensor_cache.h. Idempotent.
+void count_tensor_memory();
+
+// A bound on this process's tensor memory, the CPU stand-in for a device's memory: past it,
+// allocating a tensor throws c10::OutOfMemoryError saying how much was asked for, how much is held
+// and the budget. 0 (the default) is no bound. FERRY_MEMORY_BUDGET_MIB sets it (in MiB) when the
+// allocator is installed; a value that is not a whole number of MiB is an error naming it. Counted
+// only where the allocator is installed. Safe from any thread.
+void set_tensor_memory_budget(std::int64_t bytes);
+std::int64_t tensor_memory_budget();
+// The phrase every over-budget error contains, for callers that explain it.
+inline constexpr const char* kOverBudget = "over this process's tensor memory budget";
 
 }  // namespace ferry::rpc

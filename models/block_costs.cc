@@ -1,0 +1,77 @@
+#include "ferry/models/block_costs.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <chrono>
+
+#include "ferry/models/unet_blocks.h"
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/process_memory.h"
+
+namespace ferry::models {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::vector<at::Tensor> detached_leaves(const std::vector<at::Tensor>& carry) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : carry) out.push_back(t.detach().requires_grad_(true));
+  return out;
+}
+
+}  // namespace
+
+std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64_t image_size,
+                                           int64_t sample_batch, int64_t seed) {
+  if (image_size < 32 || image_size % 32 != 0) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("image size {} is not a multiple of 32 (the U-Net's encoder "
+                                 "halves it five times)",
+                                 image_size));
+  }
+  rpc::count_tensor_memory();
+  const auto count = static_cast<int64_t>(unet_blocks(depth).size());
+  UnetBlocks net(depth, classes, 0, count, seed);
+  net->train(true);
+  const double samples = static_cast<double>(sample_batch);
+  at::Tensor images = torch::randn({sample_batch, 3, image_size, image_size});
+  {
+    // The first pass pays for fresh pages and kernels' first calls; measure the second.
+    torch::NoGradGuard no_grad;
+    net->forward({images});
+  }
+  std::vector<BlockCost> costs;
+  std::vector<at::Tensor> carry{images};
+  for (int64_t k = 0; k < count; ++k) {
+    BlockCost cost;
+    cost.name = net->blocks()[k].name;
+    for (const at::Tensor& p : net->block_parameters(k)) {
+      cost.parameters += p.numel();
+      cost.parameter_bytes += static_cast<int64_t>(p.nbytes());
+    }
+    std::vector<at::Tensor> inputs = detached_leaves(carry);
+    const std::int64_t before = rpc::tensor_memory().live_bytes;
+    auto start = Clock::now();
+    std::vector<at::Tensor> outputs = net->forward_block(k, inputs);
+    cost.forward_s_per_sample = seconds_since(start) / samples;
+    const at::Tensor& made = outputs.back();
+    cost.output_bytes_per_sample = static_cast<double>(made.nbytes()) / samples;
+    cost.activation_bytes_per_sample =
+        std::max(static_cast<double>(rpc::tensor_memory().live_bytes - before) / samples,
+                 cost.output_bytes_per_sample);
+    start = Clock::now();
+    made.backward(torch::ones_like(made));
+    cost.backward_s_per_sample = seconds_since(start) / samples;
+    carry.clear();
+    for (const at::Tensor& t : outputs) carry.push_back(t.detach());
+    costs.push_back(cost);
+  }
+  return costs;
+}
+
+}  // namespace ferry::models

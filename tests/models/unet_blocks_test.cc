@@ -1,0 +1,170 @@
+// The U-Net as a list of blocks: the list and its carries, any cut chaining to the whole model
+// with the same weights, names and outputs as the one-piece Unet, the stage type, and the
+// measured block costs.
+#include "ferry/models/unet_blocks.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "ferry/models/block_costs.h"
+#include "ferry/models/compare.h"
+#include "ferry/models/unet.h"
+#include "ferry/models/weights.h"
+#include "ferry/remote_module/stage.h"
+#include "ferry/rpc/error.h"
+#include "tests/support/error_of.h"
+
+namespace ferry::models {
+namespace {
+
+using ferry::testing::error_of;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<std::string> names_of(const std::vector<UnetBlock>& blocks) {
+  std::vector<std::string> out;
+  for (const auto& b : blocks) out.push_back(b.name);
+  return out;
+}
+
+std::vector<at::Tensor> chain(std::vector<UnetBlocks>& parts, const at::Tensor& images) {
+  std::vector<at::Tensor> carry{images};
+  for (auto& part : parts) carry = part->forward(carry);
+  return carry;
+}
+
+TEST(UnetBlocks, TheListHasEveryBlockInForwardOrderWithItsCarry) {
+  std::vector<UnetBlock> blocks = unet_blocks(34);
+  ASSERT_EQ(blocks.size(), 1u + 16u + 5u + 1u);
+  std::vector<std::string> names = names_of(blocks);
+  EXPECT_EQ(names[0], "stem");
+  EXPECT_EQ(names[1], "layer1.0");
+  EXPECT_EQ(names[16], "layer4.2");
+  EXPECT_EQ(names[17], "decoder.0");
+  EXPECT_EQ(names[22], "head");
+  // The carry grows by one skip at the start of each encoder layer and shrinks by one per
+  // decoder block that takes one.
+  EXPECT_EQ(blocks[unet_block_index(blocks, "layer1.0")].carry_out, 2);
+  EXPECT_EQ(blocks[unet_block_index(blocks, "layer4.0")].carry_out, 5);
+  EXPECT_EQ(blocks[unet_block_index(blocks, "decoder.0")].carry_in, 5);
+  EXPECT_EQ(blocks[unet_block_index(blocks, "decoder.3")].carry_out, 1);
+  EXPECT_EQ(blocks[unet_block_index(blocks, "head")].carry_in, 1);
+  EXPECT_EQ(unet_blocks(152).size(), 1u + 50u + 5u + 1u);
+  EXPECT_THAT(error_of([] { unet_block_index(unet_blocks(18), "layer5.0"); }),
+              HasSubstr("the U-Net has no block \"layer5.0\" (its blocks: stem, layer1.0,"));
+}
+
+TEST(UnetBlocks, AnyCutChainsToTheWholeModelWithTheSameWeights) {
+  at::set_num_threads(1);
+  const int64_t n = static_cast<int64_t>(unet_blocks(18).size());
+  UnetBlocks whole(18, 1, 0, n, /*seed=*/3);
+  torch::manual_seed(5);
+  at::Tensor x = torch::randn({2, 3, 64, 64});
+  at::Tensor want = whole->forward({x}).back();
+  for (std::vector<int64_t> cuts : std::vector<std::vector<int64_t>>{
+           {1, n - 1}, {5, 12}, {3}, {1, 2, 3, 4, 9, 11, n - 2, n - 1}}) {
+    std::vector<UnetBlocks> parts;
+    int64_t first = 0;
+    cuts.push_back(n);
+    std::vector<std::string> names;
+    for (int64_t cut : cuts) {
+      parts.emplace_back(18, 1, first, cut, /*seed=*/3);
+      for (const auto& p : parts.back()->named_parameters()) names.push_back(p.key());
+      first = cut;
+    }
+    std::vector<at::Tensor> got = chain(parts, x);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_TRUE(torch::equal(got[0], want)) << "cut into " << parts.size() << " parts";
+    // The parts' parameters, in order, are the whole model's.
+    std::vector<std::string> whole_names;
+    for (const auto& p : whole->named_parameters()) whole_names.push_back(p.key());
+    EXPECT_EQ(names, whole_names);
+  }
+}
+
+TEST(UnetBlocks, TheWholeListIsTheOnePieceUnetNameForName) {
+  at::set_num_threads(1);
+  const int64_t n = static_cast<int64_t>(unet_blocks(34).size());
+  UnetBlocks blocks(34, 2, 0, n, /*seed=*/1);
+  Unet net(34, 2);
+  c10::Dict<std::string, at::Tensor> state;
+  for (const auto& p : blocks->named_parameters()) state.insert(p.key(), p.value());
+  for (const auto& b : blocks->named_buffers()) state.insert(b.key(), b.value());
+  LoadReport report = load_state_dict(*net, state);
+  EXPECT_TRUE(report.ok()) << report.describe();
+  EXPECT_EQ(report.loaded,
+            static_cast<int64_t>(net->named_parameters().size() + net->named_buffers().size()));
+  blocks->eval();
+  net->eval();
+  torch::NoGradGuard no_grad;
+  at::Tensor x = torch::randn({1, 3, 64, 64});
+  EXPECT_LE(max_relative_error(blocks->forward({x}).back(), net->forward(x)), 1e-6);
+}
+
+TEST(UnetBlocks, AStageGivenTheWrongCarrySaysWhatItTakes) {
+  const std::vector<UnetBlock> blocks = unet_blocks(18);
+  UnetBlocks decoder(18, 1, unet_block_index(blocks, "decoder.0"),
+                     static_cast<int64_t>(blocks.size()));
+  EXPECT_THAT(error_of([&] {
+                decoder->forward({torch::zeros({1, 512, 2, 2})});
+              }),
+              HasSubstr("U-Net blocks decoder.0..head take a carry of 5 tensors (the activation "
+                        "and 4 skip features) but got 1 tensor"));
+  EXPECT_THAT(error_of([] { UnetBlocks(18, 1, 4, 4); }),
+              HasSubstr("blocks [4, 4) are not a range of the U-Net-ResNet-18's 15 blocks"));
+
+  register_unet_stages();
+  StageConfig config = stage_config();
+  config.insert("depth", int64_t{18});
+  config.insert("first", int64_t{1});
+  config.insert("last", int64_t{3});
+  auto stage = make_stage("unet.blocks", config);
+  EXPECT_THAT(error_of([&] { stage->forward({c10::IValue(int64_t{1})}); }),
+              HasSubstr("stage \"unet.blocks\" (blocks layer1.0..layer1.1) takes the image or the "
+                        "carry list of the stage before, not 1 value of type Int"));
+}
+
+TEST(UnetBlocks, StagesOfTheBlockTypeReturnTheCarryAndTheLastTheLogits) {
+  register_unet_stages();
+  const int64_t n = static_cast<int64_t>(unet_blocks(18).size());
+  auto make = [&](int64_t first, int64_t last) {
+    StageConfig config = stage_config();
+    config.insert("depth", int64_t{18});
+    config.insert("first", first);
+    config.insert("last", last);
+    return make_stage("unet.blocks", config);
+  };
+  auto front = make(0, 5), back = make(5, n);
+  c10::IValue carry = front->forward({torch::randn({2, 3, 64, 64})});
+  ASSERT_TRUE(carry.isTensorList());
+  EXPECT_EQ(carry.toTensorList().size(), 3u);  // the stem's and layer1's features, layer2's now
+  c10::IValue logits = back->forward({carry});
+  ASSERT_TRUE(logits.isTensor());
+  EXPECT_THAT(logits.toTensor().sizes().vec(), ElementsAre(2, 1, 64, 64));
+}
+
+TEST(BlockCosts, EveryBlockIsMeasuredAndTheParametersAddUp) {
+  std::vector<BlockCost> costs = measure_unet_blocks(18, 1, 64);
+  ASSERT_EQ(costs.size(), unet_blocks(18).size());
+  int64_t parameters = 0;
+  for (const BlockCost& c : costs) {
+    parameters += c.parameters;
+    EXPECT_GT(c.activation_bytes_per_sample, 0) << c.name;
+    EXPECT_GE(c.activation_bytes_per_sample, c.output_bytes_per_sample) << c.name;
+    EXPECT_GT(c.forward_s_per_sample + c.backward_s_per_sample, 0) << c.name;
+  }
+  Unet net(18, 1);
+  int64_t want = 0;
+  for (const auto& p : net->parameters()) want += p.numel();
+  EXPECT_EQ(parameters, want);
+  // The stem's output alone is 64 channels at half of 64 x 64, in floats.
+  EXPECT_DOUBLE_EQ(costs[0].output_bytes_per_sample, 64.0 * 32 * 32 * 4);
+  // Autograd keeps more than the output of a residual block (its convolutions' inputs).
+  EXPECT_GT(costs[2].activation_bytes_per_sample, 2 * costs[2].output_bytes_per_sample);
+  EXPECT_THAT(error_of([] { measure_unet_blocks(18, 1, 48); }),
+              HasSubstr("image size 48 is not a multiple of 32"));
+}
+
+}  // namespace
+}  // namespace ferry::models

@@ -5,9 +5,14 @@
 // the sender, which runs its part the same way. A part's future completes when every part it
 // started has completed, so the master's backward() returns when the whole graph is done.
 //
-// A part reached through several send functions (a tensor sent to two workers) runs once per
-// incoming gradient; backward is linear in its incoming gradient, so the sum is exact, and those
-// parts keep their buffers until the context is released.
+// A part reached through several send functions (a tensor sent to two workers), or whose send
+// function may receive gradients more than once (its tensors were used by several parts of the
+// receiver), runs once per incoming gradient; backward is linear in its incoming gradient, so the
+// sum is exact, and those parts keep their buffers until the context is released. Every other
+// part frees its buffers as it runs (unless the master's backward retains the graph), so a stage
+// holds a step's activations only until its own backward has run, not until the context is
+// released after the optimizer's step. A gradient message says whether it is the last its send
+// function will get: it is when no other part of the sender's reaches the same RecvBackward.
 #include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -67,11 +72,69 @@ edge_list part_ends(const edge_list& roots) {
   return ends;
 }
 
+// The nodes of this process's part reachable from `roots`, ends excluded.
+std::unordered_set<const Node*> part_nodes(const edge_list& roots) {
+  std::unordered_set<const Node*> seen;
+  std::vector<Node*> stack;
+  auto visit = [&](const Edge& edge) {
+    const Node* node = edge.function.get();
+    if (node && !ends_part(node) && seen.insert(node).second) stack.push_back(edge.function.get());
+  };
+  for (const Edge& root : roots) visit(root);
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& next : node->next_edges()) visit(next);
+  }
+  return seen;
+}
+
+// The RecvBackward nodes that a part started from `starts` sends gradients to.
+std::unordered_set<const Node*> recvs_reached(const edge_list& starts) {
+  std::unordered_set<const Node*> out;
+  for (const Edge& end : part_ends(starts)) {
+    if (dynamic_cast<const RecvBackward*>(end.function.get())) out.insert(end.function.get());
+  }
+  return out;
+}
+
+// The part started by a backward() call on this process, not by a gradient message.
+constexpr std::int64_t kRootPart = -1;
+
+// The RecvBackward nodes that parts of `context` other than `start` (a message id or kRootPart)
+// reach: gradients may go to their senders from there too.
+std::unordered_set<const Node*> reached_by_other_parts(const ContextState& context,
+                                                       std::int64_t start) {
+  std::unordered_set<const Node*> out;
+  auto add = [&](const edge_list& starts) {
+    for (const Node* node : recvs_reached(starts)) out.insert(node);
+  };
+  for (const auto& [id, send] : context.sends()) {
+    if (id != start) add(send.edges);
+  }
+  if (start != kRootPart) add(context.roots());
+  return out;
+}
+
+// Whether gradients arriving for another send function of `context` may run through a node of
+// send `message_id`'s part: then that part must keep its buffers.
+bool part_is_shared(const ContextState& context, std::int64_t message_id, const edge_list& edges) {
+  const std::unordered_set<const Node*> mine = part_nodes(edges);
+  for (const auto& [id, other] : context.sends()) {
+    if (id == message_id) continue;
+    for (const Node* node : part_nodes(other.edges)) {
+      if (mine.count(node)) return true;
+    }
+  }
+  return false;
+}
+
 // Gradients arriving at the ends of a part: leaves go into the context, RecvBackward inputs are
-// gathered per node to be sent back.
+// gathered per node to be sent back, with whether the graph is to be retained.
 class PartResult {
  public:
-  explicit PartResult(ContextState& context) : context_(context) {}
+  PartResult(ContextState& context, bool retain_graph)
+      : context_(context), retain_graph_(retain_graph) {}
 
   void add(const Edge& edge, const at::Tensor& grad) {
     if (!grad.defined()) return;
@@ -86,22 +149,24 @@ class PartResult {
     slot = slot.defined() ? slot + grad : grad;
   }
 
-  // Sends each gathered gradient to its sender; the futures of those calls.
-  std::vector<FuturePtr> send() {
+  // Sends each gathered gradient to its sender, saying whether another part here may send it more
+  // (a node in `reached_elsewhere`); the futures of those calls.
+  std::vector<FuturePtr> send(const std::unordered_set<const Node*>& reached_elsewhere) {
     std::vector<FuturePtr> calls;
     const auto& workers = rpc::workers();
     for (auto& [recv, grads] : to_send_) {
       c10::List<at::Tensor> list;
       for (auto& g : grads) list.push_back(g);
-      calls.push_back(rpc::rpc_async(workers.at(recv->from_rank()).name,
-                                     "ferry.autograd.backward",
-                                     {context_.id(), recv->message_id(), std::move(list)}));
+      calls.push_back(rpc::rpc_async(workers.at(recv->from_rank()).name, "ferry.autograd.backward",
+                                     {context_.id(), recv->message_id(), std::move(list),
+                                      retain_graph_, !reached_elsewhere.count(recv.get())}));
     }
     return calls;
   }
 
  private:
   ContextState& context_;
+  bool retain_graph_;
   std::map<std::shared_ptr<RecvBackward>, std::vector<at::Tensor>> to_send_;
 };
 
@@ -129,11 +194,13 @@ void rethrow_first_failure(std::int64_t context_id, const std::vector<FuturePtr>
   }
 }
 
-// Runs this process's part from `roots` with `grads`; the future completes when every part it
-// started elsewhere has completed. Throws if the local part fails.
-FuturePtr run_part(ContextState& context, const edge_list& roots, const variable_list& grads,
-                   bool keep_graph) {
-  PartResult result(context);
+// Runs this process's part (`part`: the message id of the send function it starts from, or
+// kRootPart) from `roots` with `grads`; the future completes when every part it
+// started elsewhere has completed. Throws if the local part fails. `retain_graph` is the master's
+// wish, passed on to the parts this one starts; `keep_graph` is whether this part keeps its own.
+FuturePtr run_part(ContextState& context, std::int64_t part, const edge_list& roots,
+                   const variable_list& grads, bool keep_graph, bool retain_graph) {
+  PartResult result(context, retain_graph);
   edge_list engine_roots;
   variable_list engine_grads;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -161,10 +228,10 @@ FuturePtr run_part(ContextState& context, const edge_list& roots, const variable
       throw part_failed(context.id(), e.what());
     }
   }
-  part_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
-  std::vector<FuturePtr> calls = result.send();
+  part_nanoseconds +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  std::vector<FuturePtr> calls = result.send(reached_by_other_parts(context, part));
   std::int64_t id = context.id();
   return when_all(calls)->then(
       [id, calls](c10::ivalue::Future&) {
@@ -180,9 +247,9 @@ void backward(std::int64_t context_id, const std::vector<at::Tensor>& roots, boo
               const std::vector<at::Tensor>& root_grads) {
   ContextPtr context = context_or_throw(context_id, "backward");
   if (!root_grads.empty() && root_grads.size() != roots.size()) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("backward: {} roots but {} root gradients", roots.size(),
-                                 root_grads.size()));
+    throw rpc::Error(
+        rpc::ErrorKind::InvalidArgument,
+        fmt::format("backward: {} roots but {} root gradients", roots.size(), root_grads.size()));
   }
   edge_list edges;
   variable_list grads;
@@ -201,7 +268,8 @@ void backward(std::int64_t context_id, const std::vector<at::Tensor>& roots, boo
     edges.push_back(torch::autograd::impl::gradient_edge(root));
     grads.push_back(root_grads.empty() ? at::ones_like(root) : root_grads[i]);
   }
-  run_part(*context, edges, grads, retain_graph)->waitAndThrow();
+  context->add_roots(edges);
+  run_part(*context, kRootPart, edges, grads, retain_graph, retain_graph)->waitAndThrow();
 }
 
 c10::Dict<at::Tensor, at::Tensor> get_gradients(std::int64_t context_id) {
@@ -258,6 +326,9 @@ void install_backward_functions(rpc::FunctionRegistry& registry) {
     std::int64_t id = args.at(0).toInt();
     std::int64_t message_id = args.at(1).toInt();
     std::vector<at::Tensor> grads = args.at(2).toTensorVector();
+    // Senders that do not say keep the graph, as every part did before the flags existed.
+    const bool retain_graph = args.size() < 5 || args.at(3).toBool();
+    const bool last = args.size() >= 5 && args.at(4).toBool();
     ContextPtr context = find_context(id);
     if (!context) throw part_failed(id, "the context is unknown here (already released?)");
     SendFunction send = context->send(message_id);
@@ -266,19 +337,20 @@ void install_backward_functions(rpc::FunctionRegistry& registry) {
                                         "requiring grad",
                                         grads.size(), send.edges.size()));
     }
-    return rpc::on_compute_thread(
-        [&] { return run_part(*context, send.edges, grads, /*keep_graph=*/true); });
+    return rpc::on_compute_thread([&] {
+      bool keep = retain_graph || !last || part_is_shared(*context, message_id, send.edges);
+      return run_part(*context, message_id, send.edges, grads, keep, retain_graph);
+    });
   });
-  registry.add("ferry.autograd.gradients",
-               [](std::int64_t id, c10::IValue refs) {
-                 ContextPtr context = find_context(id);
-                 c10::List<at::Tensor> out;
-                 for (const c10::IValue& ref : refs.toListRef()) {
-                   at::Tensor variable = owned_value(ref, "gradients").toTensor();
-                   out.push_back(context ? context->gradient(variable) : at::Tensor());
-                 }
-                 return out;
-               });
+  registry.add("ferry.autograd.gradients", [](std::int64_t id, c10::IValue refs) {
+    ContextPtr context = find_context(id);
+    c10::List<at::Tensor> out;
+    for (const c10::IValue& ref : refs.toListRef()) {
+      at::Tensor variable = owned_value(ref, "gradients").toTensor();
+      out.push_back(context ? context->gradient(variable) : at::Tensor());
+    }
+    return out;
+  });
 }
 
 }  // namespace ferry::dist_autograd

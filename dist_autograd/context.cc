@@ -73,6 +73,21 @@ void ContextState::add_send(std::int64_t message_id, SendFunction send) {
   sends_.emplace(message_id, std::move(send));
 }
 
+std::vector<std::pair<std::int64_t, SendFunction>> ContextState::sends() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {sends_.begin(), sends_.end()};
+}
+
+void ContextState::add_roots(const torch::autograd::edge_list& roots) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  roots_.insert(roots_.end(), roots.begin(), roots.end());
+}
+
+torch::autograd::edge_list ContextState::roots() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return roots_;
+}
+
 SendFunction ContextState::send(std::int64_t message_id) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = sends_.find(message_id);

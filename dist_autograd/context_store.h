@@ -32,6 +32,11 @@ class ContextState {
   void add_send(std::int64_t message_id, SendFunction send);
   // Throws rpc::Error(InvalidArgument) if there is no such send function.
   SendFunction send(std::int64_t message_id) const;
+  // Every send function recorded here, by message id.
+  std::vector<std::pair<std::int64_t, SendFunction>> sends() const;
+  // The roots of backward() calls made here on this context.
+  void add_roots(const torch::autograd::edge_list& roots);
+  torch::autograd::edge_list roots() const;
   void add_worker(int rank);
   std::set<int> workers() const;
 
@@ -47,6 +52,7 @@ class ContextState {
   const std::int64_t id_;
   mutable std::mutex mutex_;
   std::unordered_map<std::int64_t, SendFunction> sends_;
+  torch::autograd::edge_list roots_;
   std::set<int> workers_;
   struct Gradient {
     at::Tensor variable;

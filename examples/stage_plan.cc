@@ -22,6 +22,25 @@ constexpr double kMiB = 1 << 20;
 // Bytes per parameter byte that training keeps: the parameter, its gradient, and the optimizer's
 // state (a momentum for SGD; two moments for Adam and AdamW).
 double state_factor(const std::string& optimizer) { return optimizer == "sgd" ? 3 : 4; }
+// Tensors of one parameter's size that the optimizer's step makes and drops, one parameter at a
+// time (Adam's square root of the second moment and its quotient).
+double step_temporaries(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 2; }
+
+// What a stage holds beyond the sum over its blocks, for the estimate only (not additive, so not
+// balanced): the step's temporaries for its largest parameter, and the carry it receives and the
+// one it sends, with their gradients.
+double stage_extra_bytes(const std::vector<models::BlockCost>& costs, const pipeline::Range& range,
+                         const PlanSettings& s, int64_t samples) {
+  int64_t largest = 0;
+  for (int64_t k = range.begin; k < range.end; ++k) {
+    largest = std::max(largest, costs[k].largest_parameter_bytes);
+  }
+  const double image = 3.0 * static_cast<double>(s.image_size * s.image_size) * sizeof(float);
+  const double carry_in = range.begin == 0 ? image : costs[range.begin - 1].carry_bytes_per_sample;
+  const double carry_out = costs[range.end - 1].carry_bytes_per_sample;
+  return step_temporaries(s.optimizer) * static_cast<double>(largest) +
+         2 * (carry_in + carry_out) * static_cast<double>(samples);
+}
 
 std::vector<double> memory_costs(const std::vector<models::BlockCost>& costs, double factor,
                                  int64_t samples) {
@@ -151,7 +170,8 @@ StagePlan plan_stages(const PlanSettings& s) {
     const std::string& to = plan.costs[stage.last - 1].name;
     stage.blocks = stage.last - stage.first == 1 ? from : fmt::format("{}..{}", from, to);
     stage.parameters = static_cast<int64_t>(stage_parameters[k]);
-    stage.peak_mib = stage_memory[k] / kMiB;
+    stage.peak_mib =
+        (stage_memory[k] + stage_extra_bytes(plan.costs, ranges[k], s, samples)) / kMiB;
     stage.step_s = stage_time[k];
     plan.stages.push_back(stage);
   }

@@ -35,8 +35,10 @@ struct PlannedStage {
   int64_t first = 0, last = 0;  // blocks [first, last)
   std::string blocks;           // "layer2.3..decoder.0"
   int64_t parameters = 0;
-  double peak_mib = 0;  // parameters, gradients and optimizer state, and activations in flight
-  double step_s = 0;    // forward and backward of one batch, as measured in one process
+  // Parameters, gradients and optimizer state, activations in flight, the carries in and out and
+  // the optimizer step's temporaries.
+  double peak_mib = 0;
+  double step_s = 0;  // forward and backward of one batch, as measured in one process
 };
 
 struct StagePlan {

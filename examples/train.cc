@@ -31,6 +31,7 @@
 #include "ferry/dist_autograd/optimizer.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/models/unet.h"
+#include "ferry/models/unet_blocks.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
@@ -193,9 +194,9 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
     computed += stats.back().forward_s;
   }
   std::map<std::string, double> backward_by_worker;
-  std::cerr << fmt::format("\n{:<8} {:<10} {:>11} {:>10} {:>10} {:>10} {:>6} {:>10}\n", "stage",
-                           "worker", "parameters", "forward s", "backward s", "network s", "idle",
-                           "peak MiB");
+  std::cerr << fmt::format("\n{:<8} {:<10} {:>11} {:>10} {:>10} {:>10} {:>6} {:>11} {:>9}\n",
+                           "stage", "worker", "parameters", "forward s", "backward s", "network s",
+                           "idle", "tensors MiB", "RSS MiB");
   for (size_t k = 0; k < stats.size(); ++k) {
     const RemoteUnet::Stage& stage = split.stages()[k];
     const std::string& worker = stage.module.worker();
@@ -209,31 +210,42 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
         : k == 0 ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - computed))
                  : "-";
     double idle = train_s > 0 ? std::max(0.0, 1 - (stats[k].forward_s + backward) / train_s) : 0;
-    std::cerr << fmt::format("{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10} {:>5.0f}% {:>10.0f}\n",
-                             stage.name(), worker, stats[k].parameters, stats[k].forward_s,
-                             backward, network, 100 * idle, stats[k].worker_peak_rss_mib);
+    std::cerr << fmt::format(
+        "{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10} {:>5.0f}% {:>11.0f} {:>9.0f}\n",
+        stage.name(), worker, stats[k].parameters, stats[k].forward_s, backward, network,
+        100 * idle, stats[k].worker_peak_tensor_mib, stats[k].worker_peak_rss_mib);
   }
   std::cerr << "backward s is per worker (all stages it hosts); network s is forward time seen "
                "by the master minus the stages' own ("
             << (direct ? "activations go stage to stage, so the first row has the whole chain's"
                        : "activations go through the master, so each row has its stage's")
-            << "); idle is the share of training time the worker computed nothing.\n";
+            << "); idle is the share of training time the worker computed nothing; tensors and "
+               "RSS are the worker's peaks (tensor memory as its allocator counts it).\n";
 }
 
-// What a user needs after a worker is lost or unreachable: the stages it held, and where training
-// can resume from. Empty for other errors.
-std::string lost_stages(const rpc::Error& e, const RemoteUnet& split, const TrainSettings& s) {
-  if (e.kind() != rpc::ErrorKind::PeerDied && e.kind() != rpc::ErrorKind::Timeout) return "";
+// What a user needs after a worker is lost, unreachable or out of memory: the stages it holds,
+// and where training can resume from. Empty for other errors.
+std::string stages_concerned(const rpc::Error& e, const RemoteUnet& split, const TrainSettings& s) {
+  const bool lost = e.kind() == rpc::ErrorKind::PeerDied || e.kind() == rpc::ErrorKind::Timeout;
+  const bool memory = std::string(e.what()).find(rpc::kOverBudget) != std::string::npos;
+  if (!lost && !memory) return "";
+  const std::vector<models::UnetBlock> blocks = models::unet_blocks(split.depth());
   std::map<std::string, std::vector<std::string>> hosted;
   for (const RemoteUnet::Stage& stage : split.stages()) {
-    hosted[stage.module.worker()].push_back(stage.name());
+    const std::string& from = blocks[stage.plan.first].name;
+    const std::string& to = blocks[stage.plan.last - 1].name;
+    hosted[stage.module.worker()].push_back(
+        !memory      ? stage.name()
+        : from == to ? fmt::format("{} (block {})", stage.name(), from)
+                     : fmt::format("{} (blocks {}..{})", stage.name(), from, to));
   }
   std::string out;
   for (const auto& [worker, names] : hosted) {
     if (std::string(e.what()).find(fmt::format("\"{}\"", worker)) == std::string::npos) continue;
-    out += fmt::format("; worker \"{}\" held stage {}", worker, fmt::join(names, ", "));
+    out += fmt::format("; worker \"{}\" {} stage {}", worker, lost ? "held" : "holds",
+                       fmt::join(names, ", "));
   }
-  if (!s.checkpoint_dir.empty()) {
+  if (lost && !s.checkpoint_dir.empty()) {
     out += fmt::format("; the last checkpoint in {} is intact: --resume continues from it",
                        s.checkpoint_dir);
   }
@@ -262,6 +274,7 @@ std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const RemoteUnet& 
       options.checkpoint_stages.push_back(static_cast<int>(k));
     }
   }
+  for (const RemoteUnet::Stage& stage : split.stages()) options.stage_names.push_back(stage.name());
   std::vector<RemoteModule> stages = split.modules();
   log::info("pipelined steps: {}, {} micro-batches of {} images{}", schedule_name(options.schedule),
             options.microbatches, s.batch_size / options.microbatches,
@@ -390,7 +403,17 @@ StagePlan plan_of(const TrainSettings& s) {
   }
   p.in_flight_samples =
       in_flight_samples(s.batch_size, s.microbatches, s.pipeline == "1f1b", stages);
-  return plan_stages(p);
+  // The blocks are measured here, all in this process: no stage's budget applies to that.
+  const std::int64_t budget = rpc::tensor_memory_budget();
+  rpc::set_tensor_memory_budget(0);
+  try {
+    StagePlan plan = plan_stages(p);
+    rpc::set_tensor_memory_budget(budget);
+    return plan;
+  } catch (...) {
+    rpc::set_tensor_memory_budget(budget);
+    throw;
+  }
 }
 
 int train_as_master(const TrainSettings& s) {
@@ -472,7 +495,8 @@ int train_as_master(const TrainSettings& s) {
         }
       }
       if (taken.empty()) {
-        throw rpc::Error(e.kind(), fmt::format("{}{}", e.what(), lost_stages(e, job->split, s)));
+        throw rpc::Error(e.kind(),
+                         fmt::format("{}{}", e.what(), stages_concerned(e, job->split, s)));
       }
       log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
       // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
@@ -491,6 +515,17 @@ int train_as_master(const TrainSettings& s) {
     }
   }
   metrics["takeovers"] = takeovers;
+  metrics["stages"] = nlohmann::ordered_json::array();
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    StageStats stats = job->split.stages()[k].module.stats();
+    metrics["stages"].push_back({{"name", plan.stages[k].name},
+                                 {"worker", workers[k]},
+                                 {"blocks", plan.stages[k].blocks},
+                                 {"parameters", plan.stages[k].parameters},
+                                 {"estimated_peak_mib", plan.stages[k].peak_mib},
+                                 {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
+                                 {"worker_peak_rss_mib", stats.worker_peak_rss_mib}});
+  }
   RemoteUnet& split = job->split;
   std::unique_ptr<Pipeline>& pipe = job->pipe;
   if (!pipe) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "ferry/models/unet_blocks.h"
@@ -53,6 +54,8 @@ std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64
     for (const at::Tensor& p : net->block_parameters(k)) {
       cost.parameters += p.numel();
       cost.parameter_bytes += static_cast<int64_t>(p.nbytes());
+      cost.largest_parameter_bytes =
+          std::max(cost.largest_parameter_bytes, static_cast<int64_t>(p.nbytes()));
     }
     std::vector<at::Tensor> inputs = detached_leaves(carry);
     const std::int64_t before = rpc::tensor_memory().live_bytes;
@@ -68,7 +71,10 @@ std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64
     made.backward(torch::ones_like(made));
     cost.backward_s_per_sample = seconds_since(start) / samples;
     carry.clear();
-    for (const at::Tensor& t : outputs) carry.push_back(t.detach());
+    for (const at::Tensor& t : outputs) {
+      cost.carry_bytes_per_sample += static_cast<double>(t.nbytes()) / samples;
+      carry.push_back(t.detach());
+    }
     costs.push_back(cost);
   }
   return costs;

@@ -192,7 +192,11 @@ Pipeline::Pipeline(std::vector<RemoteModule> stages, PipelineOptions options)
         {id_, s, p, c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(stage.module_rref())),
          s > 0 ? stages_[s - 1].worker() : master, s + 1 < p ? stages_[s + 1].worker() : master,
          master, limit, static_cast<bool>(checkpoint[s])}));
-    names.push_back(fmt::format("stage {}: {} on {}", s, stage.type(), stage.worker()));
+    names.push_back(fmt::format("stage {}: {} on {}", s,
+                                static_cast<size_t>(s) < options_.stage_names.size()
+                                    ? options_.stage_names[s]
+                                    : stage.type(),
+                                stage.worker()));
   }
   for (size_t s = 0; s < calls.size(); ++s) {
     calls[s]->wait();

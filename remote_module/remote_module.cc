@@ -80,10 +80,10 @@ c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
     return rpc::rpc_sync(stages.front().worker_, "ferry.stage.forward_chain",
                          {c10::IValue(modules), c10::ivalue::Tuple::create(std::move(inputs))});
   } catch (const rpc::Error& e) {
-    throw rpc::Error(e.kind(),
-                     fmt::format("forward through stages {} failed: {}", fmt::join(names, ", "),
-                                 reason(e)),
-                     e.cause());
+    throw rpc::Error(
+        e.kind(),
+        fmt::format("forward through stages {} failed: {}", fmt::join(names, ", "), reason(e)),
+        e.cause());
   }
 }
 
@@ -108,6 +108,8 @@ StageStats RemoteModule::stats() const {
   stats.forward_s = info.at("forward_s").toDouble();
   stats.forward_calls = info.at("forward_calls").toInt();
   stats.worker_peak_rss_mib = info.at("peak_rss_mib").toDouble();
+  stats.worker_peak_tensor_mib =
+      static_cast<double>(info.at("peak_tensor_bytes").toInt()) / (1 << 20);
   return stats;
 }
 

@@ -29,7 +29,6 @@ struct StageHolder : torch::CustomClassHolder {
   int64_t forward_calls = 0;
 };
 
-
 void register_holder_class() {
   static auto holder = torch::class_<StageHolder>("ferry", "StageHolder");
 }
@@ -206,6 +205,7 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
     info.insert("forward_s", holder->forward_seconds);
     info.insert("forward_calls", holder->forward_calls);
     info.insert("peak_rss_mib", rpc::peak_rss_mib());
+    info.insert("peak_tensor_bytes", rpc::tensor_memory().peak_bytes);
     return info;
   });
   registry.add("ferry.stage.parameter", [](rpc::RRefPtr module, int64_t index) {

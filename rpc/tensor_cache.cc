@@ -37,9 +37,14 @@ std::atomic<std::int64_t> budget_bytes{0};  // 0: no bound
 
 double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
+// Set while a tensor is allocated for bytes arriving from the wire: failing there would close the
+// connection (a bad frame) instead of failing the computation that needs the memory next.
+thread_local bool receiving = false;
+
 // Concurrent allocations may each pass the check and together exceed the budget by what they ask
 // for: a device's allocator is no stricter about what it will fail.
 void check_budget(std::size_t n) {
+  if (receiving) return;
   std::int64_t budget = budget_bytes.load(std::memory_order_relaxed);
   if (budget <= 0) return;
   std::int64_t held = live_bytes.load(std::memory_order_relaxed);
@@ -218,8 +223,16 @@ void set_tensor_memory_budget(std::int64_t bytes) {
 std::int64_t tensor_memory_budget() { return budget_bytes.load(); }
 
 at::Tensor empty_cached(c10::IntArrayRef shape, c10::ScalarType dtype) {
-  return at::detail::empty_generic(shape, &instance(), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                   dtype, c10::nullopt);
+  receiving = true;
+  try {
+    at::Tensor t = at::detail::empty_generic(
+        shape, &instance(), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype, c10::nullopt);
+    receiving = false;
+    return t;
+  } catch (...) {
+    receiving = false;
+    throw;
+  }
 }
 
 std::size_t tensor_cache_bytes() { return instance().cached_bytes(); }

@@ -136,8 +136,9 @@ double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs
 
 // Three epochs with a checkpoint after each; with one intra-op thread per process (World sets
 // OMP_NUM_THREADS=1) every run of it follows the same loss curve.
-const std::string kCurveJob =
-    "--model unet-resnet18 --image-size 32 --samples 80 --seed 3 --optimizer adam --epochs 3";
+const std::string kCurveBase =
+    "--model unet-resnet18 --image-size 32 --samples 80 --seed 3 --optimizer adam";
+const std::string kCurveJob = kCurveBase + " --epochs 3";
 
 // `flags` are added to kCurveJob's.
 std::map<int, std::pair<double, double>> uninterrupted_losses(const std::string& flags = "") {
@@ -208,6 +209,33 @@ TEST(Faults, AMasterKilledWhileSavingLeavesTheLastCheckpointAndResumingFollowsTh
   }
   fs::remove_all(ckpt);
   fs::remove(resumed_metrics);
+}
+
+// Tensors are restored by name and the optimizer's state is in the whole model's parameter
+// order, so two epochs on two stages and a third resumed on three follow the two-stage run.
+TEST(Faults, ResumingOnThreeStagesFromACheckpointWrittenOnTwoFollowsTheSameCurve) {
+  auto expected = uninterrupted_losses(" --stages 2");
+  ASSERT_EQ(expected.size(), 3u);
+  std::string ckpt = "/tmp/ferry-fault-restage-" + std::to_string(getpid());
+  fs::remove_all(ckpt);
+  World two("two", kCurveBase + " --epochs 2 --stages 2 --checkpoint-dir " + ckpt);
+  std::optional<int> status = two.master->wait(kJobTime);
+  ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << two.log();
+
+  std::string metrics = ckpt + "-three.json";
+  World three("three", kCurveBase + " --epochs 3 --stages 3 --resume --checkpoint-dir " + ckpt +
+                           " --metrics-file " + metrics);
+  status = three.master->wait(kJobTime);
+  ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << three.log();
+  EXPECT_NE(three.log().find("stage2"), std::string::npos) << three.log();
+  EXPECT_NE(three.log().find("resumed from " + ckpt + " after epoch 2"), std::string::npos)
+      << three.log();
+  auto got = losses_in(metrics);
+  ASSERT_EQ(got.size(), 1u) << three.log();
+  EXPECT_EQ(got.begin()->first, 3);
+  expect_same_curve(got, expected);
+  fs::remove_all(ckpt);
+  fs::remove(metrics);
 }
 
 TEST(Faults, WorkersExitByThemselvesWhenTheMasterIsKilled) {

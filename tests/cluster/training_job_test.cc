@@ -2,6 +2,7 @@
 // the U-Net on the synthetic set or a folder of images, ferry-launch's handling of a rank that
 // dies, and ferry-master describe.
 #include <gtest/gtest.h>
+#include <torch/serialize.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <string>
+#include <vector>
 
 #include "tests/support/sanitizer_allowance.h"
 
@@ -94,11 +96,23 @@ TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
   EXPECT_TRUE(contains(first.output, "data: 16 image/mask pairs from " + data)) << first.output;
   EXPECT_TRUE(contains(first.output, "epoch 1/1: train loss")) << first.output;
 
-  // A stage's checkpoint file is a state dict of the encoder alone, as a torchvision file is.
+  // The encoder stage's checkpoint file, its names made those of a torchvision ResNet (a stage's
+  // file has the whole U-Net's names, "encoder.conv1.weight").
   std::ifstream latest(checkpoints + "/LATEST");
   std::string folder;
   latest >> folder;
-  std::string encoder = checkpoints + "/" + folder + "/encoder.pt";
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  };
+  auto saved = torch::pickle_load(bytes(checkpoints + "/" + folder + "/encoder.pt"))
+                   .to<c10::Dict<std::string, at::Tensor>>();
+  c10::Dict<std::string, at::Tensor> resnet;
+  for (const auto& item : saved) resnet.insert(item.key().substr(8), item.value());
+  ASSERT_EQ(saved.begin()->key().substr(0, 8), "encoder.");
+  std::string encoder = checkpoints + "/resnet18.pt";
+  std::vector<char> written = torch::pickle_save(c10::IValue(resnet));
+  std::ofstream(encoder, std::ios::binary).write(written.data(), written.size());
   CommandResult second = run(common + " --weights " + encoder);
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_TRUE(contains(second.output, "weights loaded from " + encoder)) << second.output;
@@ -155,7 +169,7 @@ TEST(TrainingJob, PipelinedJobLearnsAndWritesATrace) {
                        "pipelined steps: 1f1b, 4 micro-batches of 2 images, "
                        "activations recomputed in backward"))
       << r.output;
-  EXPECT_TRUE(contains(r.output, "stage 0: unet.encoder on worker1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "stage 0: encoder on worker1")) << r.output;
   EXPECT_TRUE(contains(r.output, "ideal (p - 1) / (M + p - 1) = 33% (p = 3, M = 4)")) << r.output;
   EXPECT_TRUE(contains(r.output, "most activations held at once: encoder")) << r.output;
   auto metrics = nlohmann::json::parse(std::ifstream(base + ".json"));
@@ -198,6 +212,88 @@ TEST(TrainingJob, BadPipelineSettingsAreClearErrors) {
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(contains(r.output, "--via-master is the naive split; it cannot be pipelined"))
       << r.output;
+}
+
+// --stages 4 measures every block, balances their memory over four stages before any is built,
+// prints the plan that describe prints, and the job learns as the three-seam split does.
+TEST(TrainingJob, FourBalancedStagesLearnAndDescribePrintsTheirPlan) {
+  const std::string plan_flags =
+      " --model unet-resnet18 --image-size 64 --batch-size 8 --optimizer adam --stages 4";
+  CommandResult d = run(std::string(FERRY_MASTER) + " describe --json" + plan_flags);
+  ASSERT_EQ(d.status, 0) << d.output;
+  auto plan = nlohmann::json::parse(d.output.substr(d.output.find('{')));
+  EXPECT_EQ(plan["method"], "balanced by memory");
+  ASSERT_EQ(plan["stages"].size(), 4u);
+  int64_t next = 0, total = 0;
+  for (const auto& stage : plan["stages"]) {
+    EXPECT_EQ(stage["first"].get<int64_t>(), next) << stage;
+    next = stage["last"].get<int64_t>();
+    total += stage["parameters"].get<int64_t>();
+  }
+  EXPECT_EQ(next, 15);  // ResNet-18: stem, 8 residual blocks, 5 decoder blocks, head
+  EXPECT_EQ(total, plan["total_parameters"].get<int64_t>());
+
+  std::string metrics = "/tmp/ferry-stages-test-" + std::to_string(getpid()) + ".json";
+  CommandResult r =
+      run(std::string(FERRY_LAUNCH) + " --nproc 5 -- " + FERRY_MASTER + " train" + plan_flags +
+          " --samples 320 --epochs 3 --lr 0.003 --metrics-file " + metrics);
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (size_t k = 0; k < 4; ++k) {
+    const auto& stage = plan["stages"][k];
+    // One row per stage: its name, its worker (round robin), its blocks, its parameters.
+    std::string row = stage["name"].get<std::string>();
+    row += std::string(9 - row.size(), ' ') + "worker" + std::to_string(k + 1);
+    EXPECT_TRUE(contains(r.output, row)) << row << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, stage["blocks"].get<std::string>() + " ")) << r.output;
+    EXPECT_TRUE(contains(r.output, " " + std::to_string(stage["parameters"].get<int64_t>()) + " "))
+        << r.output;
+  }
+  std::ifstream in(metrics);
+  auto epochs = nlohmann::json::parse(in)["epochs"];
+  double best_iou = 0;
+  for (const auto& epoch : epochs) best_iou = std::max(best_iou, epoch["val_iou"].get<double>());
+  EXPECT_GT(best_iou, 0.45) << r.output;
+  std::remove(metrics.c_str());
+}
+
+TEST(TrainingJob, BadStageSettingsAreClearErrors) {
+  std::string job = std::string(FERRY_LAUNCH) + " --nproc 1 -- " + FERRY_MASTER +
+                    " train --image-size 32 --samples 40 --epochs 1 --batch-size 4"
+                    " --model unet-resnet18";
+  const std::pair<std::string, std::string> cases[] = {
+      {" --stages 99", "--stages 99: the U-Net has 15 blocks, so 1 to 15 stages"},
+      {" --stages 2 --balance speed",
+       "--balance must be memory, time or parameters, not \"speed\""},
+      {" --partition layer9.0", "--partition layer9.0: \"layer9.0\" is not the name of a block"},
+      {" --partition layer3.0 --stages 3", "--partition layer3.0 makes 2 stages but --stages is 3"},
+      {" --stages 2 --placement stage5=master",
+       "--placement: \"stage5=master\" is not stage=worker with a stage among stage0, stage1"},
+  };
+  for (const auto& [flags, message] : cases) {
+    CommandResult r = run(job + flags);
+    EXPECT_NE(r.status, 0) << flags;
+    EXPECT_TRUE(contains(r.output, message)) << flags << "\n" << r.output;
+  }
+}
+
+// A budget of B MiB per process stands for a device of B MiB: the whole model on one worker does
+// not fit it and the job fails saying where; cut into four stages, the same batch trains.
+TEST(TrainingJob, ABatchOverTheMemoryBudgetFailsNamingWorkerAndStageAndFitsOverMoreStages) {
+  const std::string job = std::string(FERRY_MASTER) +
+                          " train --model unet-resnet18 --image-size 64 --samples 40 --epochs 1"
+                          " --batch-size 8 --optimizer adam --memory-budget-mib 200";
+  CommandResult one = run(std::string(FERRY_LAUNCH) + " --nproc 2 -- " + job + " --stages 1");
+  EXPECT_NE(one.status, 0) << one.output;
+  EXPECT_TRUE(contains(one.output, "out of memory: a tensor of")) << one.output;
+  EXPECT_TRUE(contains(one.output, "over this process's tensor memory budget of 200 MiB"))
+      << one.output;
+  EXPECT_TRUE(contains(one.output, "worker \"worker1\" holds stage stage0 (blocks stem..head)"))
+      << one.output;
+  EXPECT_TRUE(contains(one.output, "cut the model into more stages (--stages)")) << one.output;
+
+  CommandResult four = run(std::string(FERRY_LAUNCH) + " --nproc 5 -- " + job + " --stages 4");
+  EXPECT_EQ(four.status, 0) << four.output;
+  EXPECT_TRUE(contains(four.output, "epoch 1/1: train loss")) << four.output;
 }
 
 TEST(TrainingJob, UnknownModelIsAClearError) {

@@ -25,12 +25,9 @@ LocalWorld::Settings three_workers() {
   return settings;
 }
 
-at::Tensor leaf(std::vector<float> values) {
-  return torch::tensor(values).requires_grad_(true);
-}
+at::Tensor leaf(std::vector<float> values) { return torch::tensor(values).requires_grad_(true); }
 
-at::Tensor call(const std::string& to, const std::string& function,
-                std::vector<c10::IValue> args) {
+at::Tensor call(const std::string& to, const std::string& function, std::vector<c10::IValue> args) {
   return rpc::rpc_sync(to, function, std::move(args)).toTensor();
 }
 
@@ -206,8 +203,7 @@ TEST(DistBackward, LocalBackwardThroughAReceivedTensorPointsToDistBackward) {
     y.sum().backward();
     FAIL() << "local backward went through";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("dist_autograd::backward"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("dist_autograd::backward"), std::string::npos) << e.what();
   }
 }
 
@@ -323,21 +319,60 @@ TEST(DistBackward, AFailingStageInAChainIsNamed) {
   }
 }
 
+// A stage's part of the graph is reached by no other part, so it frees what autograd saved as
+// its backward runs: after backward only the context's gradients are left on the worker, not
+// the step's activations. A backward that retains the graph keeps them, and may run again.
+TEST(DistBackward, AStageFreesItsActivationsOnceItsBackwardRanUnlessTheGraphIsRetained) {
+  LocalWorld world(three_workers());
+  models::RemoteUnet split = split_unet(18);
+  const RemoteModule& encoder = split.stages().front().module;
+  ASSERT_EQ(encoder.worker(), "a");
+  auto live = [] { return rpc::rpc_sync("a", "tensor_live_bytes", {}).toInt(); };
+  const int64_t gradient_bytes = encoder.parameter_bytes();
+  torch::manual_seed(3);
+  at::Tensor x = torch::randn({8, 3, 64, 64});
+  at::Tensor target = (torch::rand({8, 1, 64, 64}) > 0.5).to(torch::kFloat);
+  std::vector<at::Tensor> once;
+  {
+    Context context;
+    const int64_t before = live();
+    at::Tensor loss = torch::binary_cross_entropy_with_logits(split.forward(x, true), target);
+    const int64_t activations = live() - before;
+    backward(context.id(), {loss});
+    const int64_t left = live() - before - gradient_bytes;
+    std::cout << "encoder's worker: " << activations / 1048576.0 << " MiB after forward, "
+              << left / 1048576.0 << " MiB besides the gradients after backward\n";
+    EXPECT_GT(activations, 8 << 20);
+    // What stays (about the size of the stage's output carry here) is released with the context.
+    EXPECT_LT(left, activations / 3);
+    once = get_gradients(context.id(), split.parameters());
+  }
+  Context context;
+  const int64_t before = live();
+  at::Tensor loss = torch::binary_cross_entropy_with_logits(split.forward(x, true), target);
+  const int64_t activations = live() - before;
+  backward(context.id(), {loss}, /*retain_graph=*/true);
+  EXPECT_GT(live() - before - gradient_bytes, activations / 2);
+  backward(context.id(), {loss});
+  std::vector<at::Tensor> twice = get_gradients(context.id(), split.parameters());
+  for (auto& g : once) g = g * 2;
+  EXPECT_LE(models::max_relative_error(twice, once), 1e-5);
+}
+
 TEST(DistBackward, UnetFiveSgdStepsAcrossThreeWorkersEqualOneProcess) {
   LocalWorld world(deterministic_three_workers());
   models::RemoteUnet split = split_unet(18);
   models::Unet local = split.local_copy();
   DistributedOptimizer optimizer(OptimizerSpec::sgd(0.05, 0.9, 1e-4), split.parameters());
-  torch::optim::SGD local_optimizer(local->parameters(),
-                                    torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+  torch::optim::SGD local_optimizer(
+      local->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
   torch::manual_seed(11);
   for (int step = 0; step < 5; ++step) {
     at::Tensor x = torch::randn({2, 3, 64, 64});
     at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
     {
       Context context;
-      backward(context.id(),
-               {torch::binary_cross_entropy_with_logits(split.forward(x), target)});
+      backward(context.id(), {torch::binary_cross_entropy_with_logits(split.forward(x), target)});
       optimizer.step(context.id());
     }
     local_optimizer.zero_grad();
@@ -355,8 +390,9 @@ TEST(DistBackward, UnetFiveSgdStepsAcrossThreeWorkersEqualOneProcess) {
   std::cout << "max relative parameter error after 5 steps: " << worst << "\n";
   for (const auto& entry : local->named_buffers(true)) {
     if (entry.key().find("num_batches_tracked") != std::string::npos) continue;
-    EXPECT_LE(models::max_relative_error(*after->named_buffers(true).find(entry.key()), entry.value()),
-              1e-4)
+    EXPECT_LE(
+        models::max_relative_error(*after->named_buffers(true).find(entry.key()), entry.value()),
+        1e-4)
         << entry.key();
   }
 }

@@ -1,16 +1,16 @@
 #include "tests/support/test_functions.h"
 
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <stdexcept>
 #include <thread>
 
-#include <torch/torch.h>
-
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/stage_host.h"
+#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/test_stages.h"
 
@@ -62,6 +62,7 @@ void register_test_functions(rpc::FunctionRegistry& registry) {
   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
   registry.add("echo", [](c10::IValue v) { return v; });
   registry.add("byte_count", [](at::Tensor t) { return static_cast<int64_t>(t.nbytes()); });
+  registry.add("tensor_live_bytes", []() { return rpc::tensor_memory().live_bytes; });
   registry.add("sleep_ms", [](int64_t ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return ms;

@@ -16,7 +16,9 @@ struct BlockCost {
   // Tensor bytes its forward leaves allocated until its backward (what autograd saved, and its
   // output), per sample, as the allocator counts them.
   double activation_bytes_per_sample = 0;
-  double output_bytes_per_sample = 0;
+  double output_bytes_per_sample = 0;  // the tensor it makes
+  double carry_bytes_per_sample = 0;   // everything it passes on: its output and the skips
+  int64_t largest_parameter_bytes = 0;
   double forward_s_per_sample = 0;
   double backward_s_per_sample = 0;
 };

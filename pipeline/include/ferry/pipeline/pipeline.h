@@ -50,6 +50,8 @@ struct PipelineOptions {
   int microbatches = 1;
   // Stage positions whose activations are recomputed in backward.
   std::vector<int> checkpoint_stages;
+  // What the timeline calls each stage ("stage 0: encoder on worker1"); its type where not given.
+  std::vector<std::string> stage_names;
 };
 
 class Pipeline {

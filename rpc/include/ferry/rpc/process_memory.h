@@ -45,7 +45,8 @@ void count_tensor_memory();
 // allocating a tensor throws c10::OutOfMemoryError saying how much was asked for, how much is held
 // and the budget. 0 (the default) is no bound. FERRY_MEMORY_BUDGET_MIB sets it (in MiB) when the
 // allocator is installed; a value that is not a whole number of MiB is an error naming it. Counted
-// only where the allocator is installed. Safe from any thread.
+// only where the allocator is installed. Tensors received from the wire count towards what is held
+// but never fail: the computation that allocates next does. Safe from any thread.
 void set_tensor_memory_budget(std::int64_t bytes);
 std::int64_t tensor_memory_budget();
 // The phrase every over-budget error contains, for callers that explain it.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bench/autograd_bench.h"
+#include "bench/memory_bench.h"
 #include "bench/pipeline_bench.h"
 #include "bench/rpc_bench.h"
 #include "ferry/rpc/compute_thread.h"
@@ -75,6 +76,19 @@ int main(int argc, char** argv) {
   pipeline_cmd->add_flag("!--no-pin", pipeline.pin, "do not pin each worker to a core");
   pipeline_cmd->add_option("--trace", pipeline.trace_file,
                            "write a Chrome trace of the last configuration's steps");
+  ferry::bench::MemoryBenchSettings memory;
+  memory.self_path = rpc.self_path;
+  auto* memory_cmd = app.add_subcommand(
+      "memory", "each stage's peak memory, and the largest batch within one process's budget");
+  memory_cmd->add_option("--depth", memory.depth, "ResNet depth of the U-Net's encoder");
+  memory_cmd->add_option("--image-size", memory.image_size, "image height and width");
+  memory_cmd->add_option("--batch", memory.batch,
+                         "base batch: the one process's peak at it is the budget");
+  memory_cmd->add_option("--stages", memory.stages, "stages balanced by memory, a worker each");
+  memory_cmd->add_option("--microbatches", memory.microbatches, "micro-batches under 1F1B");
+  memory_cmd->add_option("--max-batch", memory.max_batch, "the largest batch tried");
+  memory_cmd->add_option("--resolution", memory.resolution, "the bisection's last step");
+  memory_cmd->add_option("--optimizer", memory.optimizer, "sgd|adam|adamw");
   auto* peer_cmd = app.add_subcommand("rpc-peer", "the peer process of `rpc` (started by it)");
   peer_cmd->group("");
   CLI11_PARSE(app, argc, argv);
@@ -85,6 +99,7 @@ int main(int argc, char** argv) {
     return ferry::bench::run_autograd_bench(autograd);
   }
   if (*pipeline_cmd) return ferry::bench::run_pipeline_bench(pipeline);
+  if (*memory_cmd) return ferry::bench::run_memory_bench(memory);
   if (*peer_cmd) return ferry::bench::run_rpc_peer();
   return 1;
 }

@@ -97,13 +97,16 @@ int main(int argc, char** argv) {
   footprint_cmd->add_option("--batch-size", batch_size, "images per step");
   std::string optimizer = "adam";
   footprint_cmd->add_option("--optimizer", optimizer, "sgd|adam|adamw");
+  int64_t footprint_budget_mib = 0;
+  footprint_cmd->add_option("--memory-budget-mib", footprint_budget_mib,
+                            "fail as a device of this many MiB would");
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (*train_cmd) return ferry::examples::run_training(train);
     if (*footprint_cmd) {
       return ferry::examples::measure_single_process(model, classes, image_size, batch_size,
-                                                     optimizer);
+                                                     optimizer, footprint_budget_mib);
     }
     return ferry::examples::describe_model(plan, json, blocks);
   } catch (const std::exception& e) {

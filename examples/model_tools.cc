@@ -78,7 +78,10 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks) {
 }
 
 int measure_single_process(const std::string& model, int64_t classes, int64_t image_size,
-                           int64_t batch_size, const std::string& optimizer_name) {
+                           int64_t batch_size, const std::string& optimizer_name,
+                           int64_t memory_budget_mib) {
+  rpc::count_tensor_memory();
+  rpc::set_tensor_memory_budget(memory_budget_mib << 20);
   models::Unet net(depth_of(model), classes);
   at::Tensor x = torch::randn({batch_size, 3, image_size, image_size});
   at::Tensor target = torch::zeros({batch_size, classes, image_size, image_size});
@@ -93,7 +96,10 @@ int measure_single_process(const std::string& model, int64_t classes, int64_t im
   }
   torch::binary_cross_entropy_with_logits(net->forward(x), target).backward();
   optimizer->step();
-  std::cout << rpc::peak_rss_mib() << std::endl;
+  nlohmann::ordered_json out{
+      {"peak_rss_mib", rpc::peak_rss_mib()},
+      {"peak_tensor_mib", static_cast<double>(rpc::tensor_memory().peak_bytes) / (1 << 20)}};
+  std::cout << out.dump() << std::endl;
   return 0;
 }
 
@@ -113,7 +119,7 @@ double single_process_peak_mib(const std::string& model, int64_t classes, int64_
   while (fgets(buf, sizeof buf, pipe)) last = buf;
   if (pclose(pipe) != 0) return -1;
   try {
-    return std::stod(last);
+    return nlohmann::json::parse(last).at("peak_rss_mib").get<double>();
   } catch (const std::exception&) {
     return -1;
   }

@@ -1,0 +1,202 @@
+#include "bench/memory_bench.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "bench/processes.h"
+#include "bench/stats.h"
+
+namespace ferry::bench {
+namespace {
+
+struct Run {
+  bool ok = false;
+  std::string output;
+};
+
+// Runs a shell command and keeps what it prints.
+Run run(const std::string& command) {
+  Run r;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, pipe)) r.output += buf;
+  int status = pclose(pipe);
+  r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return r;
+}
+
+std::string last_line(const std::string& text) {
+  std::string t = text;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  return t.substr(t.rfind('\n') + 1);
+}
+
+bool out_of_memory(const std::string& output) {
+  return output.find("over this process's tensor memory budget") != std::string::npos;
+}
+
+class Bench {
+ public:
+  explicit Bench(const MemoryBenchSettings& s)
+      : s_(s),
+        master_(binary_dir(s.self_path) + "/ferry-master"),
+        launch_(binary_dir(s.self_path) + "/ferry-launch"),
+        model_(fmt::format("unet-resnet{}", s.depth)),
+        metrics_(fmt::format("/tmp/ferry-memory-bench-{}.json", getpid())) {}
+  ~Bench() { std::filesystem::remove(metrics_); }
+
+  // The single process's peaks at `batch`, or nullopt if it does not fit `budget_mib` (0: none).
+  std::optional<nlohmann::json> single(int batch, int64_t budget_mib) {
+    Run r = run(fmt::format("env -u RANK -u WORLD_SIZE '{}' footprint --model {} --image-size {} "
+                            "--batch-size {} --optimizer {} --memory-budget-mib {}",
+                            master_, model_, s_.image_size, batch, s_.optimizer, budget_mib));
+    log(fmt::format("one process, batch {}: {}", batch, r.ok ? last_line(r.output) : "does not fit"));
+    if (!r.ok) {
+      check_failure(r);
+      return std::nullopt;
+    }
+    return nlohmann::json::parse(last_line(r.output));
+  }
+
+  // The stages' figures after one training step at `batch` under `setting`, or nullopt if a
+  // process ran out of its budget.
+  std::optional<nlohmann::json> split(int batch, const std::string& setting, int64_t budget_mib) {
+    std::string flags;
+    if (setting != "naive") {
+      flags = fmt::format(" --pipeline 1f1b --microbatches {}", s_.microbatches);
+    }
+    if (setting == "1f1b_checkpointed") flags += " --checkpoint-activations";
+    // One training batch, and a fifth of it again for validation.
+    const int samples = batch + std::max(1, batch / 4);
+    Run r = run(fmt::format(
+        "'{}' --nproc {} -- '{}' train --model {} --image-size {} --batch-size {} --samples {} "
+        "--epochs 1 --optimizer {} --stages {} --balance memory --memory-budget-mib {}{} "
+        "--metrics-file {}",
+        launch_, s_.stages + 1, master_, model_, s_.image_size, batch, samples, s_.optimizer,
+        s_.stages, budget_mib, flags, metrics_));
+    if (!r.ok) {
+      log(fmt::format("{} stages, {}, batch {}: does not fit", s_.stages, setting, batch));
+      check_failure(r);
+      return std::nullopt;
+    }
+    nlohmann::json stages = nlohmann::json::parse(std::ifstream(metrics_)).at("stages");
+    std::string peaks;
+    for (const auto& stage : stages) {
+      peaks += fmt::format(" {}", std::lround(stage.at("worker_peak_tensor_mib").get<double>()));
+    }
+    log(fmt::format("{} stages, {}, batch {}: stage peaks (MiB){}", s_.stages, setting, batch,
+                    peaks));
+    return stages;
+  }
+
+  // The largest batch for which `fits` holds, from `known` (which fits): doubling, then
+  // bisection down to the resolution, both capped at the settings' max_batch.
+  int largest_batch(int known, const std::function<bool(int)>& fits) {
+    int good = known, bad = 0;
+    while (bad == 0) {
+      int next = std::min(good * 2, s_.max_batch);
+      if (next == good) return good;
+      if (fits(next)) {
+        good = next;
+      } else {
+        bad = next;
+      }
+    }
+    while (bad - good > s_.resolution) {
+      int mid = (good + bad) / 2 / s_.resolution * s_.resolution;
+      if (mid <= good) break;
+      if (fits(mid)) {
+        good = mid;
+      } else {
+        bad = mid;
+      }
+    }
+    return good;
+  }
+
+ private:
+  // A run that failed for another reason than memory makes the benchmark meaningless.
+  void check_failure(const Run& r) {
+    if (!out_of_memory(r.output)) {
+      throw std::runtime_error("a run failed for another reason than memory:\n" + r.output);
+    }
+  }
+  void log(const std::string& line) { std::cerr << "memory: " << line << std::endl; }
+
+  MemoryBenchSettings s_;
+  std::string master_, launch_, model_, metrics_;
+};
+
+double largest_peak(const nlohmann::json& stages) {
+  double out = 0;
+  for (const auto& stage : stages) {
+    out = std::max(out, stage.at("worker_peak_tensor_mib").get<double>());
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_memory_bench(const MemoryBenchSettings& s) {
+  Bench bench(s);
+  auto start = Clock::now();
+  std::optional<nlohmann::json> single = bench.single(s.batch, 0);
+  if (!single) throw std::runtime_error("the single process failed without a budget");
+  const double single_peak = single->at("peak_tensor_mib").get<double>();
+  const auto budget = static_cast<int64_t>(std::ceil(single_peak));
+
+  nlohmann::ordered_json out;
+  out["benchmark"] = "memory";
+  out["model"] = fmt::format("unet-resnet{}", s.depth);
+  out["image_size"] = s.image_size;
+  out["batch"] = s.batch;
+  out["optimizer"] = s.optimizer;
+  out["stages"] = s.stages;
+  out["microbatches"] = s.microbatches;
+  out["single_peak_mib"] = single_peak;
+  out["single_peak_rss_mib"] = single->at("peak_rss_mib").get<double>();
+  out["split"] = nlohmann::ordered_json::object();
+  std::string best;
+  double best_peak = 0;
+  for (const std::string setting : {"naive", "1f1b", "1f1b_checkpointed"}) {
+    std::optional<nlohmann::json> stages = bench.split(s.batch, setting, 0);
+    if (!stages) throw std::runtime_error("the split failed without a budget: " + setting);
+    out["split"][setting] = *stages;
+    if (best.empty() || largest_peak(*stages) < best_peak) {
+      best = setting;
+      best_peak = largest_peak(*stages);
+    }
+  }
+  out["best_setting"] = best;
+  out["largest_stage_peak_mib"] = best_peak;
+  out["largest_stage_over_single"] = best_peak / single_peak;
+  out["budget_mib"] = budget;
+  const int max_single =
+      bench.largest_batch(s.batch, [&](int b) { return bench.single(b, budget).has_value(); });
+  const int max_split = bench.split(s.batch, best, budget)
+                            ? bench.largest_batch(s.batch, [&](int b) {
+                                return bench.split(b, best, budget).has_value();
+                              })
+                            : 0;
+  out["max_batch_single"] = max_single;
+  out["max_batch_split"] = max_split;
+  out["max_batch_ratio"] = static_cast<double>(max_split) / max_single;
+  out["max_batch_cap"] = s.max_batch;
+  out["seconds"] = std::chrono::duration<double>(Clock::now() - start).count();
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace ferry::bench

@@ -59,10 +59,12 @@ class Bench {
 
   // The single process's peaks at `batch`, or nullopt if it does not fit `budget_mib` (0: none).
   std::optional<nlohmann::json> single(int batch, int64_t budget_mib) {
-    Run r = run(fmt::format("env -u RANK -u WORLD_SIZE '{}' footprint --model {} --image-size {} "
-                            "--batch-size {} --optimizer {} --memory-budget-mib {}",
-                            master_, model_, s_.image_size, batch, s_.optimizer, budget_mib));
-    log(fmt::format("one process, batch {}: {}", batch, r.ok ? last_line(r.output) : "does not fit"));
+    Run r =
+        run(fmt::format("env -u RANK -u WORLD_SIZE '{}' footprint --model {} --image-size {} "
+                        "--batch-size {} --optimizer {} --memory-budget-mib {}",
+                        master_, model_, s_.image_size, batch, s_.optimizer, budget_mib));
+    log(fmt::format("one process, batch {}: {}", batch,
+                    r.ok ? last_line(r.output) : "does not fit"));
     if (!r.ok) {
       check_failure(r);
       return std::nullopt;
@@ -185,11 +187,11 @@ int run_memory_bench(const MemoryBenchSettings& s) {
   out["budget_mib"] = budget;
   const int max_single =
       bench.largest_batch(s.batch, [&](int b) { return bench.single(b, budget).has_value(); });
-  const int max_split = bench.split(s.batch, best, budget)
-                            ? bench.largest_batch(s.batch, [&](int b) {
-                                return bench.split(b, best, budget).has_value();
-                              })
-                            : 0;
+  const int max_split =
+      bench.split(s.batch, best, budget)
+          ? bench.largest_batch(s.batch,
+                                [&](int b) { return bench.split(b, best, budget).has_value(); })
+          : 0;
   out["max_batch_single"] = max_single;
   out["max_batch_split"] = max_split;
   out["max_batch_ratio"] = static_cast<double>(max_split) / max_single;

@@ -18,8 +18,8 @@ struct MemoryBenchSettings {
   int batch = 8;  // the base batch: the single process's peak at it is the budget
   int stages = 4;
   int microbatches = 4;
-  int max_batch = 256;     // the search stops here
-  int resolution = 4;      // the bisection stops when the bounds are this close
+  int max_batch = 256;  // the search stops here
+  int resolution = 4;   // the bisection stops when the bounds are this close
   std::string optimizer = "adam";
   std::string self_path;
 };

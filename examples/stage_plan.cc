@@ -139,7 +139,10 @@ std::vector<models::RemoteUnet::StagePlan> StagePlan::on(
     const std::vector<std::string>& workers) const {
   std::vector<models::RemoteUnet::StagePlan> out;
   for (size_t k = 0; k < stages.size(); ++k) {
-    out.push_back({stages[k].name, stages[k].first, stages[k].last, workers.at(k)});
+    const std::string& place = workers.at(k);
+    const auto slash = place.find('/');
+    out.push_back({stages[k].name, stages[k].first, stages[k].last, place.substr(0, slash),
+                   slash == std::string::npos ? "" : place.substr(slash + 1)});
   }
   return out;
 }

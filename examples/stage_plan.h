@@ -46,7 +46,8 @@ struct StagePlan {
   std::string method;  // "seams", "balanced by memory", "manual"
   std::vector<models::BlockCost> costs;
   std::vector<PlannedStage> stages;
-  // The plans for RemoteUnet::create, with `workers[k]` for stage k.
+  // The plans for RemoteUnet::create, with `workers[k]` for stage k: "worker2" or, with a
+  // device, "worker2/cuda:0" (PyTorch RemoteModule's form).
   std::vector<models::RemoteUnet::StagePlan> on(const std::vector<std::string>& workers) const;
 };
 

@@ -78,9 +78,10 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
       fail(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}", item,
                        fmt::join(stage_names, ", ")));
     }
-    std::string worker = item.substr(eq + 1);
-    rpc::worker(worker);  // throws listing the workers there are
-    out[it - stage_names.begin()] = worker;
+    // "worker2" or "worker2/cuda:0"
+    std::string place = item.substr(eq + 1);
+    rpc::worker(place.substr(0, place.find('/')));  // throws listing the workers there are
+    out[it - stage_names.begin()] = place;
   }
   return out;
 }
@@ -328,9 +329,14 @@ int restore(StagesOnWorkers& job, const std::string& dir) {
 std::vector<std::string> take_over_lost_workers(const StagePlan& plan,
                                                 std::vector<std::string>& workers,
                                                 std::vector<std::string>& spares) {
+  // A place is "worker" or "worker/device"; a spare takes the worker's part and keeps the device.
+  auto worker_of = [](const std::string& place) { return place.substr(0, place.find('/')); };
   std::vector<std::string> lost_here;
   for (const std::string& name : rpc::agent().lost_workers()) {
-    if (std::find(workers.begin(), workers.end(), name) != workers.end()) lost_here.push_back(name);
+    if (std::any_of(workers.begin(), workers.end(),
+                    [&](const std::string& place) { return worker_of(place) == name; })) {
+      lost_here.push_back(name);
+    }
   }
   if (lost_here.empty() || lost_here.size() > spares.size()) return {};
   std::vector<std::string> done;
@@ -339,8 +345,8 @@ std::vector<std::string> take_over_lost_workers(const StagePlan& plan,
     spares.erase(spares.begin());
     std::vector<std::string> stages;
     for (size_t k = 0; k < workers.size(); ++k) {
-      if (workers[k] != lost) continue;
-      workers[k] = spare;
+      if (worker_of(workers[k]) != lost) continue;
+      workers[k] = spare + workers[k].substr(lost.size());
       stages.push_back(plan.stages[k].name);
     }
     done.push_back(fmt::format("worker \"{}\" was lost; spare \"{}\" takes over stage {}", lost,

@@ -47,9 +47,9 @@ std::vector<RemoteUnet::StagePlan> RemoteUnet::seams(int64_t depth,
   const std::vector<UnetBlock> blocks = unet_blocks(depth);
   const int64_t decoder = unet_block_index(blocks, "decoder.0");
   const int64_t head = unet_block_index(blocks, "head");
-  return {{"encoder", 0, decoder, workers[0]},
-          {"decoder", decoder, head, workers[1]},
-          {"head", head, head + 1, workers[2]}};
+  return {{"encoder", 0, decoder, workers[0], ""},
+          {"decoder", decoder, head, workers[1], ""},
+          {"head", head, head + 1, workers[2], ""}};
 }
 
 RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes, const std::vector<StagePlan>& plan,
@@ -65,7 +65,16 @@ RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes, const std::vector<
     config.insert("first", stage.first);
     config.insert("last", stage.last);
     config.insert("seed", seed);
-    net.stages_.push_back({stage, RemoteModule::create(stage.worker, "unet.blocks", config)});
+    RemoteModule module = RemoteModule::create(stage.worker, "unet.blocks", config);
+    if (!stage.device.empty()) {
+      try {
+        module.to(stage.device);
+      } catch (const rpc::Error& e) {
+        throw rpc::Error(e.kind(), fmt::format("placing stage \"{}\" on {}/{}: {}", stage.name,
+                                               stage.worker, stage.device, e.what()));
+      }
+    }
+    net.stages_.push_back({stage, std::move(module)});
   }
   return net;
 }

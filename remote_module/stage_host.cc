@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/cuda.h>
 #include <torch/custom_class.h>
 #include <torch/torch.h>
 
@@ -24,6 +25,9 @@ struct StageHolder : torch::CustomClassHolder {
   StageHolder(std::string t, std::unique_ptr<Stage> s) : type(std::move(t)), stage(std::move(s)) {}
   std::string type;
   std::unique_ptr<Stage> stage;
+  // Where its parameters and compute are (RemoteModule::to): inputs move there on arrival and
+  // outputs back to CPU memory, which is what travels.
+  c10::Device device{c10::kCPU};
   std::mutex mutex;
   double forward_seconds = 0;  // under `mutex`
   int64_t forward_calls = 0;
@@ -58,9 +62,33 @@ c10::intrusive_ptr<StageHolder> holder_of(const rpc::RRefPtr& module) {
 
 c10::Dict<std::string, at::Tensor> state_of(Stage& stage) {
   c10::Dict<std::string, at::Tensor> out;
-  for (auto& [name, t] : stage.named_parameters()) out.insert(name, t.detach());
-  for (auto& [name, t] : stage.named_buffers()) out.insert(name, t.detach());
+  for (auto& [name, t] : stage.named_parameters()) out.insert(name, t.detach().cpu());
+  for (auto& [name, t] : stage.named_buffers()) out.insert(name, t.detach().cpu());
   return out;
+}
+
+// `value` with every tensor in it (in lists and tuples too) moved to `device`; differentiable,
+// so gradients come back the same way.
+c10::IValue moved_to(const c10::IValue& value, const c10::Device& device) {
+  if (value.isTensor()) return value.toTensor().to(device);
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : value.toTensorList().vec()) out.push_back(t.to(device));
+    return out;
+  }
+  if (value.isList()) {
+    c10::impl::GenericList out(value.toList().elementType());
+    for (const c10::IValue& item : value.toListRef()) out.push_back(moved_to(item, device));
+    return out;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const c10::IValue& item : value.toTupleRef().elements()) {
+      items.push_back(moved_to(item, device));
+    }
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return value;
 }
 
 void load_state(Stage& stage, const c10::Dict<std::string, at::Tensor>& state, bool strict) {
@@ -107,7 +135,13 @@ c10::IValue forward_here(const rpc::RRefPtr& module, const c10::IValue& inputs) 
     std::lock_guard<std::mutex> lock(holder->mutex);
     auto start = std::chrono::steady_clock::now();
     try {
-      c10::IValue out = holder->stage->forward(inputs.toTupleRef().elements().vec());
+      std::vector<c10::IValue> args = inputs.toTupleRef().elements().vec();
+      const bool away = holder->device != c10::Device(c10::kCPU);
+      if (away) {
+        for (c10::IValue& arg : args) arg = moved_to(arg, holder->device);
+      }
+      c10::IValue out = holder->stage->forward(std::move(args));
+      if (away) out = moved_to(out, c10::Device(c10::kCPU));
       holder->forward_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       ++holder->forward_calls;
@@ -252,7 +286,18 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
     auto holder = holder_of(module);
     rpc::run_on_compute_thread([&] {
       std::lock_guard<std::mutex> lock(holder->mutex);
-      holder->stage->to(c10::Device(device));
+      const c10::Device target(device);
+      if (target.is_cuda()) {
+        const auto count = static_cast<int64_t>(torch::cuda::device_count());
+        if (!torch::cuda::is_available() || target.index() >= count) {
+          throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                           fmt::format("worker \"{}\" has no device {} (it has {} CUDA "
+                                       "device{})",
+                                       rpc::self().name, device, count, count == 1 ? "" : "s"));
+        }
+      }
+      holder->stage->to(target);
+      holder->device = target;
     });
   });
 }

@@ -268,6 +268,9 @@ TEST(TrainingJob, BadStageSettingsAreClearErrors) {
       {" --partition layer3.0 --stages 3", "--partition layer3.0 makes 2 stages but --stages is 3"},
       {" --stages 2 --placement stage5=master",
        "--placement: \"stage5=master\" is not stage=worker with a stage among stage0, stage1"},
+      {" --placement decoder=master/cuda:99",
+       "placing stage \"decoder\" on master/cuda:99: to of stage \"unet.blocks\" on worker "
+       "\"master\" failed: worker \"master\" has no device cuda:99 (it has"},
   };
   for (const auto& [flags, message] : cases) {
     CommandResult r = run(job + flags);

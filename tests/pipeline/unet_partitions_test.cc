@@ -35,7 +35,7 @@ std::vector<RemoteUnet::StagePlan> plan_of(const std::vector<pipeline::Range>& r
   std::vector<RemoteUnet::StagePlan> plan;
   for (size_t k = 0; k < ranges.size(); ++k) {
     plan.push_back(
-        {fmt::format("stage{}", k), ranges[k].begin, ranges[k].end, fmt::format("w{}", k + 1)});
+        {fmt::format("stage{}", k), ranges[k].begin, ranges[k].end, fmt::format("w{}", k + 1), ""});
   }
   return plan;
 }
@@ -135,11 +135,11 @@ TEST(UnetPartitions, APlanThatDoesNotCoverTheBlocksIsRefusedBeforeAnythingIsBuil
     return std::string("no error");
   };
   // No world is up: a plan that got as far as building a stage would fail otherwise.
-  EXPECT_EQ(message({{"a", 0, 4, "w1"}, {"b", 5, n, "w2"}}),
+  EXPECT_EQ(message({{"a", 0, 4, "w1", ""}, {"b", 5, n, "w2", ""}}),
             "stage \"b\" has blocks [5, 15) but must start at block 4 and hold at least one of "
             "the 15 blocks");
-  EXPECT_EQ(message({{"a", 0, 4, "w1"}, {"a", 4, n, "w2"}}), "two stages are named \"a\"");
-  EXPECT_EQ(message({{"a", 0, 4, "w1"}}),
+  EXPECT_EQ(message({{"a", 0, 4, "w1", ""}, {"a", 4, n, "w2", ""}}), "two stages are named \"a\"");
+  EXPECT_EQ(message({{"a", 0, 4, "w1", ""}}),
             "the stages end at block 4 of 15: the last must end with the head");
 }
 

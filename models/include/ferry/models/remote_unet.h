@@ -19,21 +19,23 @@ namespace ferry::models {
 
 class RemoteUnet {
  public:
-  // Where one stage goes: blocks [first, last) on `worker`. Value type.
+  // Where one stage goes: blocks [first, last) on `worker`, on its `device` ("cuda:0"; empty:
+  // the worker's CPU). Value type.
   struct StagePlan {
     std::string name;
     int64_t first = 0;
     int64_t last = 0;
     std::string worker;
+    std::string device;
   };
 
   // The U-Net's three natural parts: "encoder" (stem to the last block of layer4), "decoder"
   // (its five blocks) and "head", on workers[0..2].
   static std::vector<StagePlan> seams(int64_t depth, const std::array<std::string, 3>& workers);
 
-  // Builds every stage of `plan` on its worker. The ranges must cover the blocks in order without
-  // gaps and the names must differ: otherwise rpc::Error(InvalidArgument) naming the stage, before
-  // anything is built.
+  // Builds every stage of `plan` on its worker (and device). The ranges must cover the blocks in
+  // order without gaps and the names must differ: otherwise rpc::Error(InvalidArgument) naming the
+  // stage, before anything is built. A device the worker lacks is an error naming the stage.
   static RemoteUnet create(int64_t depth, int64_t classes, const std::vector<StagePlan>& plan,
                            int64_t seed = 0);
   // The three seams on `workers`.

@@ -64,7 +64,11 @@ int main(int argc, char** argv) {
   auto* pipeline_cmd = app.add_subcommand(
       "pipeline", "naive model parallelism against GPipe and 1F1B over 1-8 micro-batches");
   pipeline_cmd->add_option("--model", pipeline.model, "synthetic (balanced stages) or unet");
-  pipeline_cmd->add_option("--stages", pipeline.stages, "synthetic: stages, one worker each");
+  pipeline_cmd->add_option("--stages", pipeline.stages,
+                           "stages, one worker each (synthetic: default 2; unet: default its 3 "
+                           "seams, else balanced)");
+  pipeline_cmd->add_option("--balance", pipeline.balance,
+                           "unet with --stages: what to balance, memory|time|parameters");
   pipeline_cmd->add_option("--width", pipeline.width, "synthetic: features of every layer");
   pipeline_cmd->add_option("--layers", pipeline.layers, "synthetic: layers per stage");
   pipeline_cmd->add_option("--batch", pipeline.batch, "samples or images per step");

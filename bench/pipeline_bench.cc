@@ -10,6 +10,7 @@
 
 #include "bench/processes.h"
 #include "bench/stats.h"
+#include "examples/stage_plan.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/pipeline.h"
@@ -48,12 +49,29 @@ struct Model {
   std::string name;
 };
 
-Model build(const PipelineBenchSettings& s, int p) {
+// The U-Net's cut, measured and balanced here before any worker starts.
+examples::StagePlan unet_plan(const PipelineBenchSettings& s) {
+  examples::PlanSettings plan;
+  plan.model = fmt::format("unet-resnet{}", s.depth);
+  plan.image_size = s.image_size;
+  plan.batch_size = s.batch;
+  plan.stages = s.stages;
+  plan.balance = s.balance;
+  return examples::plan_stages(plan);
+}
+
+std::vector<std::string> worker_names(int p) {
+  std::vector<std::string> out;
+  for (int k = 1; k <= p; ++k) out.push_back(fmt::format("worker{}", k));
+  return out;
+}
+
+Model build(const PipelineBenchSettings& s, int p, const examples::StagePlan& plan) {
   Model m;
   torch::manual_seed(0);
   if (s.model == "unet") {
     auto split = std::make_shared<models::RemoteUnet>(
-        models::RemoteUnet::create(s.depth, 1, {"worker1", "worker2", "worker3"}));
+        models::RemoteUnet::create(s.depth, 1, plan.on(worker_names(p))));
     for (const auto& stage : split->stages()) m.stages.push_back(stage.module);
     auto local = std::make_shared<models::Unet>(split->local_copy());
     m.local_forward = [local](const at::Tensor& x) { return (*local)->forward(x); };
@@ -63,7 +81,7 @@ Model build(const PipelineBenchSettings& s, int p) {
     m.loss = [](const at::Tensor& out, const at::Tensor& target) {
       return torch::binary_cross_entropy_with_logits(out, target);
     };
-    m.name = fmt::format("unet-resnet{}", s.depth);
+    m.name = fmt::format("unet-resnet{} ({})", s.depth, plan.method);
     return m;
   }
   std::vector<std::shared_ptr<Stage>> local;
@@ -87,8 +105,9 @@ Model build(const PipelineBenchSettings& s, int p) {
   return m;
 }
 
-nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinned) {
-  Model model = build(s, p);
+nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinned,
+                               const examples::StagePlan& plan) {
+  Model model = build(s, p, plan);
   std::vector<Config> configs;
   configs.push_back({"naive", Schedule::GPipe, 1, nullptr, {}, {}, {}});
   for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
@@ -138,6 +157,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   out["benchmark"] = "pipeline";
   out["model"] = model.name;
   out["p"] = p;
+  if (s.model == "unet") out["plan"] = examples::plan_json(plan);
   out["batch"] = s.batch;
   out["pinned"] = pinned;
   out["threads_per_process"] = 1;
@@ -172,12 +192,15 @@ int run_pipeline_bench(const PipelineBenchSettings& s) {
     std::cerr << "--model must be synthetic or unet\n";
     return 2;
   }
-  const int p = s.model == "unet" ? 3 : s.stages;
+  at::set_num_threads(1);
+  examples::StagePlan plan;
+  if (s.model == "unet") plan = unet_plan(s);
+  const int p =
+      s.model == "unet" ? static_cast<int>(plan.stages.size()) : (s.stages == 0 ? 2 : s.stages);
   if (p < 1) {
     std::cerr << "--stages must be at least 1\n";
     return 2;
   }
-  at::set_num_threads(1);
   dist_autograd::install(rpc::default_registry());
   pipeline::install(rpc::default_registry());
   models::register_unet_stages();
@@ -205,7 +228,7 @@ int run_pipeline_bench(const PipelineBenchSettings& s) {
   int code = 0;
   nlohmann::ordered_json out;
   try {
-    out = measure(s, p, pinned);
+    out = measure(s, p, pinned, plan);
   } catch (const std::exception& e) {
     std::cerr << "pipeline benchmark failed: " << e.what() << "\n";
     code = 1;

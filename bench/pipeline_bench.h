@@ -1,7 +1,8 @@
 // `ferry-bench pipeline`: naive model parallelism (one micro-batch) against GPipe and 1F1B with
 // 1, 2, 4 and 8 micro-batches, on p balanced synthetic stages, each stage's worker pinned to a
-// core of its own, or on the U-Net's three stages. Steps of every configuration take turns, so
-// all see the same noise of this shared machine.
+// core of its own, or on the U-Net cut at its three seams or into --stages balanced by
+// --balance (measured per block, as ferry-master train does). Steps of every configuration take
+// turns, so all see the same noise of this shared machine.
 #pragma once
 
 #include <string>
@@ -11,7 +12,8 @@ namespace ferry::bench {
 
 struct PipelineBenchSettings {
   std::string model = "synthetic";  // synthetic | unet
-  int stages = 2;                   // synthetic only; the U-Net has three
+  int stages = 0;                   // synthetic: 0 is 2; unet: 0 is the three seams
+  std::string balance = "time";     // unet with --stages: memory | time | parameters
   int width = 1024;                 // synthetic: features of every layer
   int layers = 4;                   // synthetic: layers per stage
   int batch = 128;                  // samples (synthetic) or images (unet) per step

@@ -41,41 +41,49 @@ std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64
   net->train(true);
   const double samples = static_cast<double>(sample_batch);
   at::Tensor images = torch::randn({sample_batch, 3, image_size, image_size});
-  {
-    // The first pass pays for fresh pages and kernels' first calls; measure the second.
-    torch::NoGradGuard no_grad;
-    net->forward({images});
-  }
-  std::vector<BlockCost> costs;
-  std::vector<at::Tensor> carry{images};
-  for (int64_t k = 0; k < count; ++k) {
-    BlockCost cost;
-    cost.name = net->blocks()[k].name;
-    for (const at::Tensor& p : net->block_parameters(k)) {
-      cost.parameters += p.numel();
-      cost.parameter_bytes += static_cast<int64_t>(p.nbytes());
-      cost.largest_parameter_bytes =
-          std::max(cost.largest_parameter_bytes, static_cast<int64_t>(p.nbytes()));
+  // The first pass pays for fresh pages and every kernel's first call: it is not timed. Of the
+  // timed passes, each block keeps its fastest, which the machine's other work disturbs least.
+  constexpr int kPasses = 3;
+  std::vector<BlockCost> costs(count);
+  for (int pass = 0; pass < kPasses; ++pass) {
+    std::vector<at::Tensor> carry{images};
+    for (int64_t k = 0; k < count; ++k) {
+      BlockCost measured;
+      measured.name = net->blocks()[k].name;
+      for (const at::Tensor& p : net->block_parameters(k)) {
+        measured.parameters += p.numel();
+        measured.parameter_bytes += static_cast<int64_t>(p.nbytes());
+        measured.largest_parameter_bytes =
+            std::max(measured.largest_parameter_bytes, static_cast<int64_t>(p.nbytes()));
+      }
+      std::vector<at::Tensor> inputs = detached_leaves(carry);
+      const std::int64_t before = rpc::tensor_memory().live_bytes;
+      auto start = Clock::now();
+      std::vector<at::Tensor> outputs = net->forward_block(k, inputs);
+      measured.forward_s_per_sample = seconds_since(start) / samples;
+      const at::Tensor& made = outputs.back();
+      measured.output_bytes_per_sample = static_cast<double>(made.nbytes()) / samples;
+      measured.activation_bytes_per_sample =
+          std::max(static_cast<double>(rpc::tensor_memory().live_bytes - before) / samples,
+                   measured.output_bytes_per_sample);
+      start = Clock::now();
+      made.backward(torch::ones_like(made));
+      measured.backward_s_per_sample = seconds_since(start) / samples;
+      carry.clear();
+      for (const at::Tensor& t : outputs) {
+        measured.carry_bytes_per_sample += static_cast<double>(t.nbytes()) / samples;
+        carry.push_back(t.detach());
+      }
+      BlockCost& cost = costs[k];
+      if (pass == 1) {
+        cost = measured;
+      } else if (pass > 1) {
+        cost.forward_s_per_sample =
+            std::min(cost.forward_s_per_sample, measured.forward_s_per_sample);
+        cost.backward_s_per_sample =
+            std::min(cost.backward_s_per_sample, measured.backward_s_per_sample);
+      }
     }
-    std::vector<at::Tensor> inputs = detached_leaves(carry);
-    const std::int64_t before = rpc::tensor_memory().live_bytes;
-    auto start = Clock::now();
-    std::vector<at::Tensor> outputs = net->forward_block(k, inputs);
-    cost.forward_s_per_sample = seconds_since(start) / samples;
-    const at::Tensor& made = outputs.back();
-    cost.output_bytes_per_sample = static_cast<double>(made.nbytes()) / samples;
-    cost.activation_bytes_per_sample =
-        std::max(static_cast<double>(rpc::tensor_memory().live_bytes - before) / samples,
-                 cost.output_bytes_per_sample);
-    start = Clock::now();
-    made.backward(torch::ones_like(made));
-    cost.backward_s_per_sample = seconds_since(start) / samples;
-    carry.clear();
-    for (const at::Tensor& t : outputs) {
-      cost.carry_bytes_per_sample += static_cast<double>(t.nbytes()) / samples;
-      carry.push_back(t.detach());
-    }
-    costs.push_back(cost);
   }
   return costs;
 }

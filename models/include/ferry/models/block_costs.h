@@ -24,7 +24,8 @@ struct BlockCost {
 };
 
 // Runs every block of a U-Net-ResNet-`depth` forward and backward, one at a time, on a batch of
-// `sample_batch` random images of `image_size` (training mode), after one warm-up forward.
+// `sample_batch` random images of `image_size` (training mode): one pass to warm up, then two
+// timed, keeping each block's fastest.
 // Installs the counting allocator (rpc::count_tensor_memory) if nothing has. Throws
 // rpc::Error(InvalidArgument) for an unknown depth or an image size the encoder cannot halve
 // five times.

@@ -9,6 +9,7 @@
 #include <torch/nn/modules/conv.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace ferry::models::detail {
 
@@ -45,6 +46,18 @@ class DecoderBlockImpl : public torch::nn::Module {
   torch::nn::Sequential conv1_, conv2_;
 };
 TORCH_MODULE(DecoderBlock);
+
+// Applies `init` to the weight of every convolution in `module`, itself included. Not
+// modules(/*include_self=*/true): that needs a module already owned by a shared_ptr, and
+// constructors call this.
+inline void init_convolutions(torch::nn::Module& module,
+                              const std::function<void(at::Tensor&)>& init) {
+  auto visit = [&](torch::nn::Module& m) {
+    if (auto* c = m.as<torch::nn::Conv2d>()) init(c->weight);
+  };
+  visit(module);
+  for (auto& child : module.modules(/*include_self=*/false)) visit(*child);
+}
 
 // The initialisations of segmentation_models_pytorch: He (fan out) for the encoder's
 // convolutions, He uniform (fan in) for the decoder's, Xavier for the head's.

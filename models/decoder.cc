@@ -33,14 +33,9 @@ at::Tensor DecoderBlockImpl::forward(at::Tensor x, const at::Tensor& skip) {
 }
 
 void init_decoder_convolutions(nn::Module& module) {
-  // Not modules(/*include_self=*/true): that needs a module already owned by a shared_ptr, and
-  // constructors call this.
-  auto init = [](nn::Module& m) {
-    if (auto* c = m.as<nn::Conv2d>())
-      nn::init::kaiming_uniform_(c->weight, 0.0, torch::kFanIn, torch::kReLU);
-  };
-  init(module);
-  for (auto& child : module.modules(/*include_self=*/false)) init(*child);
+  init_convolutions(module, [](at::Tensor& w) {
+    nn::init::kaiming_uniform_(w, 0.0, torch::kFanIn, torch::kReLU);
+  });
 }
 
 }  // namespace detail

@@ -71,14 +71,9 @@ at::Tensor ResidualBlockImpl::forward(const at::Tensor& x) {
 }
 
 void init_encoder_convolutions(nn::Module& module) {
-  // Not modules(/*include_self=*/true): that needs a module already owned by a shared_ptr, and
-  // constructors call this.
-  auto init = [](nn::Module& m) {
-    if (auto* c = m.as<nn::Conv2d>())
-      nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
-  };
-  init(module);
-  for (auto& child : module.modules(/*include_self=*/false)) init(*child);
+  init_convolutions(module, [](at::Tensor& w) {
+    nn::init::kaiming_normal_(w, 0.0, torch::kFanOut, torch::kReLU);
+  });
 }
 
 }  // namespace detail

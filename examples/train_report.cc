@@ -1,0 +1,87 @@
+#include "examples/train_report.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ferry/dist_autograd/context.h"
+
+namespace ferry::examples {
+namespace {
+
+using models::RemoteUnet;
+
+std::string clock_text(double seconds) {
+  int s = static_cast<int>(seconds + 0.5);
+  return fmt::format("{}:{:02d}", s / 60, s % 60);
+}
+
+}  // namespace
+
+ProgressBar::ProgressBar(int epoch, int epochs, std::size_t steps)
+    : epoch_(epoch),
+      epochs_(epochs),
+      steps_(steps),
+      tty_(isatty(STDERR_FILENO)),
+      start_(Clock::now()) {}
+
+void ProgressBar::update(std::size_t step, double loss, double images_per_s) {
+  double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+  double eta = step == 0 ? 0 : elapsed / step * (steps_ - step);
+  constexpr int kWidth = 24;
+  int filled = static_cast<int>(kWidth * step / std::max<std::size_t>(steps_, 1));
+  std::string line =
+      fmt::format("epoch {}/{} [{}{}] {}/{} loss {:.4f} {:.1f} img/s ETA {}", epoch_, epochs_,
+                  std::string(filled, '#'), std::string(kWidth - filled, '.'), step, steps_, loss,
+                  images_per_s, clock_text(eta));
+  bool last = step == steps_;
+  if (tty_) {
+    std::cerr << "\r" << line << (last ? "\n" : "") << std::flush;
+  } else if (last || step % std::max<std::size_t>(steps_ / 10, 1) == 0) {
+    std::cerr << line << "\n" << std::flush;
+  }
+}
+
+void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
+  std::vector<StageStats> stats;
+  double computed = 0;
+  for (const RemoteUnet::Stage& stage : split.stages()) {
+    stats.push_back(stage.module.stats());
+    computed += stats.back().forward_s;
+  }
+  std::map<std::string, double> backward_by_worker;
+  std::cerr << fmt::format("\n{:<8} {:<10} {:>11} {:>10} {:>10} {:>10} {:>6} {:>11} {:>9}\n",
+                           "stage", "worker", "parameters", "forward s", "backward s", "network s",
+                           "idle", "tensors MiB", "RSS MiB");
+  for (size_t k = 0; k < stats.size(); ++k) {
+    const RemoteUnet::Stage& stage = split.stages()[k];
+    const std::string& worker = stage.module.worker();
+    if (!backward_by_worker.count(worker)) {
+      backward_by_worker[worker] = dist_autograd::backward_seconds(worker);
+    }
+    double backward = backward_by_worker[worker];
+    // Stage to stage, the master sees only the whole chain: its transfers go on the first row.
+    std::string network =
+        !direct  ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - stats[k].forward_s))
+        : k == 0 ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - computed))
+                 : "-";
+    double idle = train_s > 0 ? std::max(0.0, 1 - (stats[k].forward_s + backward) / train_s) : 0;
+    std::cerr << fmt::format(
+        "{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10} {:>5.0f}% {:>11.0f} {:>9.0f}\n",
+        stage.name(), worker, stats[k].parameters, stats[k].forward_s, backward, network,
+        100 * idle, stats[k].worker_peak_tensor_mib, stats[k].worker_peak_rss_mib);
+  }
+  std::cerr << "backward s is per worker (all stages it hosts); network s is forward time seen "
+               "by the master minus the stages' own ("
+            << (direct ? "activations go stage to stage, so the first row has the whole chain's"
+                       : "activations go through the master, so each row has its stage's")
+            << "); idle is the share of training time the worker computed nothing; tensors and "
+               "RSS are the worker's peaks (tensor memory as its allocator counts it).\n";
+}
+
+}  // namespace ferry::examples

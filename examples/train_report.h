@@ -1,0 +1,31 @@
+// What the training job shows while and after it trains: a progress bar per epoch and the
+// end-of-run table of where each stage's time and memory went. Used from the master's thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+
+#include "ferry/models/remote_unet.h"
+
+namespace ferry::examples {
+
+// One line per epoch, redrawn in place on a terminal and printed every tenth otherwise.
+class ProgressBar {
+ public:
+  using Clock = std::chrono::steady_clock;
+  ProgressBar(int epoch, int epochs, std::size_t steps);
+  void update(std::size_t step, double loss, double images_per_s);
+
+ private:
+  int epoch_, epochs_;
+  std::size_t steps_;
+  bool tty_;
+  Clock::time_point start_;
+};
+
+// Per stage: its worker, parameters, forward and backward seconds, the network's share, how long
+// its worker idled over `train_s` seconds of training, and its worker's peaks. `direct`: the
+// activations went stage to stage.
+void print_stage_table(const models::RemoteUnet& split, double train_s, bool direct);
+
+}  // namespace ferry::examples

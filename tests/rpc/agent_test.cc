@@ -160,7 +160,7 @@ TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
   EXPECT_TRUE(contains(error,
                        "(registered: add, byte_count, chain, double_it, echo, fail, fail_backward, "
                        "make_remote, owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, "
-                       "sleep_ms, slow_backward, whoami)"))
+                       "sleep_ms, slow_backward, tensor_live_bytes, whoami)"))
       << error;
 }
 

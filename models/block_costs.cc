@@ -28,7 +28,7 @@ std::vector<at::Tensor> detached_leaves(const std::vector<at::Tensor>& carry) {
 }  // namespace
 
 std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64_t image_size,
-                                           int64_t sample_batch, int64_t seed) {
+                                           int64_t sample_batch, int64_t seed, int timed_passes) {
   if (image_size < 32 || image_size % 32 != 0) {
     throw rpc::Error(rpc::ErrorKind::InvalidArgument,
                      fmt::format("image size {} is not a multiple of 32 (the U-Net's encoder "
@@ -43,9 +43,9 @@ std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64
   at::Tensor images = torch::randn({sample_batch, 3, image_size, image_size});
   // The first pass pays for fresh pages and every kernel's first call: it is not timed. Of the
   // timed passes, each block keeps its fastest, which the machine's other work disturbs least.
-  constexpr int kPasses = 3;
+  const int passes = 1 + std::max(timed_passes, 1);
   std::vector<BlockCost> costs(count);
-  for (int pass = 0; pass < kPasses; ++pass) {
+  for (int pass = 0; pass < passes; ++pass) {
     std::vector<at::Tensor> carry{images};
     for (int64_t k = 0; k < count; ++k) {
       BlockCost measured;

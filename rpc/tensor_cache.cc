@@ -206,8 +206,9 @@ void TensorCache::release(void* data) {
 void install_tensor_cache() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // A budget set in code (a --memory-budget-mib flag) wins over the environment's.
     std::int64_t budget = budget_from_environment();
-    if (budget > 0) budget_bytes.store(budget);
+    if (budget > 0 && budget_bytes.load() == 0) budget_bytes.store(budget);
     // A budget needs the counting allocator even where the cache is off.
     if (instance().max_cached() == 0 && budget_bytes.load() == 0) return;
     c10::SetCPUAllocator(&instance(), /*priority=*/1);

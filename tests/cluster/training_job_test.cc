@@ -277,6 +277,12 @@ TEST(TrainingJob, BadStageSettingsAreClearErrors) {
     EXPECT_NE(r.status, 0) << flags;
     EXPECT_TRUE(contains(r.output, message)) << flags << "\n" << r.output;
   }
+  CommandResult budget = run("env FERRY_MEMORY_BUDGET_MIB=12x " + std::string(FERRY_MASTER) +
+                             " describe --model unet-resnet18 --image-size 64");
+  EXPECT_NE(budget.status, 0);
+  EXPECT_TRUE(contains(
+      budget.output, "FERRY_MEMORY_BUDGET_MIB=\"12x\" is not a whole, non-negative number of MiB"))
+      << budget.output;
 }
 
 // A budget of B MiB per process stands for a device of B MiB: the whole model on one worker does

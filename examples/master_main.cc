@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     }
     return ferry::examples::describe_model(plan, json, blocks);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry-master: %s\n", e.what());
+    std::fprintf(stderr, "ferry-master: %s\n", ferry::examples::message_of(e).c_str());
     return 2;
   }
 }

@@ -525,7 +525,7 @@ int run_training(const TrainSettings& settings) {
   try {
     code = train_as_master(settings);
   } catch (const std::exception& e) {
-    std::string what = e.what();
+    std::string what = message_of(e);
     if (what.find(rpc::kOverBudget) != std::string::npos) {
       what +=
           "; to fit, cut the model into more stages (--stages), use more micro-batches "

@@ -2,10 +2,20 @@
 // distributed autograd and a distributed optimizer on a segmentation data set.
 #pragma once
 
+#include <c10/util/Exception.h>
+
 #include <cstdint>
+#include <exception>
 #include <string>
 
 namespace ferry::examples {
+
+// What a failure says to a user: LibTorch's errors without the C++ backtrace they carry.
+inline std::string message_of(const std::exception& e) {
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e))
+    return c10_error->what_without_backtrace();
+  return e.what();
+}
 
 struct TrainSettings {
   std::string model = "unet-resnet34";

@@ -89,11 +89,12 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
     return ranges;
   }
   if (s.stages == 0) {
-    const auto decoder =
-        models::unet_block_index(models::unet_blocks(depth_of(s.model)), "decoder.0");
-    const auto n = static_cast<int64_t>(costs.size());
     method = "seams";
-    return {{0, decoder}, {decoder, n - 1}, {n - 1, n}};
+    std::vector<pipeline::Range> ranges;
+    for (const auto& seam : models::RemoteUnet::seams(depth_of(s.model), {})) {
+      ranges.push_back({seam.first, seam.last});
+    }
+    return ranges;
   }
   if (s.stages < 1 || s.stages > static_cast<int>(costs.size())) {
     fail(fmt::format("--stages {}: the U-Net has {} blocks, so 1 to {} stages", s.stages,
@@ -109,6 +110,8 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
 }
 
 }  // namespace
+
+std::string worker_of(const std::string& place) { return place.substr(0, place.find('/')); }
 
 int64_t depth_of(const std::string& model) {
   const std::string prefix = "unet-resnet";
@@ -140,9 +143,9 @@ std::vector<models::RemoteUnet::StagePlan> StagePlan::on(
   std::vector<models::RemoteUnet::StagePlan> out;
   for (size_t k = 0; k < stages.size(); ++k) {
     const std::string& place = workers.at(k);
-    const auto slash = place.find('/');
-    out.push_back({stages[k].name, stages[k].first, stages[k].last, place.substr(0, slash),
-                   slash == std::string::npos ? "" : place.substr(slash + 1)});
+    const std::string worker = worker_of(place);
+    out.push_back({stages[k].name, stages[k].first, stages[k].last, worker,
+                   place.size() > worker.size() ? place.substr(worker.size() + 1) : ""});
   }
   return out;
 }
@@ -166,10 +169,11 @@ StagePlan plan_stages(const PlanSettings& s) {
   const std::vector<double> stage_time = pipeline::range_costs(time, ranges);
   const std::vector<double> stage_parameters =
       pipeline::range_costs(parameter_costs(plan.costs), ranges);
-  static const char* const kSeamNames[] = {"encoder", "decoder", "head"};
+  const std::vector<models::RemoteUnet::StagePlan> seams =
+      models::RemoteUnet::seams(plan.depth, {});
   for (size_t k = 0; k < ranges.size(); ++k) {
     PlannedStage stage;
-    stage.name = plan.method == "seams" ? kSeamNames[k] : fmt::format("stage{}", k);
+    stage.name = plan.method == "seams" ? seams[k].name : fmt::format("stage{}", k);
     stage.first = ranges[k].begin;
     stage.last = ranges[k].end;
     const std::string& from = plan.costs[stage.first].name;

@@ -51,6 +51,9 @@ struct StagePlan {
   std::vector<models::RemoteUnet::StagePlan> on(const std::vector<std::string>& workers) const;
 };
 
+// The worker of a place: "worker2" of "worker2" and of "worker2/cuda:0".
+std::string worker_of(const std::string& place);
+
 // "unet-resnet<depth>" -> depth; throws rpc::Error(InvalidArgument) naming the model otherwise.
 int64_t depth_of(const std::string& model);
 

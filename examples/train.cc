@@ -80,7 +80,7 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
     }
     // "worker2" or "worker2/cuda:0"
     std::string place = item.substr(eq + 1);
-    rpc::worker(place.substr(0, place.find('/')));  // throws listing the workers there are
+    rpc::worker(worker_of(place));  // throws listing the workers there are
     out[it - stage_names.begin()] = place;
   }
   return out;
@@ -254,7 +254,6 @@ std::vector<std::string> take_over_lost_workers(const StagePlan& plan,
                                                 std::vector<std::string>& workers,
                                                 std::vector<std::string>& spares) {
   // A place is "worker" or "worker/device"; a spare takes the worker's part and keeps the device.
-  auto worker_of = [](const std::string& place) { return place.substr(0, place.find('/')); };
   std::vector<std::string> lost_here;
   for (const std::string& name : rpc::agent().lost_workers()) {
     if (std::any_of(workers.begin(), workers.end(),

@@ -126,11 +126,19 @@ std::vector<RemoteModule> RemoteUnet::modules() const {
   return out;
 }
 
-Unet RemoteUnet::local_copy() const {
+Unet RemoteUnet::local_copy() const { return local_from(stage_states()); }
+
+std::vector<c10::Dict<std::string, at::Tensor>> RemoteUnet::stage_states() const {
+  std::vector<c10::Dict<std::string, at::Tensor>> out;
+  for (const Stage& stage : stages_) out.push_back(stage.module.state_dict());
+  return out;
+}
+
+Unet RemoteUnet::local_from(const std::vector<c10::Dict<std::string, at::Tensor>>& states) const {
   Unet net(depth_, classes_);
   c10::Dict<std::string, at::Tensor> state;
-  for (const Stage& stage : stages_) {
-    for (const auto& entry : stage.module.state_dict()) state.insert(entry.key(), entry.value());
+  for (const auto& part : states) {
+    for (const auto& entry : part) state.insert(entry.key(), entry.value());
   }
   LoadReport report = load_state_dict(*net, state);
   if (!report.ok()) {
@@ -147,18 +155,19 @@ LoadReport RemoteUnet::load_weights(const std::string& path) {
       whole |= entry.key().rfind(prefix, 0) == 0;
     }
   }
-  Unet local = local_copy();
+  // The stages' own tensors, fetched once: the local model starts from them, and their names say
+  // which of the loaded tensors go back to which stage.
+  const std::vector<c10::Dict<std::string, at::Tensor>> states = stage_states();
+  Unet local = local_from(states);
   LoadReport report = load_state_dict(*local, state, whole ? "" : "encoder.");
   c10::Dict<std::string, at::Tensor> loaded;
   for (const auto& named : {local->named_parameters(true), local->named_buffers(true)}) {
     for (const auto& item : named) loaded.insert(item.key(), item.value());
   }
-  for (const Stage& stage : stages_) {
+  for (size_t k = 0; k < stages_.size(); ++k) {
     c10::Dict<std::string, at::Tensor> part;
-    for (const auto& entry : stage.module.state_dict()) {
-      part.insert(entry.key(), loaded.at(entry.key()));
-    }
-    stage.module.load_state_dict(part);
+    for (const auto& entry : states[k]) part.insert(entry.key(), loaded.at(entry.key()));
+    stages_[k].module.load_state_dict(part);
   }
   return report;
 }

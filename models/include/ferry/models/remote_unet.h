@@ -71,6 +71,10 @@ class RemoteUnet {
   const std::vector<Stage>& stages() const { return stages_; }
 
  private:
+  // Each stage's parameters and buffers, copied here.
+  std::vector<c10::Dict<std::string, at::Tensor>> stage_states() const;
+  Unet local_from(const std::vector<c10::Dict<std::string, at::Tensor>>& states) const;
+
   int64_t depth_ = 0;
   int64_t classes_ = 0;
   std::vector<Stage> stages_;

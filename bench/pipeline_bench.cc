@@ -42,6 +42,7 @@ StageConfig synthetic_config(const PipelineBenchSettings& s, int index) {
 // The stages on worker1..p, and the same model in this process for the one-process baseline.
 struct Model {
   std::vector<RemoteModule> stages;
+  Routes routes;  // the U-Net's skips go straight to the stage that uses them
   std::function<at::Tensor(const at::Tensor&)> local_forward;
   std::vector<at::Tensor> local_parameters;
   at::Tensor input, target;
@@ -73,6 +74,7 @@ Model build(const PipelineBenchSettings& s, int p, const examples::StagePlan& pl
     auto split = std::make_shared<models::RemoteUnet>(
         models::RemoteUnet::create(s.depth, 1, plan.on(worker_names(p))));
     for (const auto& stage : split->stages()) m.stages.push_back(stage.module);
+    m.routes = split->routes();
     auto local = std::make_shared<models::Unet>(split->local_copy());
     m.local_forward = [local](const at::Tensor& x) { return (*local)->forward(x); };
     m.local_parameters = (*local)->parameters();
@@ -118,6 +120,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
     PipelineOptions options;
     options.schedule = c.schedule;
     options.microbatches = c.microbatches;
+    options.routes = model.routes;
     c.pipe = std::make_unique<Pipeline>(model.stages, options);
     c.activation_mib.assign(model.stages.size(), 0);
     c.tensor_mib.assign(model.stages.size(), 0);

@@ -12,7 +12,9 @@
 // part frees its buffers as it runs (unless the master's backward retains the graph), so a stage
 // holds a step's activations only until its own backward has run, not until the context is
 // released after the optimizer's step. A gradient message says whether it is the last its send
-// function will get: it is when no other part of the sender's reaches the same RecvBackward.
+// function will get: it is when no other part of the sender's reaches the same RecvBackward, and
+// the part that sends it was itself started by its send function's last message (a part that
+// runs again sends again).
 #include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -150,16 +152,19 @@ class PartResult {
   }
 
   // Sends each gathered gradient to its sender, saying whether another part here may send it more
-  // (a node in `reached_elsewhere`); the futures of those calls.
-  std::vector<FuturePtr> send(const std::unordered_set<const Node*>& reached_elsewhere) {
+  // (a node in `reached_elsewhere`, or this part itself, when it may run again: it was started by
+  // a message that was not its send function's last); the futures of those calls.
+  std::vector<FuturePtr> send(const std::unordered_set<const Node*>& reached_elsewhere,
+                              bool runs_once) {
     std::vector<FuturePtr> calls;
     const auto& workers = rpc::workers();
     for (auto& [recv, grads] : to_send_) {
       c10::List<at::Tensor> list;
       for (auto& g : grads) list.push_back(g);
-      calls.push_back(rpc::rpc_async(workers.at(recv->from_rank()).name, "ferry.autograd.backward",
-                                     {context_.id(), recv->message_id(), std::move(list),
-                                      retain_graph_, !reached_elsewhere.count(recv.get())}));
+      calls.push_back(
+          rpc::rpc_async(workers.at(recv->from_rank()).name, "ferry.autograd.backward",
+                         {context_.id(), recv->message_id(), std::move(list), retain_graph_,
+                          runs_once && !reached_elsewhere.count(recv.get())}));
     }
     return calls;
   }
@@ -197,9 +202,10 @@ void rethrow_first_failure(std::int64_t context_id, const std::vector<FuturePtr>
 // Runs this process's part (`part`: the message id of the send function it starts from, or
 // kRootPart) from `roots` with `grads`; the future completes when every part it
 // started elsewhere has completed. Throws if the local part fails. `retain_graph` is the master's
-// wish, passed on to the parts this one starts; `keep_graph` is whether this part keeps its own.
+// wish, passed on to the parts this one starts; `keep_graph` is whether this part keeps its own;
+// `runs_once` is whether no further message can start it again.
 FuturePtr run_part(ContextState& context, std::int64_t part, const edge_list& roots,
-                   const variable_list& grads, bool keep_graph, bool retain_graph) {
+                   const variable_list& grads, bool keep_graph, bool retain_graph, bool runs_once) {
   PartResult result(context, retain_graph);
   edge_list engine_roots;
   variable_list engine_grads;
@@ -231,7 +237,7 @@ FuturePtr run_part(ContextState& context, std::int64_t part, const edge_list& ro
   part_nanoseconds +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();
-  std::vector<FuturePtr> calls = result.send(reached_by_other_parts(context, part));
+  std::vector<FuturePtr> calls = result.send(reached_by_other_parts(context, part), runs_once);
   std::int64_t id = context.id();
   return when_all(calls)->then(
       [id, calls](c10::ivalue::Future&) {
@@ -269,7 +275,8 @@ void backward(std::int64_t context_id, const std::vector<at::Tensor>& roots, boo
     grads.push_back(root_grads.empty() ? at::ones_like(root) : root_grads[i]);
   }
   context->add_roots(edges);
-  run_part(*context, kRootPart, edges, grads, retain_graph, retain_graph)->waitAndThrow();
+  run_part(*context, kRootPart, edges, grads, retain_graph, retain_graph, /*runs_once=*/true)
+      ->waitAndThrow();
 }
 
 c10::Dict<at::Tensor, at::Tensor> get_gradients(std::int64_t context_id) {
@@ -339,7 +346,7 @@ void install_backward_functions(rpc::FunctionRegistry& registry) {
     }
     return rpc::on_compute_thread([&] {
       bool keep = retain_graph || !last || part_is_shared(*context, message_id, send.edges);
-      return run_part(*context, message_id, send.edges, grads, keep, retain_graph);
+      return run_part(*context, message_id, send.edges, grads, keep, retain_graph, last);
     });
   });
   registry.add("ferry.autograd.gradients", [](std::int64_t id, c10::IValue refs) {

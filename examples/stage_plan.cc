@@ -26,18 +26,46 @@ double state_factor(const std::string& optimizer) { return optimizer == "sgd" ? 
 // time (Adam's square root of the second moment and its quotient).
 double step_temporaries(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 2; }
 
+// The bytes per sample of each element of the carry after block `k` (-1: the image), bottom
+// first: each element is the output of the block that made it.
+std::vector<double> carry_elements(const std::vector<models::BlockCost>& costs,
+                                   const std::vector<models::UnetBlock>& blocks, double image,
+                                   int64_t k) {
+  std::vector<double> carry{image};
+  for (int64_t j = 0; j <= k; ++j) {
+    const models::UnetBlock& block = blocks[j];
+    if (block.carry_out > block.carry_in) {
+      carry.push_back(0);
+    } else {
+      carry.resize(static_cast<size_t>(block.carry_out));
+    }
+    carry.back() = costs[j].output_bytes_per_sample;
+  }
+  return carry;
+}
+
+double sum_from(const std::vector<double>& values, int64_t from) {
+  double sum = 0;
+  for (size_t i = static_cast<size_t>(from); i < values.size(); ++i) sum += values[i];
+  return sum;
+}
+
 // What a stage holds beyond the sum over its blocks, for the estimate only (not additive, so not
-// balanced): the step's temporaries for its largest parameter, and the carry it receives and the
-// one it sends, with their gradients.
+// balanced): the step's temporaries for its largest parameter, and the part of the carry it
+// receives and the part it sends, with their gradients. The skips beneath, which its blocks do
+// not touch, go past it (RemoteUnet::routes()).
 double stage_extra_bytes(const std::vector<models::BlockCost>& costs, const pipeline::Range& range,
                          const PlanSettings& s, int64_t samples) {
   int64_t largest = 0;
   for (int64_t k = range.begin; k < range.end; ++k) {
     largest = std::max(largest, costs[k].largest_parameter_bytes);
   }
+  const std::vector<models::UnetBlock> blocks = models::unet_blocks(depth_of(s.model));
+  const int64_t untouched = models::unet_carry_untouched(blocks, range.begin, range.end);
   const double image = 3.0 * static_cast<double>(s.image_size * s.image_size) * sizeof(float);
-  const double carry_in = range.begin == 0 ? image : costs[range.begin - 1].carry_bytes_per_sample;
-  const double carry_out = costs[range.end - 1].carry_bytes_per_sample;
+  const double carry_in =
+      sum_from(carry_elements(costs, blocks, image, range.begin - 1), untouched);
+  const double carry_out = sum_from(carry_elements(costs, blocks, image, range.end - 1), untouched);
   return step_temporaries(s.optimizer) * static_cast<double>(largest) +
          2 * (carry_in + carry_out) * static_cast<double>(samples);
 }

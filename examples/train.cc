@@ -200,6 +200,7 @@ std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const RemoteUnet& 
     }
   }
   for (const RemoteUnet::Stage& stage : split.stages()) options.stage_names.push_back(stage.name());
+  options.routes = split.routes();
   std::vector<RemoteModule> stages = split.modules();
   log::info("pipelined steps: {}, {} micro-batches of {} images{}", schedule_name(options.schedule),
             options.microbatches, s.batch_size / options.microbatches,

@@ -52,10 +52,32 @@ std::vector<RemoteUnet::StagePlan> RemoteUnet::seams(int64_t depth,
           {"head", head, head + 1, workers[2], ""}};
 }
 
+Routes RemoteUnet::routes_of(int64_t depth, const std::vector<StagePlan>& plan) {
+  check_plan(depth, plan);
+  const std::vector<UnetBlock> blocks = unet_blocks(depth);
+  std::vector<int64_t> low;
+  for (const StagePlan& stage : plan) {
+    low.push_back(unet_carry_untouched(blocks, stage.first, stage.last));
+  }
+  Routes routes(plan.size());
+  for (size_t s = 0; s + 1 < plan.size(); ++s) {
+    // Stage s gives back the carry above what it left untouched; each element goes to the first
+    // later stage that reaches down to it. Every carry ends in the head, so one does.
+    const int64_t carry_out = blocks[plan[s].last - 1].carry_out;
+    for (int64_t i = low[s]; i < carry_out; ++i) {
+      size_t t = s + 1;
+      while (low[t] > i) ++t;
+      routes[s].push_back({static_cast<int64_t>(t), i - low[t]});
+    }
+  }
+  return routes;
+}
+
 RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes, const std::vector<StagePlan>& plan,
                               int64_t seed) {
-  check_plan(depth, plan);  // before any worker builds anything
   RemoteUnet net;
+  net.routes_ = routes_of(depth, plan);  // before any worker builds anything
+  check_routes(net.routes_, plan.size());
   net.depth_ = depth;
   net.classes_ = classes;
   for (const StagePlan& stage : plan) {
@@ -87,17 +109,31 @@ RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes,
 at::Tensor RemoteUnet::forward(const at::Tensor& images, bool direct) {
   if (direct) {
     auto start = std::chrono::steady_clock::now();
-    at::Tensor out = RemoteModule::forward_chain(modules(), {images}).toTensor();
+    at::Tensor out = RemoteModule::forward_chain(modules(), {images}, routes_).toTensor();
     stages_.front().forward_s +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return out;
   }
+  // Each stage's outputs stay here until the stage they are routed to takes them.
+  std::vector<std::vector<at::Tensor>> outputs(stages_.size());
   c10::IValue value = images;
-  for (Stage& stage : stages_) {
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    if (s > 0) {
+      std::vector<at::Tensor> inputs(
+          static_cast<size_t>(routed_input_size(routes_, static_cast<int64_t>(s))));
+      for (size_t p = 0; p < s; ++p) {
+        for (size_t q = 0; q < routes_[p].size(); ++q) {
+          if (routes_[p][q].stage != static_cast<int64_t>(s)) continue;
+          inputs.at(static_cast<size_t>(routes_[p][q].position)) = std::move(outputs[p].at(q));
+        }
+      }
+      value = c10::List<at::Tensor>(std::move(inputs));
+    }
     auto start = std::chrono::steady_clock::now();
-    value = stage.module.forward({value});
-    stage.forward_s +=
+    value = stages_[s].module.forward({value});
+    stages_[s].forward_s +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s + 1 < stages_.size()) outputs[s] = value.toTensorVector();
   }
   return value.toTensor();
 }

@@ -77,6 +77,17 @@ int64_t unet_block_index(const std::vector<UnetBlock>& blocks, const std::string
   fail(fmt::format("the U-Net has no block \"{}\" (its blocks: {})", name, fmt::join(names, ", ")));
 }
 
+int64_t unet_carry_untouched(const std::vector<UnetBlock>& blocks, int64_t first, int64_t last) {
+  int64_t low = blocks.at(first).carry_in;
+  for (int64_t k = first; k < last; ++k) {
+    const UnetBlock& block = blocks.at(k);
+    // A block reads the activation on top and, when its carry shrinks, the skip beneath it.
+    const int64_t reads = block.carry_out < block.carry_in ? 2 : 1;
+    low = std::min(low, block.carry_in - reads);
+  }
+  return low;
+}
+
 UnetBlocksImpl::UnetBlocksImpl(int64_t depth, int64_t classes, int64_t first, int64_t last,
                                int64_t seed, int64_t in_channels)
     : all_(unet_blocks(depth)), first_(first), last_(last) {
@@ -175,13 +186,18 @@ std::string UnetBlocksImpl::range_name() const {
 
 std::vector<at::Tensor> UnetBlocksImpl::forward(std::vector<at::Tensor> carry) {
   const int64_t expected = all_[first_].carry_in;
-  if (static_cast<int64_t>(carry.size()) != expected) {
-    fail(fmt::format("U-Net blocks {} take {} but got {} tensor{}", range_name(),
-                     expected == 1 ? std::string("one tensor")
-                                   : fmt::format("a carry of {} tensors (the activation and {} "
-                                                 "skip features)",
-                                                 expected, expected - 1),
-                     carry.size(), carry.size() == 1 ? "" : "s"));
+  const int64_t needed = expected - unet_carry_untouched(all_, first_, last_);
+  const auto got = static_cast<int64_t>(carry.size());
+  if (got != expected && got != needed) {
+    auto tensors = [](int64_t n) {
+      return n == 1 ? std::string("one tensor")
+                    : fmt::format("a carry of {} tensors (the activation and {} skip features)", n,
+                                  n - 1);
+    };
+    fail(fmt::format("U-Net blocks {} take {}{} but got {} tensor{}", range_name(),
+                     tensors(expected),
+                     needed == expected ? "" : fmt::format(", or its top {}", needed), got,
+                     got == 1 ? "" : "s"));
   }
   for (const Run& run : runs_) carry = run(std::move(carry));
   return carry;

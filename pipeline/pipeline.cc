@@ -177,6 +177,10 @@ Pipeline::Pipeline(std::vector<RemoteModule> stages, PipelineOptions options)
     }
     checkpoint[s] = true;
   }
+  check_routes(options_.routes, stages_.size());
+  c10::List<std::string> workers;
+  for (const RemoteModule& stage : stages_) workers.push_back(stage.worker());
+  const c10::IValue routes = routes_to_ivalue(options_.routes);
   id_ =
       (static_cast<std::int64_t>(rpc::self().rank) << 40) | pipeline::pipeline_counter.fetch_add(1);
   const std::string master = rpc::self().name;
@@ -191,7 +195,7 @@ Pipeline::Pipeline(std::vector<RemoteModule> stages, PipelineOptions options)
         stage.worker(), "ferry.pipeline.setup",
         {id_, s, p, c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(stage.module_rref())),
          s > 0 ? stages_[s - 1].worker() : master, s + 1 < p ? stages_[s + 1].worker() : master,
-         master, limit, static_cast<bool>(checkpoint[s])}));
+         master, limit, static_cast<bool>(checkpoint[s]), routes, workers}));
     names.push_back(fmt::format("stage {}: {} on {}", s,
                                 static_cast<size_t>(s) < options_.stage_names.size()
                                     ? options_.stage_names[s]

@@ -18,6 +18,7 @@
 
 #include "ferry/dist_autograd/context.h"
 #include "ferry/pipeline/pipeline.h"
+#include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/stage_host.h"
 #include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
@@ -34,11 +35,12 @@ using rpc::FuturePtr;
 
 // What one micro-batch's forward left for its backward.
 struct Saved {
-  std::vector<at::Tensor> leaves;  // the inputs that require grad (none on the first stage)
-  c10::IValue inputs;              // checkpointed stages only: to run forward again
-  c10::IValue output;              // the output, graph attached (not for checkpointed stages)
-  at::Tensor rng_state;            // checkpointed stages: the random state of the first run
-  std::int64_t bytes = 0;          // what the micro-batch holds here until its backward
+  std::vector<at::Tensor> leaves;         // the inputs that require grad (none on the first stage)
+  std::vector<at::Tensor> portal_leaves;  // those that came by portal (gather_portals)
+  c10::IValue inputs;                     // checkpointed stages only: to run forward again
+  c10::IValue output;      // the output, graph attached (not for checkpointed stages)
+  at::Tensor rng_state;    // checkpointed stages: the random state of the first run
+  std::int64_t bytes = 0;  // what the micro-batch holds here until its backward
 };
 
 struct Parked {
@@ -67,6 +69,8 @@ struct Slot {
   std::string previous, next, master;
   std::int64_t limit = 0;  // forwards whose backward has not run yet
   bool checkpoint = false;
+  Routes routes;                     // empty: the whole output goes to the next stage
+  std::vector<std::string> workers;  // of every stage, for portals
 
   std::mutex mutex;                                              // guards what follows
   std::map<std::pair<std::int64_t, std::int64_t>, Saved> saved;  // (context, micro-batch)
@@ -271,15 +275,38 @@ std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
   return n;
 }
 
+// A routed stage's output list (not the last stage's output, which is the pipeline's).
+std::vector<at::Tensor> output_list(const c10::IValue& output) {
+  if (!output.isTensorList()) {
+    throw Error(
+        ErrorKind::InvalidArgument,
+        fmt::format("a stage with routes must return a list of tensors, not {}", output.tagKind()));
+  }
+  return output.toTensorVector();
+}
+
+bool routes_output(const Slot& slot) { return !slot.routes.empty() && slot.index + 1 < slot.count; }
+
 // On the compute thread.
 void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                  c10::IValue inputs, const FuturePtr& done) {
   std::int64_t start = now_ns();
   std::int64_t live_before = rpc::tensor_memory().live_bytes;
+  const Flow flow{context, microbatch};
   try {
     Saved saved;
     if (slot->index > 0) {
       for (at::Tensor& t : floating_tensors(inputs)) saved.leaves.push_back(t.requires_grad_());
+    }
+    if (!slot->routes.empty() && slot->index > 0) {
+      const auto& items = inputs.toTupleRef().elements();
+      if (items.size() != 1 || !items[0].isTensorList()) {
+        throw Error(ErrorKind::InvalidArgument, "a stage with routes takes one list of tensors");
+      }
+      Gathered gathered =
+          gather_portals(slot->routes, slot->workers, slot->index, flow, items[0].toTensorVector());
+      saved.portal_leaves = std::move(gathered.portal_leaves);
+      inputs = c10::ivalue::Tuple::create({c10::List<at::Tensor>(std::move(gathered.inputs))});
     }
     c10::IValue output;
     if (slot->checkpoint) {
@@ -289,7 +316,6 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
       output = forward_stage_here(slot->module, inputs);
     } else {
       output = forward_stage_here(slot->module, inputs);
-      saved.output = output;
     }
     bool last = slot->index + 1 == slot->count;
     if (last && !output.isTensor()) {
@@ -297,12 +323,20 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
                   fmt::format("the last stage must return one tensor for the loss, not {}",
                               output.tagKind()));
     }
+    const std::int64_t output_bytes = bytes_of(floating_tensors(output));
+    if (routes_output(*slot)) {
+      std::vector<at::Tensor> all = output_list(output);
+      send_portals(slot->routes, slot->workers, slot->index, flow, all, slot->checkpoint);
+      // A recomputed stage joins them in backward, where its graph is made.
+      at::AutoGradMode grad_mode(!slot->checkpoint && at::GradMode::is_enabled());
+      output = c10::List<at::Tensor>(join_portals(slot->routes, slot->index, flow, all));
+    }
+    if (!slot->checkpoint) saved.output = output;
     // What the forward left allocated (its graph's saved tensors and the output; a
     // checkpointed stage's output goes once sent) plus the inputs, which it keeps too. The
     // compute thread runs one thing at a time, so the difference is this forward's.
     saved.bytes = rpc::tensor_memory().live_bytes - live_before +
-                  bytes_of(floating_tensors(inputs)) -
-                  (slot->checkpoint ? bytes_of(floating_tensors(output)) : 0);
+                  bytes_of(floating_tensors(inputs)) - (slot->checkpoint ? output_bytes : 0);
     {
       std::lock_guard<std::mutex> lock(slot->mutex);
       slot->activation_bytes += saved.bytes;
@@ -351,6 +385,10 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     if (slot->checkpoint) {
       RngStateGuard same_randomness(saved.rng_state);
       output = forward_stage_here(slot->module, saved.inputs);
+      if (routes_output(*slot)) {
+        output = c10::List<at::Tensor>(
+            join_portals(slot->routes, slot->index, {context, microbatch}, output_list(output)));
+      }
     }
     std::vector<at::Tensor> outputs = floating_tensors(output);
     if (outputs.size() != grads.size()) {
@@ -369,7 +407,10 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     for (at::Tensor& p : stage_parameters_here(slot->module)) {
       if (p.requires_grad()) params.push_back(p);
     }
+    // The portal leaves' own gradients are none (their nodes send them on), but asking for them
+    // is what makes those nodes run.
     std::vector<at::Tensor> targets = saved.leaves;
+    targets.insert(targets.end(), saved.portal_leaves.begin(), saved.portal_leaves.end());
     targets.insert(targets.end(), params.begin(), params.end());
     std::vector<at::Tensor> found(targets.size());
     if (!roots.empty() && !targets.empty()) {
@@ -377,9 +418,10 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
                                     /*create_graph=*/false, /*allow_unused=*/true);
     }
     size_t leaf_count = saved.leaves.size();
+    size_t params_from = leaf_count + saved.portal_leaves.size();
     // Fresh from a backward whose graph is gone: the context may keep and add into them.
     dist_autograd::accumulate_gradients(
-        context, params, std::vector<at::Tensor>(found.begin() + leaf_count, found.end()),
+        context, params, std::vector<at::Tensor>(found.begin() + params_from, found.end()),
         /*handed_over=*/true);
     c10::List<at::Tensor> input_grads;
     for (size_t i = 0; i < leaf_count; ++i) input_grads.push_back(found[i]);
@@ -426,30 +468,34 @@ void check_args(const std::vector<c10::IValue>& args, const char* function, size
 }  // namespace
 
 void install_stage_runtime(rpc::FunctionRegistry& registry) {
-  registry.add("ferry.pipeline.setup",
-               [](std::int64_t pipeline, std::int64_t index, std::int64_t count,
-                  rpc::RRefPtr module, std::string previous, std::string next, std::string master,
-                  std::int64_t limit, bool checkpoint) {
-                 if (!module->isOwner()) {
-                   throw Error(ErrorKind::InvalidArgument,
-                               fmt::format("stage {} of pipeline {} is not owned by worker "
-                                           "\"{}\"",
-                                           index, pipeline, rpc::self().name));
-                 }
-                 auto slot = std::make_shared<Slot>();
-                 slot->pipeline = pipeline;
-                 slot->index = index;
-                 slot->count = count;
-                 slot->module = module;
-                 slot->type = stage_type_here(module);
-                 slot->previous = std::move(previous);
-                 slot->next = std::move(next);
-                 slot->master = std::move(master);
-                 slot->limit = limit;
-                 slot->checkpoint = checkpoint;
-                 std::lock_guard<std::mutex> lock(slots_mutex);
-                 slots[{pipeline, index}] = std::move(slot);
-               });
+  registry.add(
+      "ferry.pipeline.setup",
+      [](std::int64_t pipeline, std::int64_t index, std::int64_t count, rpc::RRefPtr module,
+         std::string previous, std::string next, std::string master, std::int64_t limit,
+         bool checkpoint, c10::IValue routes, std::vector<std::string> workers) {
+        if (!module->isOwner()) {
+          throw Error(ErrorKind::InvalidArgument,
+                      fmt::format("stage {} of pipeline {} is not owned by worker "
+                                  "\"{}\"",
+                                  index, pipeline, rpc::self().name));
+        }
+        auto slot = std::make_shared<Slot>();
+        slot->pipeline = pipeline;
+        slot->index = index;
+        slot->count = count;
+        slot->module = module;
+        slot->type = stage_type_here(module);
+        slot->previous = std::move(previous);
+        slot->next = std::move(next);
+        slot->master = std::move(master);
+        slot->limit = limit;
+        slot->checkpoint = checkpoint;
+        slot->routes = routes_from_ivalue(routes);
+        slot->workers = std::move(workers);
+        check_routes(slot->routes, static_cast<size_t>(count));
+        std::lock_guard<std::mutex> lock(slots_mutex);
+        slots[{pipeline, index}] = std::move(slot);
+      });
   registry.add_async("ferry.pipeline.forward", [](std::vector<c10::IValue>& args) {
     std::int64_t arrived = now_ns();
     check_args(args, "ferry.pipeline.forward", 3, &c10::IValue::isTuple, "a tuple of inputs");
@@ -513,6 +559,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
   });
   // After a failed step: what it left (kept graphs, parked forwards) goes; parked requests fail.
   registry.add("ferry.pipeline.discard", [](std::int64_t pipeline) {
+    drop_pipelined_portals();
     for (const SlotPtr& slot : slots_of(pipeline)) {
       std::vector<Parked> abandoned;
       {

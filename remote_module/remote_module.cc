@@ -67,18 +67,27 @@ rpc::FuturePtr RemoteModule::forward_async(std::vector<c10::IValue> inputs) cons
 
 c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
                                         std::vector<c10::IValue> inputs) {
+  return forward_chain(stages, std::move(inputs), {});
+}
+
+c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
+                                        std::vector<c10::IValue> inputs, const Routes& routes) {
   if (stages.empty()) {
     throw rpc::Error(rpc::ErrorKind::InvalidArgument, "forward_chain needs at least one stage");
   }
+  check_routes(routes, stages.size());
   c10::impl::GenericList modules(c10::AnyType::get());
   std::vector<std::string> names;
   for (const RemoteModule& stage : stages) {
     modules.push_back(as_ivalue(stage.module_));
     names.push_back(fmt::format("\"{}\" on \"{}\"", stage.type_, stage.worker_));
   }
+  std::vector<c10::IValue> args{modules, c10::ivalue::Tuple::create(std::move(inputs))};
+  if (!routes.empty()) {
+    args.insert(args.end(), {int64_t{0}, routes_to_ivalue(routes), new_flow_id()});
+  }
   try {
-    return rpc::rpc_sync(stages.front().worker_, "ferry.stage.forward_chain",
-                         {c10::IValue(modules), c10::ivalue::Tuple::create(std::move(inputs))});
+    return rpc::rpc_sync(stages.front().worker_, "ferry.stage.forward_chain", std::move(args));
   } catch (const rpc::Error& e) {
     throw rpc::Error(
         e.kind(),

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <set>
 
+#include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/process_memory.h"
@@ -152,6 +153,54 @@ c10::IValue forward_here(const rpc::RRefPtr& module, const c10::IValue& inputs) 
   });
 }
 
+rpc::FuturePtr completed(c10::IValue value) {
+  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+  done->markCompleted(std::move(value));
+  return done;
+}
+
+// Stage `index` of a routed chain: its inputs gathered from the stage before and from portals,
+// its output sent on by its routes. The last stage's output is the chain's.
+rpc::FuturePtr forward_routed(const c10::List<c10::IValue>& stages, const c10::IValue& inputs,
+                              int64_t index, const c10::IValue& routes_value, int64_t flow_id) {
+  const Routes routes = routes_from_ivalue(routes_value);
+  const auto count = static_cast<int64_t>(stages.size());
+  if (index < 0 || index >= count || static_cast<int64_t>(routes.size()) != count) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("ferry.stage.forward_chain: stage {} of a chain of {} with "
+                                 "routes for {}",
+                                 index, count, routes.size()));
+  }
+  std::vector<std::string> workers;
+  for (const c10::IValue& stage : stages) workers.push_back(rpc::to_rref(stage)->ownerName());
+  const Flow flow{flow_id, -1};
+  c10::IValue args = inputs;
+  if (index > 0) {
+    const auto& items = inputs.toTupleRef().elements();
+    if (items.size() != 1 || !items[0].isTensorList()) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       fmt::format("stage {} of a routed chain takes one list of tensors", index));
+    }
+    Gathered gathered = gather_portals(routes, workers, index, flow, items[0].toTensorVector());
+    args = c10::ivalue::Tuple::create({c10::List<at::Tensor>(std::move(gathered.inputs))});
+  }
+  const rpc::RRefPtr module = rpc::to_rref(stages.get(static_cast<size_t>(index)));
+  c10::IValue out = forward_here(module, args);
+  if (index + 1 == count) return completed(std::move(out));
+  if (!out.isTensorList()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("stage {} (\"{}\") of a routed chain must return a list of "
+                                 "tensors, not {}",
+                                 index, holder_of(module)->type, out.tagKind()));
+  }
+  std::vector<at::Tensor> output = out.toTensorVector();
+  send_portals(routes, workers, index, flow, output);
+  std::vector<at::Tensor> main = join_portals(routes, index, flow, output);
+  return rpc::rpc_async(workers[static_cast<size_t>(index + 1)], "ferry.stage.forward_chain",
+                        {stages, c10::ivalue::Tuple::create({c10::List<at::Tensor>(main)}),
+                         index + 1, routes_value, flow_id});
+}
+
 }  // namespace
 
 c10::IValue forward_stage_here(const rpc::RRefPtr& module, const c10::IValue& inputs) {
@@ -170,6 +219,7 @@ std::string stage_type_here(const rpc::RRefPtr& module) { return holder_of(modul
 
 void install_stage_functions(rpc::FunctionRegistry& registry) {
   register_holder_class();
+  install_portal_functions(registry);
   registry.add("ferry.stage.create", [](std::string type, c10::IValue config) {
     StageConfig typed = stage_config();
     if (config.isGenericDict()) {
@@ -199,19 +249,21 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
   // does the same, so activations move from worker to worker and only the last stage's output
   // comes back along the chain. The next call is made here, on the pool thread that runs this
   // request, so that it belongs to the request's autograd context; it is not waited for here.
+  // Called with (stages, inputs) it takes the first of `stages` and passes the rest on; with
+  // (stages, inputs, index, routes, flow) it runs stage `index` of the whole chain and sends each
+  // element of its output where `routes` says (portal.h).
   registry.add_async("ferry.stage.forward_chain", [](std::vector<c10::IValue>& args) {
-    if (args.size() != 2 || !args[0].isList() || args[0].toListRef().empty() ||
+    const bool routed = args.size() == 5 && args[2].isInt() && args[4].isInt();
+    if ((args.size() != 2 && !routed) || !args[0].isList() || args[0].toListRef().empty() ||
         !args[1].isTuple()) {
       throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                       "ferry.stage.forward_chain takes (a list of stages, a tuple of inputs)");
+                       "ferry.stage.forward_chain takes (a list of stages, a tuple of inputs) or "
+                       "(stages, inputs, stage index, routes, flow id)");
     }
     c10::List<c10::IValue> stages = args[0].toList();
+    if (routed) return forward_routed(stages, args[1], args[2].toInt(), args[3], args[4].toInt());
     c10::IValue out = forward_here(rpc::to_rref(stages.get(0)), args[1]);
-    if (stages.size() == 1) {
-      auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-      done->markCompleted(std::move(out));
-      return done;
-    }
+    if (stages.size() == 1) return completed(std::move(out));
     c10::impl::GenericList rest(c10::AnyType::get());
     for (size_t i = 1; i < stages.size(); ++i) rest.push_back(stages.get(i));
     std::string next = rpc::to_rref(rest.get(0))->ownerName();

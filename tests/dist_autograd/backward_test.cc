@@ -84,6 +84,34 @@ TEST(DistBackward, FanInCombinesResultsOfTwoWorkersOnAThird) {
   EXPECT_TRUE(torch::allclose(gradient_of(context, x), 32 * x.detach()));
 }
 
+// "b"'s output reaches the loss through two calls, so "b"'s part runs once per gradient message
+// and sends its own gradients once per run, through this process on to "a". Those messages must
+// not claim to be the last: "a" would free its graph (its Linear keeps its input) after the
+// first and fail on the second.
+TEST(DistBackward, APartThatRunsTwiceKeepsTheGraphOfThePartsBeforeIt) {
+  LocalWorld world(three_workers());
+  const StageConfig first_config = testing::mlp_config(3, 4, 3, 1);
+  const StageConfig second_config = testing::mlp_config(3, 4, 3, 2);
+  RemoteModule first = RemoteModule::create("a", "test.mlp", first_config);
+  RemoteModule second = RemoteModule::create("b", "test.mlp", second_config);
+  torch::manual_seed(3);
+  at::Tensor x = torch::randn({2, 3});
+  Context context;
+  at::Tensor u = second.forward({first.forward({x})}).toTensor();
+  at::Tensor v1 = call("c", "double_it", {u});
+  at::Tensor v2 = call("c", "double_it", {u});
+  backward(context.id(), {(v1 * v2).sum()});
+  std::vector<at::Tensor> got = get_gradients(context.id(), first.remote_parameters());
+
+  std::unique_ptr<Stage> local_first = make_stage("test.mlp", first_config);
+  std::unique_ptr<Stage> local_second = make_stage("test.mlp", second_config);
+  at::Tensor local_u = local_second->forward({local_first->forward({x})}).toTensor();
+  (4 * local_u * local_u).sum().backward();
+  std::vector<at::Tensor> want;
+  for (auto& [name, p] : local_first->named_parameters()) want.push_back(p.grad());
+  EXPECT_LE(models::max_relative_error(got, want), 1e-5);
+}
+
 TEST(DistBackward, SkipConnectionsThroughAListOfFeatures) {
   LocalWorld world(three_workers());
   StageConfig config = stage_config();

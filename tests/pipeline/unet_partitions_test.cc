@@ -109,11 +109,28 @@ TEST(UnetPartitions, AnyCutOverTwoToSixWorkersGivesTheOneProcessLossAndGradients
       EXPECT_NEAR(loss.item<double>(), want_loss, 1e-5 * want_loss);
       EXPECT_LE(models::max_relative_error(got, want), 1e-5);
     }
-    for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
-      SCOPED_TRACE(schedule_name(schedule));
+    {
+      SCOPED_TRACE("through the master");
+      dist_autograd::Context context;
+      at::Tensor loss = bce(split.forward(x, /*direct=*/false), target);
+      dist_autograd::backward(context.id(), {loss});
+      std::vector<at::Tensor> got = dist_autograd::get_gradients(context.id(), split.parameters());
+      EXPECT_NEAR(loss.item<double>(), want_loss, 1e-5 * want_loss);
+      EXPECT_LE(models::max_relative_error(got, want), 1e-5);
+    }
+    for (auto [schedule, recompute] :
+         {std::pair{Schedule::GPipe, false}, std::pair{Schedule::OneFOneB, false},
+          std::pair{Schedule::OneFOneB, true}}) {
+      SCOPED_TRACE(fmt::format("{}{}", schedule_name(schedule), recompute ? ", recomputed" : ""));
       PipelineOptions options;
       options.schedule = schedule;
       options.microbatches = 2;
+      options.routes = split.routes();
+      if (recompute) {
+        for (size_t k = 0; k < split.stages().size(); ++k) {
+          options.checkpoint_stages.push_back(static_cast<int>(k));
+        }
+      }
       Pipeline pipe(split.modules(), options);
       dist_autograd::Context context;
       double loss = pipe.step(x, target, bce).loss;
@@ -121,6 +138,83 @@ TEST(UnetPartitions, AnyCutOverTwoToSixWorkersGivesTheOneProcessLossAndGradients
       EXPECT_NEAR(loss, want_pipelined_loss, 1e-5 * want_pipelined_loss);
       EXPECT_LE(models::max_relative_error(got, want_pipelined), 1e-5);
     }
+  }
+}
+
+// Stem | layer1.0 | layer1.1..layer4.1 | decoder.0..decoder.3 | decoder.4 | head.
+std::vector<RemoteUnet::StagePlan> six_stages() {
+  std::vector<std::string> names;
+  for (const auto& b : models::unet_blocks(kDepth)) names.push_back(b.name);
+  return plan_of(pipeline::ranges_from_cuts(names, "layer1.0,layer1.1,decoder.0,decoder.4,head"));
+}
+
+TEST(UnetPartitions, EachSkipIsRoutedStraightToTheStageThatUsesIt) {
+  // layer1.0 keeps the stem's output as the skip decoder.3 uses: it goes from stage 1 to stage 3,
+  // past stage 2, which takes only the activation and gives the four deeper features to stage 3.
+  const Routes want = {{{1, 0}}, {{3, 0}, {2, 0}}, {{3, 1}, {3, 2}, {3, 3}, {3, 4}},
+                       {{4, 0}}, {{5, 0}},         {}};
+  EXPECT_EQ(RemoteUnet::routes_of(kDepth, six_stages()), want);
+  // Cut at the three seams, every skip goes to the next stage anyway.
+  const Routes seams = {{{1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}}, {{2, 0}}, {}};
+  EXPECT_EQ(RemoteUnet::routes_of(kDepth, RemoteUnet::seams(kDepth, {"a", "b", "c"})), seams);
+}
+
+std::int64_t bytes_of(const std::vector<at::Tensor>& tensors, size_t from = 0) {
+  std::int64_t n = 0;
+  for (size_t i = from; i < tensors.size(); ++i)
+    n += static_cast<std::int64_t>(tensors[i].nbytes());
+  return n;
+}
+
+// What each worker of a plain step sends, counted on the wire: a stage's output goes out once,
+// whichever stage it is for, and so does the gradient of each of its inputs. A skip relayed
+// through stage 2 would add the stem's feature and its gradient (1 MiB) to worker w3's bytes.
+TEST(UnetPartitions, ASkipFeatureCrossesTheNetworkOnce) {
+  LocalWorld world(six_deterministic_workers());
+  const std::vector<RemoteUnet::StagePlan> plan = six_stages();
+  RemoteUnet split = RemoteUnet::create(kDepth, 1, plan, kSeed);
+  torch::manual_seed(4);
+  at::Tensor x = torch::randn({2, 3, 64, 64});
+  at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
+
+  // Each stage's output and the gradients of its inputs are the part of the carry above what it
+  // leaves untouched. The logits come back through every stage of the chain, and their gradient
+  // goes forward through it, so each but the last sends them twice more.
+  const std::vector<models::UnetBlock> blocks = models::unet_blocks(kDepth);
+  std::vector<std::int64_t> want(plan.size(), 0);
+  std::vector<at::Tensor> carry{x};
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t s = 0; s < plan.size(); ++s) {
+      const auto low =
+          static_cast<size_t>(models::unet_carry_untouched(blocks, plan[s].first, plan[s].last));
+      if (s > 0) want[s] += bytes_of(carry, low);
+      carry = models::UnetBlocks(kDepth, 1, plan[s].first, plan[s].last, kSeed)->forward(carry);
+      want[s] += bytes_of(carry, low);
+    }
+  }
+  for (size_t s = 0; s + 1 < plan.size(); ++s) want[s] += 2 * bytes_of(carry);
+  const std::int64_t skip = 2 * 64 * 32 * 32 * static_cast<std::int64_t>(sizeof(float));
+
+  auto sent = [&] {
+    std::vector<std::int64_t> out;
+    for (const auto& stage : plan) out.push_back(rpc::rpc_sync(stage.worker, "bytes_sent").toInt());
+    return out;
+  };
+  std::vector<std::int64_t> before = sent();
+  {
+    dist_autograd::Context context;
+    at::Tensor loss = bce(split.forward(x, /*direct=*/true), target);
+    dist_autograd::backward(context.id(), {loss});
+  }
+  std::vector<std::int64_t> after = sent();
+  for (size_t s = 0; s < plan.size(); ++s) {
+    SCOPED_TRACE(plan[s].worker);
+    const std::int64_t got = after[s] - before[s];
+    // Beyond the tensors: frames, envelopes and the context's release, a few KiB.
+    EXPECT_GE(got, want[s]);
+    EXPECT_LT(got, want[s] + skip / 8);
+    EXPECT_EQ(rpc::rpc_sync(plan[s].worker, "ferry.portal.waiting").toInt(), 0);
   }
 }
 

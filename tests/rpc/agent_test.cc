@@ -157,10 +157,11 @@ TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
   std::string error = error_of(rpc_async("a", "no_such_function", {}));
   EXPECT_TRUE(contains(error, "UnknownFunction: call \"no_such_function\" on worker \"a\""))
       << error;
-  EXPECT_TRUE(contains(error,
-                       "(registered: add, byte_count, chain, double_it, echo, fail, fail_backward, "
-                       "make_remote, owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, "
-                       "sleep_ms, slow_backward, tensor_live_bytes, whoami)"))
+  EXPECT_TRUE(contains(
+      error,
+      "(registered: add, byte_count, bytes_sent, chain, double_it, echo, fail, fail_backward, "
+      "make_remote, owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, "
+      "sleep_ms, slow_backward, tensor_live_bytes, whoami)"))
       << error;
 }
 

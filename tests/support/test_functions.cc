@@ -62,6 +62,7 @@ void register_test_functions(rpc::FunctionRegistry& registry) {
   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
   registry.add("echo", [](c10::IValue v) { return v; });
   registry.add("byte_count", [](at::Tensor t) { return static_cast<int64_t>(t.nbytes()); });
+  registry.add("bytes_sent", []() { return static_cast<int64_t>(rpc::agent().bytes_sent()); });
   registry.add("tensor_live_bytes", []() { return rpc::tensor_memory().live_bytes; });
   registry.add("sleep_ms", [](int64_t ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));

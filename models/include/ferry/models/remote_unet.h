@@ -51,7 +51,9 @@ class RemoteUnet {
 
   // With `direct`, activations go from worker to worker (RemoteModule::forward_chain) and only
   // `forward_s` of the first stage is counted, for the whole chain; else this process calls each
-  // stage in turn and passes the activations on.
+  // stage in turn and passes the activations on. Either way a stage gets only the part of the
+  // carry its blocks use: each skip feature goes from the stage that makes it to the one that
+  // uses it, not through the stages between (routes()).
   at::Tensor forward(const at::Tensor& images, bool direct = false);
   void train(bool on = true);
   // Every stage's parameters in stage order: the same order as a local Unet's parameters(),
@@ -66,6 +68,12 @@ class RemoteUnet {
   // (a torchvision ResNet). What did not fit is reported; what did is loaded.
   LoadReport load_weights(const std::string& path);
 
+  // Where each element of each stage's output goes (portal.h): the activation to the next stage,
+  // each skip feature to the stage whose blocks use it. Pipelines over modules() take them too.
+  const Routes& routes() const { return routes_; }
+  // The routes of `plan` (checked as create() does).
+  static Routes routes_of(int64_t depth, const std::vector<StagePlan>& plan);
+
   int64_t depth() const { return depth_; }
   int64_t classes() const { return classes_; }
   const std::vector<Stage>& stages() const { return stages_; }
@@ -78,6 +86,7 @@ class RemoteUnet {
   int64_t depth_ = 0;
   int64_t classes_ = 0;
   std::vector<Stage> stages_;
+  Routes routes_;
 };
 
 }  // namespace ferry::models

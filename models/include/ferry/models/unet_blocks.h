@@ -46,14 +46,21 @@ std::vector<UnetBlock> unet_blocks(int64_t depth);
 // there are.
 int64_t unet_block_index(const std::vector<UnetBlock>& blocks, const std::string& name);
 
+// How many elements at the bottom of the carry blocks [first, last) pass through untouched: a
+// range needs only the rest of the carry it takes, and gives back only the rest of its own, so
+// the skips below can go straight from the stage that makes them to the one that uses them.
+int64_t unet_carry_untouched(const std::vector<UnetBlock>& blocks, int64_t first, int64_t last);
+
 // Blocks [first, last) of the U-Net, in one module.
 class UnetBlocksImpl : public torch::nn::Module {
  public:
   UnetBlocksImpl(int64_t depth, int64_t classes, int64_t first, int64_t last, int64_t seed = 0,
                  int64_t in_channels = 3);
 
-  // The carry through every block of the range; throws rpc::Error(InvalidArgument) saying what
-  // the range expected when the carry has the wrong number of tensors.
+  // The carry through every block of the range: the whole carry, or only its elements above
+  // those the range passes through untouched (then the result is the same part of its own).
+  // Throws rpc::Error(InvalidArgument) saying what the range expected when the carry has the
+  // wrong number of tensors.
   std::vector<at::Tensor> forward(std::vector<at::Tensor> carry);
   // One block of the range (its index in the whole list) on the carry it takes.
   std::vector<at::Tensor> forward_block(int64_t block, std::vector<at::Tensor> carry);

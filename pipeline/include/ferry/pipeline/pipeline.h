@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "ferry/pipeline/timeline.h"
+#include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/rpc/registry.h"
 
@@ -52,6 +53,9 @@ struct PipelineOptions {
   std::vector<int> checkpoint_stages;
   // What the timeline calls each stage ("stage 0: encoder on worker1"); its type where not given.
   std::vector<std::string> stage_names;
+  // Where each element of each stage's output list goes (portal.h; RemoteUnet::routes()). Empty:
+  // each stage's whole output goes to the next.
+  Routes routes;
 };
 
 class Pipeline {
@@ -60,8 +64,8 @@ class Pipeline {
   using Loss = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
 
   // `stages` in order; the first takes the input, the last returns one tensor. Throws
-  // rpc::Error(InvalidArgument) for no stages, M < 1 or a checkpoint position out of range, and
-  // the error of a worker that cannot take part.
+  // rpc::Error(InvalidArgument) for no stages, M < 1, a checkpoint position out of range or routes
+  // that do not fit the stages, and the error of a worker that cannot take part.
   Pipeline(std::vector<RemoteModule> stages, PipelineOptions options);
   // Tells the workers to forget this pipeline (bounded; failures are logged).
   ~Pipeline();

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/rref.h"
 
@@ -47,6 +48,12 @@ class RemoteModule {
   // stage and worker that failed.
   static c10::IValue forward_chain(const std::vector<RemoteModule>& stages,
                                    std::vector<c10::IValue> inputs);
+  // The same, each element of a stage's output list going where `routes` says (portal.h): the
+  // elements a stage skips go straight from their producer's worker to their consumer's, and
+  // their gradients straight back. Empty routes: as above. Throws rpc::Error(InvalidArgument)
+  // for routes that do not fit the chain before anything is sent.
+  static c10::IValue forward_chain(const std::vector<RemoteModule>& stages,
+                                   std::vector<c10::IValue> inputs, const Routes& routes);
 
   void train(bool on = true) const;
   void eval() const { train(false); }

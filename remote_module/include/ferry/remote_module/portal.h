@@ -1,0 +1,99 @@
+// Portals: elements of a stage's output list that go straight to the later stage that uses them
+// (a U-Net's skip features), not through every stage between (torchgpipe's name for the same
+// idea). A stage whose output is a list of tensors may route each element to any later stage of
+// its chain; each stage gets, as its one list argument, the elements routed to it in their
+// positions, whichever stage they came from.
+//
+// Forward: the producer's worker puts each portal element into the consumer's worker's mailbox,
+// and waits until it is there, before its main output goes on to the next stage; so the consumer,
+// which runs later in the chain, always finds it. Backward: the consumer's graph sends each portal
+// element's gradient straight back to the producer's mailbox as its backward computes it, and
+// waits until it is there, before the consumer's input gradients go on to the stage before. The
+// producer's graph joins those gradients to its main output's, so each stage runs one backward per
+// step whichever way its outputs left, and frees its activations as it does.
+//
+// Routes are value types. The worker-side functions below run on a stage's worker, on the thread
+// that runs the stage's forward or backward (never an agent's loop thread).
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ferry/rpc/registry.h"
+
+namespace ferry {
+
+// Where one element of a stage's output list goes: a stage (its position in the chain) and the
+// position in that stage's input list.
+struct Hop {
+  int64_t stage = 0;
+  int64_t position = 0;
+  bool operator==(const Hop& other) const {
+    return stage == other.stage && position == other.position;
+  }
+};
+
+// Per stage of a chain, where each element of its output list goes; the last stage's entry is
+// empty (its output is the chain's). Empty Routes: each stage's whole output goes to the next.
+using Routes = std::vector<std::vector<Hop>>;
+
+// Throws rpc::Error(InvalidArgument) naming the stage and element of the first wrong hop: not to a
+// later stage, past the last, or into a position of a stage's input that another element fills
+// too; or naming the stage and position that no element fills.
+void check_routes(const Routes& routes, size_t stages);
+// How many elements a stage's input list has under `routes` (the first stage's: none routed).
+int64_t routed_input_size(const Routes& routes, int64_t stage);
+
+c10::IValue routes_to_ivalue(const Routes& routes);
+Routes routes_from_ivalue(const c10::IValue& value);
+
+// One pass of one batch, or of one micro-batch of it, through a chain: portals are keyed by it.
+// Plain passes draw `id` from new_flow_id() and have no micro-batch; pipelined ones use the step's
+// autograd context and the micro-batch.
+struct Flow {
+  int64_t id = 0;
+  int64_t microbatch = -1;
+};
+// Unique among the flows that any process of the world starts.
+int64_t new_flow_id();
+
+// On stage `index`'s worker, before its forward: its input list, with `main` (the elements that
+// the stage before routed to it, in their order) and the portal elements routed to it, taken from
+// this worker's mailbox, each in its position. A portal element is a fresh leaf; in grad mode it
+// passes through a node whose backward sends its gradient to its producer (`workers`: each
+// stage's worker). `portal_leaves` are those leaves: an explicit backward must ask for their
+// gradients, or that node does not run. Throws rpc::Error naming the stage and element that
+// did not arrive.
+struct Gathered {
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> portal_leaves;
+};
+Gathered gather_portals(const Routes& routes, const std::vector<std::string>& workers,
+                        int64_t index, const Flow& flow, const std::vector<at::Tensor>& main);
+
+// On stage `index`'s worker, after its forward: puts each element of `output` that skips the next
+// stage into its consumer's mailbox, and returns once all are there. The consumer sends back the
+// gradient of each that requires grad, or, when the stage is `recomputed` in backward (its first
+// forward ran without grad), of each floating-point one. Throws rpc::Error naming the consumer
+// that could not take one.
+void send_portals(const Routes& routes, const std::vector<std::string>& workers, int64_t index,
+                  const Flow& flow, const std::vector<at::Tensor>& output, bool recomputed = false);
+// The elements of `output` routed to the next stage, in order. In grad mode they are joined to the
+// portal elements: their backward takes the portal elements' gradients from this worker's mailbox
+// and adds them in, so one backward covers every element. (A stage that recomputes its forward in
+// backward calls this again, and send_portals only the first time.)
+std::vector<at::Tensor> join_portals(const Routes& routes, int64_t index, const Flow& flow,
+                                     const std::vector<at::Tensor>& output);
+
+// Empties this worker's mailbox of what pipelined flows left (after a failed step).
+void drop_pipelined_portals();
+// Elements and gradients waiting in this worker's mailbox (for tests).
+int64_t portals_waiting();
+
+// Adds the "ferry.portal.*" functions to `registry`.
+void install_portal_functions(rpc::FunctionRegistry& registry);
+
+}  // namespace ferry

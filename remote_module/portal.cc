@@ -1,0 +1,313 @@
+// The mailbox is this process's; "ferry.portal.put" fills it on a pool thread, and the stage's own
+// thread takes from it. Neither side waits on the mailbox: a producer's forward waits for its puts
+// before its main output goes on, and a consumer's backward for its gradient puts before its input
+// gradients do, so whatever a stage takes arrived before the message that set it running.
+#include "ferry/remote_module/portal.h"
+
+#include <fmt/format.h>
+#include <torch/autograd.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry {
+namespace {
+
+using rpc::Error;
+using rpc::ErrorKind;
+
+[[noreturn]] void fail(const std::string& message) {
+  throw Error(ErrorKind::InvalidArgument, message);
+}
+
+// (flow, micro-batch, producing stage, element of its output, whether it is the gradient)
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;
+
+struct Letter {
+  at::Tensor tensor;
+  bool requires_grad = false;
+  std::chrono::steady_clock::time_point arrived;
+};
+
+std::mutex mailbox_mutex;
+std::map<Key, Letter> mailbox;
+
+// A flow that failed half-way leaves letters nobody takes: they go once they are older than any
+// call of the flow could be.
+void drop_stale(std::chrono::steady_clock::time_point now) {
+  const auto bound = 2 * rpc::agent().options().rpc_timeout;
+  for (auto it = mailbox.begin(); it != mailbox.end();) {
+    it = now - it->second.arrived > bound ? mailbox.erase(it) : std::next(it);
+  }
+}
+
+std::string what_of(const Key& key) {
+  const auto& [flow, microbatch, stage, element, gradient] = key;
+  std::string pass = microbatch < 0 ? fmt::format("pass {}", flow)
+                                    : fmt::format("micro-batch {} of step {}", microbatch, flow);
+  return fmt::format("{} of output element {} of stage {} ({})",
+                     gradient ? "the gradient" : "the value", element, stage, pass);
+}
+
+Letter take(const Key& key, const std::string& stage_name) {
+  std::lock_guard<std::mutex> lock(mailbox_mutex);
+  auto it = mailbox.find(key);
+  if (it == mailbox.end()) {
+    throw Error(ErrorKind::RemoteException,
+                fmt::format("{} has not reached worker \"{}\" for {}", what_of(key),
+                            rpc::self().name, stage_name));
+  }
+  Letter letter = std::move(it->second);
+  mailbox.erase(it);
+  return letter;
+}
+
+// Identity on the consumer; its backward sends the gradient to the producer's mailbox.
+struct PortalExit : torch::autograd::Function<PortalExit> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& leaf,
+                            const std::string& producer_worker, int64_t flow, int64_t microbatch,
+                            int64_t stage, int64_t element) {
+    ctx->saved_data["worker"] = producer_worker;
+    ctx->saved_data["key"] = std::vector<int64_t>{flow, microbatch, stage, element};
+    return leaf;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::string worker = ctx->saved_data["worker"].toStringRef();
+    std::vector<int64_t> key = ctx->saved_data["key"].toIntVector();
+    if (grads[0].defined()) {
+      try {
+        rpc::rpc_sync(worker, "ferry.portal.put",
+                      {key[0], key[1], key[2], key[3], true, false, grads[0]});
+      } catch (const Error& e) {
+        throw Error(e.kind(), fmt::format("sending the gradient of output element {} of stage {} "
+                                          "back to worker \"{}\": {}",
+                                          key[3], key[2], worker, e.what()));
+      }
+    }
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Identity on `main` for the producer; its backward adds the gradient of `portal`, which came back
+// by portal, to the graph.
+struct PortalJoin : torch::autograd::Function<PortalJoin> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& main,
+                            const at::Tensor& /*portal*/, int64_t flow, int64_t microbatch,
+                            int64_t stage, int64_t element) {
+    ctx->saved_data["key"] = std::vector<int64_t>{flow, microbatch, stage, element};
+    return main;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    std::vector<int64_t> k = ctx->saved_data["key"].toIntVector();
+    Letter letter = take({k[0], k[1], k[2], k[3], true}, fmt::format("stage {}'s backward", k[2]));
+    return {grads[0], letter.tensor, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+c10::impl::GenericList int_list(const std::vector<int64_t>& values) {
+  c10::impl::GenericList out(c10::IntType::get());
+  for (int64_t v : values) out.push_back(v);
+  return out;
+}
+
+}  // namespace
+
+void check_routes(const Routes& routes, size_t stages) {
+  if (routes.empty()) return;
+  if (routes.size() != stages) {
+    fail(fmt::format("routes are given for {} stages of a chain of {}", routes.size(), stages));
+  }
+  if (!routes.back().empty()) fail("the last stage's output is the chain's: it has no routes");
+  std::vector<std::vector<int>> filled(stages);
+  for (size_t s = 0; s < stages; ++s) {
+    filled[s].assign(static_cast<size_t>(routed_input_size(routes, static_cast<int64_t>(s))), 0);
+  }
+  for (size_t s = 0; s + 1 < stages; ++s) {
+    for (size_t q = 0; q < routes[s].size(); ++q) {
+      const Hop& hop = routes[s][q];
+      if (hop.stage <= static_cast<int64_t>(s) || hop.stage >= static_cast<int64_t>(stages)) {
+        fail(
+            fmt::format("element {} of stage {}'s output is routed to stage {}: it must go to a "
+                        "later stage of the {}",
+                        q, s, hop.stage, stages));
+      }
+      auto& slots = filled[static_cast<size_t>(hop.stage)];
+      if (hop.position < 0 || hop.position >= static_cast<int64_t>(slots.size()) ||
+          slots[static_cast<size_t>(hop.position)]++ > 0) {
+        fail(
+            fmt::format("element {} of stage {}'s output is routed to position {} of stage {}'s "
+                        "input, which has {} positions, each filled once",
+                        q, s, hop.position, hop.stage, slots.size()));
+      }
+    }
+  }
+}
+
+int64_t routed_input_size(const Routes& routes, int64_t stage) {
+  int64_t n = 0;
+  for (int64_t s = 0; s < stage && s < static_cast<int64_t>(routes.size()); ++s) {
+    for (const Hop& hop : routes[static_cast<size_t>(s)]) n += hop.stage == stage ? 1 : 0;
+  }
+  return n;
+}
+
+c10::IValue routes_to_ivalue(const Routes& routes) {
+  c10::impl::GenericList out(c10::ListType::ofInts());
+  for (const auto& stage : routes) {
+    std::vector<int64_t> flat;
+    for (const Hop& hop : stage) flat.insert(flat.end(), {hop.stage, hop.position});
+    out.push_back(int_list(flat));
+  }
+  return out;
+}
+
+Routes routes_from_ivalue(const c10::IValue& value) {
+  if (!value.isList()) fail("routes must be a list of int lists");
+  Routes routes;
+  for (const c10::IValue& stage : value.toListRef()) {
+    if (!stage.isIntList() || stage.toIntList().size() % 2 != 0) {
+      fail("each stage's routes must be a list of (stage, position) ints");
+    }
+    std::vector<int64_t> flat = stage.toIntVector();
+    std::vector<Hop> hops;
+    for (size_t i = 0; i < flat.size(); i += 2) hops.push_back({flat[i], flat[i + 1]});
+    routes.push_back(std::move(hops));
+  }
+  return routes;
+}
+
+int64_t new_flow_id() {
+  static std::atomic<int64_t> counter{0};
+  return (static_cast<int64_t>(rpc::self().rank + 1) << 40) | ++counter;
+}
+
+Gathered gather_portals(const Routes& routes, const std::vector<std::string>& workers,
+                        int64_t index, const Flow& flow, const std::vector<at::Tensor>& main) {
+  Gathered out;
+  out.inputs.resize(static_cast<size_t>(routed_input_size(routes, index)));
+  const std::string stage_name = fmt::format("stage {}", index);
+  size_t next_main = 0;
+  for (int64_t s = 0; s < index; ++s) {
+    const auto& hops = routes[static_cast<size_t>(s)];
+    for (size_t q = 0; q < hops.size(); ++q) {
+      if (hops[q].stage != index) continue;
+      at::Tensor& slot = out.inputs[static_cast<size_t>(hops[q].position)];
+      if (s + 1 == index) {
+        if (next_main == main.size()) {
+          fail(fmt::format("stage {} got {} tensors from the stage before, which routes more to it",
+                           index, main.size()));
+        }
+        slot = main[next_main++];
+        continue;
+      }
+      Letter letter = take({flow.id, flow.microbatch, s, static_cast<int64_t>(q), false},
+                           stage_name + "'s forward");
+      at::Tensor leaf = letter.tensor.detach();
+      if (!letter.requires_grad || !at::GradMode::is_enabled()) {
+        slot = leaf;
+        continue;
+      }
+      leaf.requires_grad_(true);
+      out.portal_leaves.push_back(leaf);
+      slot = PortalExit::apply(leaf, workers.at(static_cast<size_t>(s)), flow.id, flow.microbatch,
+                               s, static_cast<int64_t>(q));
+    }
+  }
+  if (next_main != main.size()) {
+    fail(fmt::format("stage {} got {} tensors from the stage before, which routes {} to it", index,
+                     main.size(), next_main));
+  }
+  return out;
+}
+
+void send_portals(const Routes& routes, const std::vector<std::string>& workers, int64_t index,
+                  const Flow& flow, const std::vector<at::Tensor>& output, bool recomputed) {
+  const auto& hops = routes.at(static_cast<size_t>(index));
+  if (hops.size() != output.size()) {
+    fail(fmt::format("stage {} returned {} tensors, but its routes place {}", index, output.size(),
+                     hops.size()));
+  }
+  std::vector<std::pair<size_t, rpc::FuturePtr>> puts;
+  for (size_t q = 0; q < hops.size(); ++q) {
+    if (hops[q].stage == index + 1) continue;
+    const at::Tensor& t = output[q];
+    const bool gradient_back = t.requires_grad() || (recomputed && t.is_floating_point());
+    puts.emplace_back(
+        q, rpc::rpc_async(workers.at(static_cast<size_t>(hops[q].stage)), "ferry.portal.put",
+                          {flow.id, flow.microbatch, index, static_cast<int64_t>(q), false,
+                           gradient_back, t.detach()}));
+  }
+  for (auto& [q, put] : puts) {
+    put->wait();
+    if (!put->hasError()) continue;
+    const std::string to = workers.at(static_cast<size_t>(hops[q].stage));
+    try {
+      std::rethrow_exception(put->exception_ptr());
+    } catch (const Error& e) {
+      throw Error(e.kind(), fmt::format("sending output element {} of stage {} straight to stage "
+                                        "{} on worker \"{}\": {}",
+                                        q, index, hops[q].stage, to, e.what()));
+    }
+  }
+}
+
+std::vector<at::Tensor> join_portals(const Routes& routes, int64_t index, const Flow& flow,
+                                     const std::vector<at::Tensor>& output) {
+  const auto& hops = routes.at(static_cast<size_t>(index));
+  std::vector<at::Tensor> main;
+  std::vector<size_t> portals;
+  for (size_t q = 0; q < hops.size() && q < output.size(); ++q) {
+    if (hops[q].stage == index + 1) {
+      main.push_back(output[q]);
+    } else if (output[q].requires_grad()) {
+      portals.push_back(q);
+    }
+  }
+  if (portals.empty() || !at::GradMode::is_enabled()) return main;
+  if (main.empty() || !main.back().requires_grad()) {
+    fail(
+        fmt::format("stage {} routes nothing that requires grad to the next stage, so the "
+                    "gradients of what it sends further cannot join its backward",
+                    index));
+  }
+  for (size_t q : portals) {
+    main.back() = PortalJoin::apply(main.back(), output[q], flow.id, flow.microbatch, index,
+                                    static_cast<int64_t>(q));
+  }
+  return main;
+}
+
+void drop_pipelined_portals() {
+  std::lock_guard<std::mutex> lock(mailbox_mutex);
+  for (auto it = mailbox.begin(); it != mailbox.end();) {
+    it = std::get<1>(it->first) >= 0 ? mailbox.erase(it) : std::next(it);
+  }
+}
+
+int64_t portals_waiting() {
+  std::lock_guard<std::mutex> lock(mailbox_mutex);
+  return static_cast<int64_t>(mailbox.size());
+}
+
+void install_portal_functions(rpc::FunctionRegistry& registry) {
+  registry.add("ferry.portal.put", [](int64_t flow, int64_t microbatch, int64_t stage,
+                                      int64_t element, bool gradient, bool requires_grad,
+                                      at::Tensor tensor) {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mailbox_mutex);
+    drop_stale(now);
+    mailbox[{flow, microbatch, stage, element, gradient}] = {std::move(tensor), requires_grad, now};
+  });
+  registry.add("ferry.portal.waiting", []() { return portals_waiting(); });
+}
+
+}  // namespace ferry

@@ -275,16 +275,6 @@ std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
   return n;
 }
 
-// A routed stage's output list (not the last stage's output, which is the pipeline's).
-std::vector<at::Tensor> output_list(const c10::IValue& output) {
-  if (!output.isTensorList()) {
-    throw Error(
-        ErrorKind::InvalidArgument,
-        fmt::format("a stage with routes must return a list of tensors, not {}", output.tagKind()));
-  }
-  return output.toTensorVector();
-}
-
 bool routes_output(const Slot& slot) { return !slot.routes.empty() && slot.index + 1 < slot.count; }
 
 // On the compute thread.
@@ -299,14 +289,9 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
       for (at::Tensor& t : floating_tensors(inputs)) saved.leaves.push_back(t.requires_grad_());
     }
     if (!slot->routes.empty() && slot->index > 0) {
-      const auto& items = inputs.toTupleRef().elements();
-      if (items.size() != 1 || !items[0].isTensorList()) {
-        throw Error(ErrorKind::InvalidArgument, "a stage with routes takes one list of tensors");
-      }
-      Gathered gathered =
-          gather_portals(slot->routes, slot->workers, slot->index, flow, items[0].toTensorVector());
+      Gathered gathered = gather_portals(slot->routes, slot->workers, slot->index, flow, inputs);
       saved.portal_leaves = std::move(gathered.portal_leaves);
-      inputs = c10::ivalue::Tuple::create({c10::List<at::Tensor>(std::move(gathered.inputs))});
+      inputs = std::move(gathered.inputs);
     }
     c10::IValue output;
     if (slot->checkpoint) {
@@ -325,11 +310,10 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
     }
     const std::int64_t output_bytes = bytes_of(floating_tensors(output));
     if (routes_output(*slot)) {
-      std::vector<at::Tensor> all = output_list(output);
-      send_portals(slot->routes, slot->workers, slot->index, flow, all, slot->checkpoint);
+      send_portals(slot->routes, slot->workers, slot->index, flow, output, slot->checkpoint);
       // A recomputed stage joins them in backward, where its graph is made.
       at::AutoGradMode grad_mode(!slot->checkpoint && at::GradMode::is_enabled());
-      output = c10::List<at::Tensor>(join_portals(slot->routes, slot->index, flow, all));
+      output = join_portals(slot->routes, slot->index, flow, output);
     }
     if (!slot->checkpoint) saved.output = output;
     // What the forward left allocated (its graph's saved tensors and the output; a
@@ -386,8 +370,7 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
       RngStateGuard same_randomness(saved.rng_state);
       output = forward_stage_here(slot->module, saved.inputs);
       if (routes_output(*slot)) {
-        output = c10::List<at::Tensor>(
-            join_portals(slot->routes, slot->index, {context, microbatch}, output_list(output)));
+        output = join_portals(slot->routes, slot->index, {context, microbatch}, output);
       }
     }
     std::vector<at::Tensor> outputs = floating_tensors(output);

@@ -113,6 +113,20 @@ struct PortalJoin : torch::autograd::Function<PortalJoin> {
   }
 };
 
+// The tensors of stage `index`'s output list, as many as its routes place.
+std::vector<at::Tensor> output_tensors(const Routes& routes, int64_t index,
+                                       const c10::IValue& output) {
+  const auto& hops = routes.at(static_cast<size_t>(index));
+  if (!output.isTensorList() || output.toTensorList().size() != hops.size()) {
+    fail(fmt::format("stage {} returned {}, but its routes place a list of {} tensors", index,
+                     output.isTensorList()
+                         ? fmt::format("a list of {} tensors", output.toTensorList().size())
+                         : output.tagKind(),
+                     hops.size()));
+  }
+  return output.toTensorVector();
+}
+
 c10::impl::GenericList int_list(const std::vector<int64_t>& values) {
   c10::impl::GenericList out(c10::IntType::get());
   for (int64_t v : values) out.push_back(v);
@@ -191,16 +205,21 @@ int64_t new_flow_id() {
 }
 
 Gathered gather_portals(const Routes& routes, const std::vector<std::string>& workers,
-                        int64_t index, const Flow& flow, const std::vector<at::Tensor>& main) {
+                        int64_t index, const Flow& flow, const c10::IValue& from_before) {
+  if (!from_before.isTuple() || from_before.toTupleRef().elements().size() != 1 ||
+      !from_before.toTupleRef().elements()[0].isTensorList()) {
+    fail(fmt::format("stage {} of a routed chain takes one list of tensors", index));
+  }
+  const std::vector<at::Tensor> main = from_before.toTupleRef().elements()[0].toTensorVector();
+  std::vector<at::Tensor> inputs(static_cast<size_t>(routed_input_size(routes, index)));
   Gathered out;
-  out.inputs.resize(static_cast<size_t>(routed_input_size(routes, index)));
   const std::string stage_name = fmt::format("stage {}", index);
   size_t next_main = 0;
   for (int64_t s = 0; s < index; ++s) {
     const auto& hops = routes[static_cast<size_t>(s)];
     for (size_t q = 0; q < hops.size(); ++q) {
       if (hops[q].stage != index) continue;
-      at::Tensor& slot = out.inputs[static_cast<size_t>(hops[q].position)];
+      at::Tensor& slot = inputs[static_cast<size_t>(hops[q].position)];
       if (s + 1 == index) {
         if (next_main == main.size()) {
           fail(fmt::format("stage {} got {} tensors from the stage before, which routes more to it",
@@ -226,16 +245,14 @@ Gathered gather_portals(const Routes& routes, const std::vector<std::string>& wo
     fail(fmt::format("stage {} got {} tensors from the stage before, which routes {} to it", index,
                      main.size(), next_main));
   }
+  out.inputs = c10::ivalue::Tuple::create({c10::List<at::Tensor>(std::move(inputs))});
   return out;
 }
 
 void send_portals(const Routes& routes, const std::vector<std::string>& workers, int64_t index,
-                  const Flow& flow, const std::vector<at::Tensor>& output, bool recomputed) {
+                  const Flow& flow, const c10::IValue& output_list, bool recomputed) {
   const auto& hops = routes.at(static_cast<size_t>(index));
-  if (hops.size() != output.size()) {
-    fail(fmt::format("stage {} returned {} tensors, but its routes place {}", index, output.size(),
-                     hops.size()));
-  }
+  const std::vector<at::Tensor> output = output_tensors(routes, index, output_list);
   std::vector<std::pair<size_t, rpc::FuturePtr>> puts;
   for (size_t q = 0; q < hops.size(); ++q) {
     if (hops[q].stage == index + 1) continue;
@@ -260,19 +277,20 @@ void send_portals(const Routes& routes, const std::vector<std::string>& workers,
   }
 }
 
-std::vector<at::Tensor> join_portals(const Routes& routes, int64_t index, const Flow& flow,
-                                     const std::vector<at::Tensor>& output) {
+c10::IValue join_portals(const Routes& routes, int64_t index, const Flow& flow,
+                         const c10::IValue& output_list) {
   const auto& hops = routes.at(static_cast<size_t>(index));
+  const std::vector<at::Tensor> output = output_tensors(routes, index, output_list);
   std::vector<at::Tensor> main;
   std::vector<size_t> portals;
-  for (size_t q = 0; q < hops.size() && q < output.size(); ++q) {
+  for (size_t q = 0; q < hops.size(); ++q) {
     if (hops[q].stage == index + 1) {
       main.push_back(output[q]);
     } else if (output[q].requires_grad()) {
       portals.push_back(q);
     }
   }
-  if (portals.empty() || !at::GradMode::is_enabled()) return main;
+  if (portals.empty() || !at::GradMode::is_enabled()) return c10::List<at::Tensor>(main);
   if (main.empty() || !main.back().requires_grad()) {
     fail(
         fmt::format("stage {} routes nothing that requires grad to the next stage, so the "
@@ -283,7 +301,7 @@ std::vector<at::Tensor> join_portals(const Routes& routes, int64_t index, const 
     main.back() = PortalJoin::apply(main.back(), output[q], flow.id, flow.microbatch, index,
                                     static_cast<int64_t>(q));
   }
-  return main;
+  return c10::List<at::Tensor>(main);
 }
 
 void drop_pipelined_portals() {

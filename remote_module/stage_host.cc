@@ -174,31 +174,15 @@ rpc::FuturePtr forward_routed(const c10::List<c10::IValue>& stages, const c10::I
   std::vector<std::string> workers;
   for (const c10::IValue& stage : stages) workers.push_back(rpc::to_rref(stage)->ownerName());
   const Flow flow{flow_id, -1};
-  c10::IValue args = inputs;
-  if (index > 0) {
-    const auto& items = inputs.toTupleRef().elements();
-    if (items.size() != 1 || !items[0].isTensorList()) {
-      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                       fmt::format("stage {} of a routed chain takes one list of tensors", index));
-    }
-    Gathered gathered = gather_portals(routes, workers, index, flow, items[0].toTensorVector());
-    args = c10::ivalue::Tuple::create({c10::List<at::Tensor>(std::move(gathered.inputs))});
-  }
-  const rpc::RRefPtr module = rpc::to_rref(stages.get(static_cast<size_t>(index)));
-  c10::IValue out = forward_here(module, args);
+  const c10::IValue args =
+      index > 0 ? gather_portals(routes, workers, index, flow, inputs).inputs : inputs;
+  c10::IValue out = forward_here(rpc::to_rref(stages.get(static_cast<size_t>(index))), args);
   if (index + 1 == count) return completed(std::move(out));
-  if (!out.isTensorList()) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("stage {} (\"{}\") of a routed chain must return a list of "
-                                 "tensors, not {}",
-                                 index, holder_of(module)->type, out.tagKind()));
-  }
-  std::vector<at::Tensor> output = out.toTensorVector();
-  send_portals(routes, workers, index, flow, output);
-  std::vector<at::Tensor> main = join_portals(routes, index, flow, output);
-  return rpc::rpc_async(workers[static_cast<size_t>(index + 1)], "ferry.stage.forward_chain",
-                        {stages, c10::ivalue::Tuple::create({c10::List<at::Tensor>(main)}),
-                         index + 1, routes_value, flow_id});
+  send_portals(routes, workers, index, flow, out);
+  return rpc::rpc_async(
+      workers[static_cast<size_t>(index + 1)], "ferry.stage.forward_chain",
+      {stages, c10::ivalue::Tuple::create({join_portals(routes, index, flow, out)}), index + 1,
+       routes_value, flow_id});
 }
 
 }  // namespace

@@ -60,33 +60,33 @@ struct Flow {
 // Unique among the flows that any process of the world starts.
 int64_t new_flow_id();
 
-// On stage `index`'s worker, before its forward: its input list, with `main` (the elements that
-// the stage before routed to it, in their order) and the portal elements routed to it, taken from
-// this worker's mailbox, each in its position. A portal element is a fresh leaf; in grad mode it
-// passes through a node whose backward sends its gradient to its producer (`workers`: each
-// stage's worker). `portal_leaves` are those leaves: an explicit backward must ask for their
-// gradients, or that node does not run. Throws rpc::Error naming the stage and element that
-// did not arrive.
+// On stage `index`'s worker, before its forward: its inputs (a tuple of its one list), from `main`
+// (what the stage before sent it: a tuple of one list, its elements routed to this stage in their
+// order) and the portal elements routed to it, taken from this worker's mailbox, each in its
+// position. A portal element is a fresh leaf; in grad mode it passes through a node whose backward
+// sends its gradient to its producer (`workers`: each stage's worker). `portal_leaves` are those
+// leaves: an explicit backward must ask for their gradients, or that node does not run. Throws
+// rpc::Error naming the stage and what did not fit or did not arrive.
 struct Gathered {
-  std::vector<at::Tensor> inputs;
+  c10::IValue inputs;
   std::vector<at::Tensor> portal_leaves;
 };
 Gathered gather_portals(const Routes& routes, const std::vector<std::string>& workers,
-                        int64_t index, const Flow& flow, const std::vector<at::Tensor>& main);
+                        int64_t index, const Flow& flow, const c10::IValue& main);
 
-// On stage `index`'s worker, after its forward: puts each element of `output` that skips the next
-// stage into its consumer's mailbox, and returns once all are there. The consumer sends back the
-// gradient of each that requires grad, or, when the stage is `recomputed` in backward (its first
-// forward ran without grad), of each floating-point one. Throws rpc::Error naming the consumer
-// that could not take one.
+// On stage `index`'s worker, after its forward: puts each element of its `output` list that skips
+// the next stage into its consumer's mailbox, and returns once all are there. The consumer sends
+// back the gradient of each that requires grad, or, when the stage is `recomputed` in backward (its
+// first forward ran without grad), of each floating-point one. Throws rpc::Error naming the stage
+// when its output is not a list the routes fit, or the consumer that could not take an element.
 void send_portals(const Routes& routes, const std::vector<std::string>& workers, int64_t index,
-                  const Flow& flow, const std::vector<at::Tensor>& output, bool recomputed = false);
-// The elements of `output` routed to the next stage, in order. In grad mode they are joined to the
-// portal elements: their backward takes the portal elements' gradients from this worker's mailbox
-// and adds them in, so one backward covers every element. (A stage that recomputes its forward in
-// backward calls this again, and send_portals only the first time.)
-std::vector<at::Tensor> join_portals(const Routes& routes, int64_t index, const Flow& flow,
-                                     const std::vector<at::Tensor>& output);
+                  const Flow& flow, const c10::IValue& output, bool recomputed = false);
+// The elements of `output` routed to the next stage, in order, as a list. In grad mode they are
+// joined to the portal elements: their backward takes the portal elements' gradients from this
+// worker's mailbox and adds them in, so one backward covers every element. (A stage that
+// recomputes its forward in backward calls this again, and send_portals only the first time.)
+c10::IValue join_portals(const Routes& routes, int64_t index, const Flow& flow,
+                         const c10::IValue& output);
 
 // Empties this worker's mailbox of what pipelined flows left (after a failed step).
 void drop_pipelined_portals();

@@ -310,10 +310,10 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
     }
     const std::int64_t output_bytes = bytes_of(floating_tensors(output));
     if (routes_output(*slot)) {
-      send_portals(slot->routes, slot->workers, slot->index, flow, output, slot->checkpoint);
+      offer_portals(slot->routes, slot->index, flow, output, slot->checkpoint);
       // A recomputed stage joins them in backward, where its graph is made.
       at::AutoGradMode grad_mode(!slot->checkpoint && at::GradMode::is_enabled());
-      output = join_portals(slot->routes, slot->index, flow, output);
+      output = join_portals(slot->routes, slot->workers, slot->index, flow, output);
     }
     if (!slot->checkpoint) saved.output = output;
     // What the forward left allocated (its graph's saved tensors and the output; a
@@ -370,7 +370,8 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
       RngStateGuard same_randomness(saved.rng_state);
       output = forward_stage_here(slot->module, saved.inputs);
       if (routes_output(*slot)) {
-        output = join_portals(slot->routes, slot->index, {context, microbatch}, output);
+        output =
+            join_portals(slot->routes, slot->workers, slot->index, {context, microbatch}, output);
       }
     }
     std::vector<at::Tensor> outputs = floating_tensors(output);

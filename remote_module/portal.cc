@@ -1,7 +1,9 @@
-// The mailbox is this process's; "ferry.portal.put" fills it on a pool thread, and the stage's own
-// thread takes from it. Neither side waits on the mailbox: a producer's forward waits for its puts
-// before its main output goes on, and a consumer's backward for its gradient puts before its input
-// gradients do, so whatever a stage takes arrived before the message that set it running.
+// Each process keeps a mailbox of what it offers: a producer's portal elements, which their
+// consumers take during their forward, and a consumer's portal gradients, which their producers
+// take during their backward ("ferry.portal.take", on a pool thread). Nothing is pushed: a tensor
+// stays where it lives anyway (the producer's graph keeps its skip; the consumer has just computed
+// the gradient) until the stage that needs it asks, and whatever a stage asks for was offered
+// before the message that set it running was sent.
 #include "ferry/remote_module/portal.h"
 
 #include <fmt/format.h>
@@ -33,7 +35,7 @@ using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;
 struct Letter {
   at::Tensor tensor;
   bool requires_grad = false;
-  std::chrono::steady_clock::time_point arrived;
+  std::chrono::steady_clock::time_point offered;
 };
 
 std::mutex mailbox_mutex;
@@ -44,7 +46,7 @@ std::map<Key, Letter> mailbox;
 void drop_stale(std::chrono::steady_clock::time_point now) {
   const auto bound = 2 * rpc::agent().options().rpc_timeout;
   for (auto it = mailbox.begin(); it != mailbox.end();) {
-    it = now - it->second.arrived > bound ? mailbox.erase(it) : std::next(it);
+    it = now - it->second.offered > bound ? mailbox.erase(it) : std::next(it);
   }
 }
 
@@ -56,60 +58,81 @@ std::string what_of(const Key& key) {
                      gradient ? "the gradient" : "the value", element, stage, pass);
 }
 
-Letter take(const Key& key, const std::string& stage_name) {
+void offer(const Key& key, at::Tensor tensor, bool requires_grad) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mailbox_mutex);
+  drop_stale(now);
+  mailbox[key] = {std::move(tensor), requires_grad, now};
+}
+
+Letter take_here(const Key& key) {
   std::lock_guard<std::mutex> lock(mailbox_mutex);
   auto it = mailbox.find(key);
   if (it == mailbox.end()) {
     throw Error(ErrorKind::RemoteException,
-                fmt::format("{} has not reached worker \"{}\" for {}", what_of(key),
-                            rpc::self().name, stage_name));
+                fmt::format("worker \"{}\" holds no {}", rpc::self().name, what_of(key)));
   }
   Letter letter = std::move(it->second);
   mailbox.erase(it);
   return letter;
 }
 
-// Identity on the consumer; its backward sends the gradient to the producer's mailbox.
+// Takes `key` from `worker`'s mailbox, for `taker` ("stage 3's forward").
+Letter take_from(const std::string& worker, const Key& key, const std::string& taker) {
+  const auto& [flow, microbatch, stage, element, gradient] = key;
+  try {
+    c10::IValue got =
+        rpc::rpc_sync(worker, "ferry.portal.take", {flow, microbatch, stage, element, gradient});
+    const auto& items = got.toTupleRef().elements();
+    return {items.at(0).toTensor(), items.at(1).toBool(), {}};
+  } catch (const Error& e) {
+    throw Error(e.kind(),
+                fmt::format("{} could not take {} from worker \"{}\": {}", taker, what_of(key),
+                            worker, e.cause().empty() ? e.what() : e.cause()));
+  }
+}
+
+// Identity on the consumer; its backward offers the gradient to the producer.
 struct PortalExit : torch::autograd::Function<PortalExit> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& leaf,
-                            const std::string& producer_worker, int64_t flow, int64_t microbatch,
-                            int64_t stage, int64_t element) {
-    ctx->saved_data["worker"] = producer_worker;
+                            int64_t flow, int64_t microbatch, int64_t stage, int64_t element) {
     ctx->saved_data["key"] = std::vector<int64_t>{flow, microbatch, stage, element};
+    ctx->saved_data["sizes"] = leaf.sizes().vec();
+    ctx->saved_data["dtype"] = static_cast<int64_t>(leaf.scalar_type());
     return leaf;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const std::string worker = ctx->saved_data["worker"].toStringRef();
-    std::vector<int64_t> key = ctx->saved_data["key"].toIntVector();
-    if (grads[0].defined()) {
-      try {
-        rpc::rpc_sync(worker, "ferry.portal.put",
-                      {key[0], key[1], key[2], key[3], true, false, grads[0]});
-      } catch (const Error& e) {
-        throw Error(e.kind(), fmt::format("sending the gradient of output element {} of stage {} "
-                                          "back to worker \"{}\": {}",
-                                          key[3], key[2], worker, e.what()));
-      }
-    }
-    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    std::vector<int64_t> k = ctx->saved_data["key"].toIntVector();
+    // Its producer asks for a gradient in any case: none here is a zero one.
+    at::Tensor grad =
+        grads[0].defined()
+            ? grads[0]
+            : at::zeros(ctx->saved_data["sizes"].toIntVector(),
+                        static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()));
+    offer({k[0], k[1], k[2], k[3], true}, grad, false);
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-// Identity on `main` for the producer; its backward adds the gradient of `portal`, which came back
-// by portal, to the graph.
+// Identity on `main` for the producer; its backward takes the gradient of `portal` from its
+// consumer and adds it to the graph.
 struct PortalJoin : torch::autograd::Function<PortalJoin> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& main,
-                            const at::Tensor& /*portal*/, int64_t flow, int64_t microbatch,
-                            int64_t stage, int64_t element) {
+                            const at::Tensor& /*portal*/, const std::string& consumer_worker,
+                            int64_t flow, int64_t microbatch, int64_t stage, int64_t element) {
+    ctx->saved_data["worker"] = consumer_worker;
     ctx->saved_data["key"] = std::vector<int64_t>{flow, microbatch, stage, element};
     return main;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     std::vector<int64_t> k = ctx->saved_data["key"].toIntVector();
-    Letter letter = take({k[0], k[1], k[2], k[3], true}, fmt::format("stage {}'s backward", k[2]));
-    return {grads[0], letter.tensor, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    Letter letter =
+        take_from(ctx->saved_data["worker"].toStringRef(), {k[0], k[1], k[2], k[3], true},
+                  fmt::format("stage {}'s backward", k[2]));
+    return {grads[0],     letter.tensor, at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(),  at::Tensor()};
   }
 };
 
@@ -228,8 +251,9 @@ Gathered gather_portals(const Routes& routes, const std::vector<std::string>& wo
         slot = main[next_main++];
         continue;
       }
-      Letter letter = take({flow.id, flow.microbatch, s, static_cast<int64_t>(q), false},
-                           stage_name + "'s forward");
+      Letter letter = take_from(workers.at(static_cast<size_t>(s)),
+                                {flow.id, flow.microbatch, s, static_cast<int64_t>(q), false},
+                                stage_name + "'s forward");
       at::Tensor leaf = letter.tensor.detach();
       if (!letter.requires_grad || !at::GradMode::is_enabled()) {
         slot = leaf;
@@ -237,8 +261,7 @@ Gathered gather_portals(const Routes& routes, const std::vector<std::string>& wo
       }
       leaf.requires_grad_(true);
       out.portal_leaves.push_back(leaf);
-      slot = PortalExit::apply(leaf, workers.at(static_cast<size_t>(s)), flow.id, flow.microbatch,
-                               s, static_cast<int64_t>(q));
+      slot = PortalExit::apply(leaf, flow.id, flow.microbatch, s, static_cast<int64_t>(q));
     }
   }
   if (next_main != main.size()) {
@@ -249,36 +272,21 @@ Gathered gather_portals(const Routes& routes, const std::vector<std::string>& wo
   return out;
 }
 
-void send_portals(const Routes& routes, const std::vector<std::string>& workers, int64_t index,
-                  const Flow& flow, const c10::IValue& output_list, bool recomputed) {
+void offer_portals(const Routes& routes, int64_t index, const Flow& flow,
+                   const c10::IValue& output_list, bool recomputed) {
   const auto& hops = routes.at(static_cast<size_t>(index));
   const std::vector<at::Tensor> output = output_tensors(routes, index, output_list);
-  std::vector<std::pair<size_t, rpc::FuturePtr>> puts;
   for (size_t q = 0; q < hops.size(); ++q) {
     if (hops[q].stage == index + 1) continue;
     const at::Tensor& t = output[q];
-    const bool gradient_back = t.requires_grad() || (recomputed && t.is_floating_point());
-    puts.emplace_back(
-        q, rpc::rpc_async(workers.at(static_cast<size_t>(hops[q].stage)), "ferry.portal.put",
-                          {flow.id, flow.microbatch, index, static_cast<int64_t>(q), false,
-                           gradient_back, t.detach()}));
-  }
-  for (auto& [q, put] : puts) {
-    put->wait();
-    if (!put->hasError()) continue;
-    const std::string to = workers.at(static_cast<size_t>(hops[q].stage));
-    try {
-      std::rethrow_exception(put->exception_ptr());
-    } catch (const Error& e) {
-      throw Error(e.kind(), fmt::format("sending output element {} of stage {} straight to stage "
-                                        "{} on worker \"{}\": {}",
-                                        q, index, hops[q].stage, to, e.what()));
-    }
+    // Detached, it shares the memory that the stage's graph keeps anyway.
+    offer({flow.id, flow.microbatch, index, static_cast<int64_t>(q), false}, t.detach(),
+          t.requires_grad() || (recomputed && t.is_floating_point()));
   }
 }
 
-c10::IValue join_portals(const Routes& routes, int64_t index, const Flow& flow,
-                         const c10::IValue& output_list) {
+c10::IValue join_portals(const Routes& routes, const std::vector<std::string>& workers,
+                         int64_t index, const Flow& flow, const c10::IValue& output_list) {
   const auto& hops = routes.at(static_cast<size_t>(index));
   const std::vector<at::Tensor> output = output_tensors(routes, index, output_list);
   std::vector<at::Tensor> main;
@@ -298,8 +306,9 @@ c10::IValue join_portals(const Routes& routes, int64_t index, const Flow& flow,
                     index));
   }
   for (size_t q : portals) {
-    main.back() = PortalJoin::apply(main.back(), output[q], flow.id, flow.microbatch, index,
-                                    static_cast<int64_t>(q));
+    main.back() =
+        PortalJoin::apply(main.back(), output[q], workers.at(static_cast<size_t>(hops[q].stage)),
+                          flow.id, flow.microbatch, index, static_cast<int64_t>(q));
   }
   return c10::List<at::Tensor>(main);
 }
@@ -317,13 +326,10 @@ int64_t portals_waiting() {
 }
 
 void install_portal_functions(rpc::FunctionRegistry& registry) {
-  registry.add("ferry.portal.put", [](int64_t flow, int64_t microbatch, int64_t stage,
-                                      int64_t element, bool gradient, bool requires_grad,
-                                      at::Tensor tensor) {
-    const auto now = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> lock(mailbox_mutex);
-    drop_stale(now);
-    mailbox[{flow, microbatch, stage, element, gradient}] = {std::move(tensor), requires_grad, now};
+  registry.add("ferry.portal.take", [](int64_t flow, int64_t microbatch, int64_t stage,
+                                       int64_t element, bool gradient) {
+    Letter letter = take_here({flow, microbatch, stage, element, gradient});
+    return c10::ivalue::Tuple::create({std::move(letter.tensor), letter.requires_grad});
   });
   registry.add("ferry.portal.waiting", []() { return portals_waiting(); });
 }

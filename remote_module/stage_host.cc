@@ -178,11 +178,11 @@ rpc::FuturePtr forward_routed(const c10::List<c10::IValue>& stages, const c10::I
       index > 0 ? gather_portals(routes, workers, index, flow, inputs).inputs : inputs;
   c10::IValue out = forward_here(rpc::to_rref(stages.get(static_cast<size_t>(index))), args);
   if (index + 1 == count) return completed(std::move(out));
-  send_portals(routes, workers, index, flow, out);
+  offer_portals(routes, index, flow, out);
   return rpc::rpc_async(
       workers[static_cast<size_t>(index + 1)], "ferry.stage.forward_chain",
-      {stages, c10::ivalue::Tuple::create({join_portals(routes, index, flow, out)}), index + 1,
-       routes_value, flow_id});
+      {stages, c10::ivalue::Tuple::create({join_portals(routes, workers, index, flow, out)}),
+       index + 1, routes_value, flow_id});
 }
 
 }  // namespace

@@ -4,13 +4,14 @@
 // its chain; each stage gets, as its one list argument, the elements routed to it in their
 // positions, whichever stage they came from.
 //
-// Forward: the producer's worker puts each portal element into the consumer's worker's mailbox,
-// and waits until it is there, before its main output goes on to the next stage; so the consumer,
-// which runs later in the chain, always finds it. Backward: the consumer's graph sends each portal
-// element's gradient straight back to the producer's mailbox as its backward computes it, and
-// waits until it is there, before the consumer's input gradients go on to the stage before. The
-// producer's graph joins those gradients to its main output's, so each stage runs one backward per
-// step whichever way its outputs left, and frees its activations as it does.
+// Forward: the producer offers each portal element in its worker's mailbox before its main output
+// goes on to the next stage; the consumer, which runs later in the chain, takes it from there when
+// its own forward starts. Backward: the consumer's graph offers each portal element's gradient in
+// the consumer's mailbox as its backward computes it, before its input gradients go on; the
+// producer's graph takes it from there and joins it to its main output's gradients, so each stage
+// runs one backward per step whichever way its outputs left, and frees its activations as it does.
+// So a skip or its gradient is only ever held where it would be anyway: by the producer, whose
+// graph keeps the skip until its backward, and by the consumer, until the producer asks.
 //
 // Routes are value types. The worker-side functions below run on a stage's worker, on the thread
 // that runs the stage's forward or backward (never an agent's loop thread).
@@ -62,11 +63,11 @@ int64_t new_flow_id();
 
 // On stage `index`'s worker, before its forward: its inputs (a tuple of its one list), from `main`
 // (what the stage before sent it: a tuple of one list, its elements routed to this stage in their
-// order) and the portal elements routed to it, taken from this worker's mailbox, each in its
-// position. A portal element is a fresh leaf; in grad mode it passes through a node whose backward
-// sends its gradient to its producer (`workers`: each stage's worker). `portal_leaves` are those
-// leaves: an explicit backward must ask for their gradients, or that node does not run. Throws
-// rpc::Error naming the stage and what did not fit or did not arrive.
+// order) and the portal elements routed to it, taken from their producers' workers (`workers`:
+// each stage's worker), each in its position. A portal element is a fresh leaf; in grad mode it
+// passes through a node whose backward offers its gradient to its producer. `portal_leaves` are
+// those leaves: an explicit backward must ask for their gradients, or that node does not run.
+// Throws rpc::Error naming the stage and what did not fit or could not be taken.
 struct Gathered {
   c10::IValue inputs;
   std::vector<at::Tensor> portal_leaves;
@@ -74,23 +75,23 @@ struct Gathered {
 Gathered gather_portals(const Routes& routes, const std::vector<std::string>& workers,
                         int64_t index, const Flow& flow, const c10::IValue& main);
 
-// On stage `index`'s worker, after its forward: puts each element of its `output` list that skips
-// the next stage into its consumer's mailbox, and returns once all are there. The consumer sends
-// back the gradient of each that requires grad, or, when the stage is `recomputed` in backward (its
-// first forward ran without grad), of each floating-point one. Throws rpc::Error naming the stage
-// when its output is not a list the routes fit, or the consumer that could not take an element.
-void send_portals(const Routes& routes, const std::vector<std::string>& workers, int64_t index,
-                  const Flow& flow, const c10::IValue& output, bool recomputed = false);
+// On stage `index`'s worker, after its forward: offers each element of its `output` list that
+// skips the next stage to its consumer. The consumer gives back the gradient of each that requires
+// grad, or, when the stage is `recomputed` in backward (its first forward ran without grad), of
+// each floating-point one. Throws rpc::Error naming the stage when its output is not a list its
+// routes fit.
+void offer_portals(const Routes& routes, int64_t index, const Flow& flow, const c10::IValue& output,
+                   bool recomputed = false);
 // The elements of `output` routed to the next stage, in order, as a list. In grad mode they are
-// joined to the portal elements: their backward takes the portal elements' gradients from this
-// worker's mailbox and adds them in, so one backward covers every element. (A stage that
-// recomputes its forward in backward calls this again, and send_portals only the first time.)
-c10::IValue join_portals(const Routes& routes, int64_t index, const Flow& flow,
-                         const c10::IValue& output);
+// joined to the portal elements: their backward takes the portal elements' gradients from their
+// consumers' workers and adds them in, so one backward covers every element. (A stage that
+// recomputes its forward in backward calls this again, and offer_portals only the first time.)
+c10::IValue join_portals(const Routes& routes, const std::vector<std::string>& workers,
+                         int64_t index, const Flow& flow, const c10::IValue& output);
 
 // Empties this worker's mailbox of what pipelined flows left (after a failed step).
 void drop_pipelined_portals();
-// Elements and gradients waiting in this worker's mailbox (for tests).
+// Elements and gradients this worker offers that nobody took yet (for tests).
 int64_t portals_waiting();
 
 // Adds the "ferry.portal.*" functions to `registry`.

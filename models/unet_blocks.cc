@@ -196,7 +196,7 @@ std::vector<at::Tensor> UnetBlocksImpl::forward(std::vector<at::Tensor> carry) {
     };
     fail(fmt::format("U-Net blocks {} take {}{} but got {} tensor{}", range_name(),
                      tensors(expected),
-                     needed == expected ? "" : fmt::format(", or its top {}", needed), got,
+                     needed == expected ? "" : fmt::format(", or its top {},", needed), got,
                      got == 1 ? "" : "s"));
   }
   for (const Run& run : runs_) carry = run(std::move(carry));

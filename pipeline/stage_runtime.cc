@@ -35,12 +35,12 @@ using rpc::FuturePtr;
 
 // What one micro-batch's forward left for its backward.
 struct Saved {
-  std::vector<at::Tensor> leaves;         // the inputs that require grad (none on the first stage)
-  std::vector<at::Tensor> portal_leaves;  // those that came by portal (gather_portals)
-  c10::IValue inputs;                     // checkpointed stages only: to run forward again
-  c10::IValue output;      // the output, graph attached (not for checkpointed stages)
-  at::Tensor rng_state;    // checkpointed stages: the random state of the first run
-  std::int64_t bytes = 0;  // what the micro-batch holds here until its backward
+  std::vector<at::Tensor> leaves;   // the inputs that require grad (none on the first stage)
+  std::vector<at::Tensor> anchors;  // of the inputs that came by portal (gather_portals)
+  c10::IValue inputs;               // checkpointed stages only: to run forward again
+  c10::IValue output;               // the output, graph attached (not for checkpointed stages)
+  at::Tensor rng_state;             // checkpointed stages: the random state of the first run
+  std::int64_t bytes = 0;           // what the micro-batch holds here until its backward
 };
 
 struct Parked {
@@ -290,7 +290,7 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
     }
     if (!slot->routes.empty() && slot->index > 0) {
       Gathered gathered = gather_portals(slot->routes, slot->workers, slot->index, flow, inputs);
-      saved.portal_leaves = std::move(gathered.portal_leaves);
+      saved.anchors = std::move(gathered.anchors);
       inputs = std::move(gathered.inputs);
     }
     c10::IValue output;
@@ -391,10 +391,10 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     for (at::Tensor& p : stage_parameters_here(slot->module)) {
       if (p.requires_grad()) params.push_back(p);
     }
-    // The portal leaves' own gradients are none (their nodes send them on), but asking for them
-    // is what makes those nodes run.
+    // The anchors' own gradients are none, but asking for them is what makes the portal inputs'
+    // nodes run and offer theirs.
     std::vector<at::Tensor> targets = saved.leaves;
-    targets.insert(targets.end(), saved.portal_leaves.begin(), saved.portal_leaves.end());
+    targets.insert(targets.end(), saved.anchors.begin(), saved.anchors.end());
     targets.insert(targets.end(), params.begin(), params.end());
     std::vector<at::Tensor> found(targets.size());
     if (!roots.empty() && !targets.empty()) {
@@ -402,7 +402,7 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
                                     /*create_graph=*/false, /*allow_unused=*/true);
     }
     size_t leaf_count = saved.leaves.size();
-    size_t params_from = leaf_count + saved.portal_leaves.size();
+    size_t params_from = leaf_count + saved.anchors.size();
     // Fresh from a backward whose graph is gone: the context may keep and add into them.
     dist_autograd::accumulate_gradients(
         context, params, std::vector<at::Tensor>(found.begin() + params_from, found.end()),

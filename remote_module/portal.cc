@@ -8,6 +8,9 @@
 
 #include <fmt/format.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -92,27 +95,27 @@ Letter take_from(const std::string& worker, const Key& key, const std::string& t
   }
 }
 
-// Identity on the consumer; its backward offers the gradient to the producer.
-struct PortalExit : torch::autograd::Function<PortalExit> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& leaf,
-                            int64_t flow, int64_t microbatch, int64_t stage, int64_t element) {
-    ctx->saved_data["key"] = std::vector<int64_t>{flow, microbatch, stage, element};
-    ctx->saved_data["sizes"] = leaf.sizes().vec();
-    ctx->saved_data["dtype"] = static_cast<int64_t>(leaf.scalar_type());
-    return leaf;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    std::vector<int64_t> k = ctx->saved_data["key"].toIntVector();
+// The grad_fn of a portal element on its consumer: it offers the element's gradient to the
+// producer. It holds no tensor, so the element is freed once the consumer's graph no longer needs
+// it (an autograd leaf would keep it until backward). Its one next edge goes to `anchor`, a leaf
+// of no elements, because a backward asked only for gradients at leaves runs just the nodes on
+// the way to one.
+class PortalExit final : public torch::autograd::Node {
+ public:
+  PortalExit(Key key, const at::Tensor& element)
+      : key_(std::move(key)), sizes_(element.sizes().vec()), dtype_(element.scalar_type()) {}
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     // Its producer asks for a gradient in any case: none here is a zero one.
-    at::Tensor grad =
-        grads[0].defined()
-            ? grads[0]
-            : at::zeros(ctx->saved_data["sizes"].toIntVector(),
-                        static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()));
-    offer({k[0], k[1], k[2], k[3], true}, grad, false);
-    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    offer(key_, grads[0].defined() ? grads[0] : at::zeros(sizes_, dtype_), false);
+    return {at::Tensor()};
   }
+  std::string name() const override { return "ferry::PortalExit"; }
+
+ private:
+  Key key_;
+  std::vector<int64_t> sizes_;
+  at::ScalarType dtype_;
 };
 
 // Identity on `main` for the producer; its backward takes the gradient of `portal` from its
@@ -251,17 +254,16 @@ Gathered gather_portals(const Routes& routes, const std::vector<std::string>& wo
         slot = main[next_main++];
         continue;
       }
-      Letter letter = take_from(workers.at(static_cast<size_t>(s)),
-                                {flow.id, flow.microbatch, s, static_cast<int64_t>(q), false},
-                                stage_name + "'s forward");
-      at::Tensor leaf = letter.tensor.detach();
-      if (!letter.requires_grad || !at::GradMode::is_enabled()) {
-        slot = leaf;
-        continue;
-      }
-      leaf.requires_grad_(true);
-      out.portal_leaves.push_back(leaf);
-      slot = PortalExit::apply(leaf, flow.id, flow.microbatch, s, static_cast<int64_t>(q));
+      const Key key{flow.id, flow.microbatch, s, static_cast<int64_t>(q), false};
+      Letter letter = take_from(workers.at(static_cast<size_t>(s)), key, stage_name + "'s forward");
+      slot = letter.tensor;
+      if (!letter.requires_grad || !at::GradMode::is_enabled()) continue;
+      at::Tensor anchor = at::empty({0}, slot.options()).requires_grad_(true);
+      auto exit = std::make_shared<PortalExit>(
+          Key{flow.id, flow.microbatch, s, static_cast<int64_t>(q), true}, slot);
+      exit->set_next_edges({torch::autograd::impl::gradient_edge(anchor)});
+      torch::autograd::set_history(slot, exit);
+      out.anchors.push_back(anchor);
     }
   }
   if (next_main != main.size()) {

@@ -102,6 +102,37 @@ TEST(UnetBlocks, TheWholeListIsTheOnePieceUnetNameForName) {
   EXPECT_LE(max_relative_error(blocks->forward({x}).back(), net->forward(x)), 1e-6);
 }
 
+TEST(UnetBlocks, ARangeTakesOnlyTheCarryItReadsAndGivesBackTheSamePart) {
+  const std::vector<UnetBlock> blocks = unet_blocks(18);
+  auto index_of = [&](const char* name) { return unet_block_index(blocks, name); };
+  const auto n = static_cast<int64_t>(blocks.size());
+  // layer3.0 keeps its input, the third skip, and nothing below it is read until the decoder.
+  EXPECT_EQ(unet_carry_untouched(blocks, index_of("layer3.0"), index_of("decoder.0")), 2);
+  EXPECT_EQ(unet_carry_untouched(blocks, index_of("layer1.1"), index_of("decoder.0")), 1);
+  // decoder.0 takes the deepest skip, decoder.3 the shallowest: they reach the carry's bottom.
+  EXPECT_EQ(unet_carry_untouched(blocks, index_of("decoder.0"), index_of("decoder.1")), 3);
+  EXPECT_EQ(unet_carry_untouched(blocks, index_of("decoder.0"), index_of("decoder.4")), 0);
+  EXPECT_EQ(unet_carry_untouched(blocks, 0, n), 0);
+
+  torch::NoGradGuard no_grad;
+  UnetBlocks before(18, 1, 0, index_of("layer3.0"), 5);
+  UnetBlocks middle(18, 1, index_of("layer3.0"), index_of("decoder.0"), 5);
+  before->eval();
+  middle->eval();
+  std::vector<at::Tensor> carry = before->forward({torch::randn({1, 3, 64, 64})});
+  ASSERT_EQ(carry.size(), 3u);
+  std::vector<at::Tensor> whole = middle->forward(carry);
+  std::vector<at::Tensor> part = middle->forward({carry.back()});
+  ASSERT_EQ(whole.size(), 5u);
+  ASSERT_EQ(part.size(), 3u);
+  for (size_t i = 0; i < part.size(); ++i) EXPECT_TRUE(torch::equal(part[i], whole[i + 2])) << i;
+  EXPECT_THAT(error_of([&] {
+                middle->forward({carry[1], carry[2]});
+              }),
+              HasSubstr("U-Net blocks layer3.0..layer4.1 take a carry of 3 tensors (the "
+                        "activation and 2 skip features), or its top 1, but got 2 tensors"));
+}
+
 TEST(UnetBlocks, AStageGivenTheWrongCarrySaysWhatItTakes) {
   const std::vector<UnetBlock> blocks = unet_blocks(18);
   UnetBlocks decoder(18, 1, unet_block_index(blocks, "decoder.0"),

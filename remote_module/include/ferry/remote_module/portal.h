@@ -64,13 +64,13 @@ int64_t new_flow_id();
 // On stage `index`'s worker, before its forward: its inputs (a tuple of its one list), from `main`
 // (what the stage before sent it: a tuple of one list, its elements routed to this stage in their
 // order) and the portal elements routed to it, taken from their producers' workers (`workers`:
-// each stage's worker), each in its position. A portal element is a fresh leaf; in grad mode it
-// passes through a node whose backward offers its gradient to its producer. `portal_leaves` are
-// those leaves: an explicit backward must ask for their gradients, or that node does not run.
-// Throws rpc::Error naming the stage and what did not fit or could not be taken.
+// each stage's worker), each in its position. In grad mode a portal element's grad_fn offers its
+// gradient to its producer; that node leads to a leaf of no elements in `anchors`, and an explicit
+// backward must ask for the anchors' gradients (none), or the node does not run. Throws
+// rpc::Error naming the stage and what did not fit or could not be taken.
 struct Gathered {
   c10::IValue inputs;
-  std::vector<at::Tensor> portal_leaves;
+  std::vector<at::Tensor> anchors;
 };
 Gathered gather_portals(const Routes& routes, const std::vector<std::string>& workers,
                         int64_t index, const Flow& flow, const c10::IValue& main);

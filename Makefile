@@ -17,6 +17,7 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 test: build
+	@bash scripts/install-deps.sh --tests
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300 -j 2
 
 # The frame decoder and handshake under libFuzzer for FUZZ_SECONDS; new inputs it finds go to

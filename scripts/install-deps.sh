@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package that Ferry's build, tests, benchmarks and demo need.
+# Installs every Debian package that Ferry's build, benchmarks and demo need; with --tests, also
+# what only tests need (Python with torch, for the tests that read files Python wrote).
 # Idempotent: when everything is present it only checks dpkg's database and returns.
 set -euo pipefail
 
@@ -15,6 +16,7 @@ packages=(
   clang-14 libclang-rt-14-dev
   iproute2 procps
 )
+if [ "${1:-}" = "--tests" ]; then packages+=(python3-torch); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -91,8 +91,6 @@ c10::IValue join_portals(const Routes& routes, const std::vector<std::string>& w
 
 // Empties this worker's mailbox of what pipelined flows left (after a failed step).
 void drop_pipelined_portals();
-// Elements and gradients this worker offers that nobody took yet (for tests).
-int64_t portals_waiting();
 
 // Adds the "ferry.portal.*" functions to `registry`.
 void install_portal_functions(rpc::FunctionRegistry& registry);

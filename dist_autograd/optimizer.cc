@@ -132,6 +132,9 @@ OptimizerFactory factory_of(const std::string& name) {
 struct LocalOptimizer : torch::CustomClassHolder {
   std::mutex mutex;
   std::vector<at::Tensor> params;
+  // Gradients of earlier contexts summed for the next step, one per parameter (undefined where
+  // none): ours alone, so later ones add in place.
+  std::vector<at::Tensor> accumulated;
   OptimizerFactory factory;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
@@ -170,14 +173,46 @@ c10::IValue create(std::vector<c10::IValue>& args) {
   return c10::IValue(std::move(local));
 }
 
+// Adds `grad` to the sum kept for parameter `i`. The first is copied: a context's gradient may be
+// the very tensor that autograd handed to another parameter too.
+void add_to_accumulated(LocalOptimizer& local, std::size_t i, const at::Tensor& grad) {
+  if (!grad.defined()) return;
+  at::Tensor& sum = local.accumulated[i];
+  if (sum.defined()) {
+    sum.add_(grad);
+  } else {
+    sum = grad.clone();
+  }
+}
+
+void accumulate(const c10::IValue& ref, std::int64_t context_id) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  ContextPtr context = find_context(context_id);
+  if (!context) return;
+  local->accumulated.resize(local->params.size());
+  for (std::size_t i = 0; i < local->params.size(); ++i) {
+    add_to_accumulated(*local, i, context->gradient(local->params[i]));
+  }
+}
+
 void step(const c10::IValue& ref, std::int64_t context_id) {
   auto local = local_of(ref);
   std::lock_guard<std::mutex> lock(local->mutex);
   // A context that never reached this worker has no gradients here: nothing moves.
   ContextPtr context = find_context(context_id);
-  for (at::Tensor& p : local->params) {
-    p.mutable_grad() = context ? context->gradient(p) : at::Tensor();
+  if (local->accumulated.empty()) {
+    for (at::Tensor& p : local->params) {
+      p.mutable_grad() = context ? context->gradient(p) : at::Tensor();
+    }
+  } else {
+    for (std::size_t i = 0; i < local->params.size(); ++i) {
+      if (context) add_to_accumulated(*local, i, context->gradient(local->params[i]));
+      local->params[i].mutable_grad() = local->accumulated[i];
+    }
   }
+  // Whether the step succeeds or not, what was accumulated went into it.
+  local->accumulated.clear();
   try {
     local->optimizer->step();
   } catch (...) {
@@ -216,6 +251,7 @@ void load_state(const c10::IValue& ref, const std::vector<at::Tensor>& saved) {
                      fmt::format("optimizer state for {} parameters given to an optimizer of {}",
                                  saved.size(), local->params.size()));
   }
+  local->accumulated.clear();
   auto& states = local->optimizer->state();
   for (size_t i = 0; i < saved.size(); ++i) {
     const at::Tensor& p = local->params[i];
@@ -336,6 +372,11 @@ void DistributedOptimizer::step(std::int64_t context_id) {
             [context_id](const Owner&) { return std::vector<c10::IValue>{context_id}; });
 }
 
+void DistributedOptimizer::accumulate(std::int64_t context_id) {
+  on_owners("accumulate", "ferry.optim.accumulate",
+            [context_id](const Owner&) { return std::vector<c10::IValue>{context_id}; });
+}
+
 void DistributedOptimizer::set_lr(double lr) {
   on_owners("set_lr", "ferry.optim.set_lr",
             [lr](const Owner&) { return std::vector<c10::IValue>{lr}; });
@@ -386,6 +427,9 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
   registry.add_raw("ferry.optim.create", create);
   registry.add("ferry.optim.step", [](c10::IValue ref, std::int64_t id) {
     rpc::run_on_compute_thread([&] { step(ref, id); });
+  });
+  registry.add("ferry.optim.accumulate", [](c10::IValue ref, std::int64_t id) {
+    rpc::run_on_compute_thread([&] { accumulate(ref, id); });
   });
   registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });
   registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });

@@ -29,6 +29,30 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--batch-size", train.batch_size, "images per step");
   train_cmd->add_option("--lr", train.lr, "learning rate");
   train_cmd->add_option("--optimizer", train.optimizer, "sgd|adam|adamw");
+  train_cmd
+      ->add_option("--accumulate", train.accumulate,
+                   "sum the gradients of this many batches into each optimizer step (as "
+                   "Lightning's accumulate_grad_batches)")
+      ->check(CLI::PositiveNumber);
+  train_cmd->add_option("--lr-schedule", train.lr_schedule,
+                        "the learning rate per optimizer step: constant|step|cosine|onecycle "
+                        "(saved in checkpoints; --resume goes on along the same curve)");
+  train_cmd->add_option("--warmup-steps", train.warmup_steps,
+                        "optimizer steps of linear warm-up (onecycle: its rise; default 30%)");
+  train_cmd->add_option("--lr-step-size", train.lr_step_size,
+                        "step schedule: optimizer steps between drops (default: a third of the "
+                        "run)");
+  train_cmd->add_option("--lr-gamma", train.lr_gamma, "step schedule: the factor of each drop");
+  train_cmd->add_option("--monitor", train.monitor,
+                        "the validation metric that picks the best epoch: "
+                        "val_loss|val_iou|val_dice (default val_loss)");
+  train_cmd->add_flag("--save-best", train.save_best,
+                      "keep the best epoch's checkpoint in CHECKPOINT_DIR/best beside the latest");
+  train_cmd->add_option("--early-stop-patience", train.early_stop_patience,
+                        "stop after this many epochs without improvement of --monitor");
+  train_cmd->add_flag("--freeze-batchnorm", train.freeze_batchnorm,
+                      "keep every batch norm's running statistics and affine parameters as "
+                      "loaded (for small batches, fine-tuning from pretrained weights)");
   train_cmd->add_option("--loss", train.loss, "bce|dice|bce+dice");
   train_cmd->add_flag("--via-master", train.via_master,
                       "send activations through the master between stages (naive model "

@@ -22,12 +22,15 @@
 #include <sstream>
 #include <thread>
 
+#include "examples/epoch_monitor.h"
 #include "examples/model_tools.h"
+#include "examples/placement.h"
 #include "examples/stage_plan.h"
 #include "examples/train_report.h"
 #include "examples/worker_loop.h"
 #include "ferry/data/dataset.h"
 #include "ferry/dist_autograd/context.h"
+#include "ferry/dist_autograd/lr_schedule.h"
 #include "ferry/dist_autograd/optimizer.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/models/unet.h"
@@ -48,42 +51,6 @@ using models::RemoteUnet;
 
 [[noreturn]] void fail(const std::string& message) {
   throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
-}
-
-// The worker of each planned stage: round robin over the workers that are not spares (the master
-// hosts them all in a world of one), then --placement's choices.
-std::vector<std::string> place_stages(const StagePlan& plan, const std::string& placement,
-                                      int spares) {
-  std::vector<std::string> names;
-  for (const auto& w : rpc::workers()) names.push_back(w.name);
-  if (spares > 0) {
-    if (static_cast<int>(names.size()) < 2 + spares) {
-      fail(fmt::format("--spares {} leaves no worker for the stages in a world of {}", spares,
-                       names.size()));
-    }
-    names.resize(names.size() - spares);
-  }
-  std::vector<std::string> out;
-  std::vector<std::string> stage_names;
-  for (size_t s = 0; s < plan.stages.size(); ++s) {
-    out.push_back(names.size() == 1 ? names[0] : names[1 + s % (names.size() - 1)]);
-    stage_names.push_back(plan.stages[s].name);
-  }
-  std::stringstream items(placement);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    auto eq = item.find('=');
-    auto it = std::find(stage_names.begin(), stage_names.end(), item.substr(0, eq));
-    if (eq == std::string::npos || it == stage_names.end()) {
-      fail(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}", item,
-                       fmt::join(stage_names, ", ")));
-    }
-    // "worker2" or "worker2/cuda:0"
-    std::string place = item.substr(eq + 1);
-    rpc::worker(worker_of(place));  // throws listing the workers there are
-    out[it - stage_names.begin()] = place;
-  }
-  return out;
 }
 
 at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::Tensor& masks) {
@@ -122,6 +89,10 @@ dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
 
 struct Validation {
   double loss = 0, iou = 0, dice = 0;
+  // By EpochMonitor's names.
+  double of(const std::string& metric) const {
+    return metric == "val_loss" ? loss : metric == "val_iou" ? iou : dice;
+  }
 };
 
 Validation validate(RemoteUnet& split, data::BatchLoader& loader, const TrainSettings& s) {
@@ -146,35 +117,6 @@ Validation validate(RemoteUnet& split, data::BatchLoader& loader, const TrainSet
   v.iou = union_ > 0 ? intersection / union_ : 1;
   v.dice = predicted + truth > 0 ? 2 * intersection / (predicted + truth) : 1;
   return v;
-}
-
-// What a user needs after a worker is lost, unreachable or out of memory: the stages it holds,
-// and where training can resume from. Empty for other errors.
-std::string stages_concerned(const rpc::Error& e, const RemoteUnet& split, const TrainSettings& s) {
-  const bool lost = e.kind() == rpc::ErrorKind::PeerDied || e.kind() == rpc::ErrorKind::Timeout;
-  const bool memory = std::string(e.what()).find(rpc::kOverBudget) != std::string::npos;
-  if (!lost && !memory) return "";
-  const std::vector<models::UnetBlock> blocks = models::unet_blocks(split.depth());
-  std::map<std::string, std::vector<std::string>> hosted;
-  for (const RemoteUnet::Stage& stage : split.stages()) {
-    const std::string& from = blocks[stage.plan.first].name;
-    const std::string& to = blocks[stage.plan.last - 1].name;
-    hosted[stage.module.worker()].push_back(
-        !memory      ? stage.name()
-        : from == to ? fmt::format("{} (block {})", stage.name(), from)
-                     : fmt::format("{} (blocks {}..{})", stage.name(), from, to));
-  }
-  std::string out;
-  for (const auto& [worker, names] : hosted) {
-    if (std::string(e.what()).find(fmt::format("\"{}\"", worker)) == std::string::npos) continue;
-    out += fmt::format("; worker \"{}\" {} stage {}", worker, lost ? "held" : "holds",
-                       fmt::join(names, ", "));
-  }
-  if (lost && !s.checkpoint_dir.empty()) {
-    out += fmt::format("; the last checkpoint in {} is intact: --resume continues from it",
-                       s.checkpoint_dir);
-  }
-  return out;
 }
 
 // The pipeline the settings ask for, or none for plain steps.
@@ -220,7 +162,8 @@ struct StagesOnWorkers {
 std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const StagePlan& plan,
                                               const std::vector<std::string>& workers) {
   auto job = std::make_unique<StagesOnWorkers>(StagesOnWorkers{
-      RemoteUnet::create(plan.depth, s.classes, plan.on(workers), static_cast<int64_t>(s.seed)),
+      RemoteUnet::create(plan.depth, s.classes, plan.on(workers), static_cast<int64_t>(s.seed),
+                         s.freeze_batchnorm),
       nullptr, nullptr});
   if (!s.weights.empty()) {
     models::LoadReport report = job->split.load_weights(s.weights);
@@ -240,79 +183,106 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
   return job;
 }
 
-// Loads the latest checkpoint in `dir` into the stages and the optimizer; returns the epoch it
-// was saved after. Tensors are found by name, so the checkpoint may come from another cut; the
-// optimizer's state is per parameter in the whole model's order, which no cut changes.
-int restore(StagesOnWorkers& job, const std::string& dir) {
+// Where a run stands between epochs: what a checkpoint saves beside the weights and the
+// optimizer's state, so that --resume goes on along the same learning-rate curve and keeps its
+// best epoch.
+struct Progress {
+  int epoch = 0;          // epochs done
+  std::int64_t step = 0;  // optimizer steps done
+  std::optional<EpochMonitor> monitor;
+};
+
+NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
+  NamedValues values{{"optimizer", job.optimizer->state_dict()},
+                     {"epoch", int64_t{p.epoch}},
+                     {"step", p.step}};
+  if (p.monitor) {
+    values["monitor"] = p.monitor->metric();
+    values["best_epoch"] = int64_t{p.monitor->best_epoch()};
+    values["best_value"] = p.monitor->best_value();
+    values["stale_epochs"] = int64_t{p.monitor->stale_epochs()};
+  }
+  return values;
+}
+
+// Loads the latest checkpoint in `dir` into the stages and the optimizer, and `progress` with
+// where it was saved. Tensors are found by name, so the checkpoint may come from another cut;
+// the optimizer's state is per parameter in the whole model's order, which no cut changes.
+void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
+             Progress& progress) {
   NamedValues extra = load_checkpoint_by_tensor_name(dir, job.split.named());
   job.optimizer->load_state_dict(extra.at("optimizer"));
-  return static_cast<int>(extra.at("epoch").toInt());
+  progress.epoch = static_cast<int>(extra.at("epoch").toInt());
+  // Checkpoints written before schedules counted no steps: a step per batch then.
+  progress.step = extra.count("step") ? extra.at("step").toInt()
+                                      : progress.epoch * static_cast<int64_t>(epoch_steps);
+  if (!progress.monitor) return;
+  EpochMonitor& monitor = *progress.monitor;
+  monitor.restore(0, 0, 0);
+  if (!extra.count("monitor")) return;
+  if (extra.at("monitor").toStringRef() != monitor.metric()) {
+    log::warn("the checkpoint in {} watched {}; --monitor {} starts afresh", dir,
+              extra.at("monitor").toStringRef(), monitor.metric());
+    return;
+  }
+  monitor.restore(static_cast<int>(extra.at("best_epoch").toInt()),
+                  extra.at("best_value").toDouble(),
+                  static_cast<int>(extra.at("stale_epochs").toInt()));
 }
 
-// Puts a spare in place of every lost worker that held a stage; says what it did, one line per
-// worker, or nothing when there is no such worker or not enough spares (then the job fails).
-std::vector<std::string> take_over_lost_workers(const StagePlan& plan,
-                                                std::vector<std::string>& workers,
-                                                std::vector<std::string>& spares) {
-  // A place is "worker" or "worker/device"; a spare takes the worker's part and keeps the device.
-  std::vector<std::string> lost_here;
-  for (const std::string& name : rpc::agent().lost_workers()) {
-    if (std::any_of(workers.begin(), workers.end(),
-                    [&](const std::string& place) { return worker_of(place) == name; })) {
-      lost_here.push_back(name);
-    }
-  }
-  if (lost_here.empty() || lost_here.size() > spares.size()) return {};
-  std::vector<std::string> done;
-  for (const std::string& lost : lost_here) {
-    std::string spare = spares.front();
-    spares.erase(spares.begin());
-    std::vector<std::string> stages;
-    for (size_t k = 0; k < workers.size(); ++k) {
-      if (worker_of(workers[k]) != lost) continue;
-      workers[k] = spare + workers[k].substr(lost.size());
-      stages.push_back(plan.stages[k].name);
-    }
-    done.push_back(fmt::format("worker \"{}\" was lost; spare \"{}\" takes over stage {}", lost,
-                               spare, fmt::join(stages, ", ")));
-  }
-  return done;
+// Optimizer steps in an epoch of `batches`: the last may sum fewer than --accumulate batches.
+std::size_t steps_per_epoch(std::size_t batches, int accumulate) {
+  return (batches + accumulate - 1) / accumulate;
 }
 
-// One pass over the training set; returns the seconds spent in steps.
+// One pass over the training set; returns the seconds spent in steps. Each batch's gradients
+// are kept on the owners until --accumulate of them are summed into one optimizer step, its
+// learning rate the schedule's at `step`.
 double train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
-                   const TrainSettings& s) {
-  auto micro_loss = [&s](const at::Tensor& out, const at::Tensor& target) {
-    return loss_of(s.loss, out, target);
+                   const TrainSettings& s, const dist_autograd::LrSchedule& schedule,
+                   std::int64_t& step) {
+  // Each batch's loss is a mean over its images; 1/K of it, summed over K batches, is the mean
+  // over the K batches, as one step on a K times larger batch.
+  const double scale = 1.0 / s.accumulate;
+  auto micro_loss = [&s, scale](const at::Tensor& out, const at::Tensor& target) {
+    return loss_of(s.loss, out, target) * scale;
   };
   loader.start_epoch(epoch);
   ProgressBar bar(epoch, s.epochs, loader.batches());
   double loss_sum = 0, rate = 0, train_s = 0;
-  std::size_t step = 0;
+  std::size_t index = 0;
   while (auto batch = loader.next()) {
     auto start = Clock::now();
+    ++index;
+    const bool steps = index % s.accumulate == 0 || index == loader.batches();
     double loss_value;
     {
       dist_autograd::Context context;
       if (job.pipe) {
-        loss_value = job.pipe->step(batch->images, batch->masks, micro_loss).loss;
+        loss_value = job.pipe->step(batch->images, batch->masks, micro_loss).loss / scale;
       } else {
         at::Tensor loss =
             loss_of(s.loss, job.split.forward(batch->images, !s.via_master), batch->masks);
-        dist_autograd::backward(context.id(), {loss});
+        dist_autograd::backward(context.id(), {loss * scale});
         loss_value = loss.item<double>();
       }
-      job.optimizer->step(context.id());
+      if (steps) {
+        const double lr = schedule.lr_at(step);
+        if (lr != job.optimizer->spec().options.at("lr")) job.optimizer->set_lr(lr);
+        job.optimizer->step(context.id());
+        ++step;
+      } else {
+        job.optimizer->accumulate(context.id());
+      }
     }
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_s += seconds;
     double images_per_s = batch->images.size(0) / seconds;
-    rate = step == 0 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
+    rate = index == 1 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
     loss_sum += loss_value;
-    ++step;
-    bar.update(step, loss_sum / step, rate);
+    bar.update(index, loss_sum / index, rate);
   }
-  job.last_train_loss = loss_sum / std::max<std::size_t>(step, 1);
+  job.last_train_loss = loss_sum / std::max<std::size_t>(index, 1);
   return train_s;
 }
 
@@ -346,11 +316,38 @@ StagePlan plan_of(const TrainSettings& s) {
   }
 }
 
+dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total_steps) {
+  try {
+    return dist_autograd::LrSchedule::parse(s.lr_schedule, s.lr, total_steps, s.warmup_steps,
+                                            s.lr_step_size, s.lr_gamma);
+  } catch (const std::invalid_argument& e) {
+    fail(fmt::format("--lr-schedule: {}", e.what()));
+  }
+}
+
+// The monitor the settings ask for, if any; fails on settings that cannot work together.
+std::optional<EpochMonitor> monitor_of(const TrainSettings& s) {
+  if (s.save_best && s.checkpoint_dir.empty()) {
+    fail("--save-best needs --checkpoint-dir: the best epoch's checkpoint goes to its best/");
+  }
+  if (s.monitor.empty() && !s.save_best && s.early_stop_patience == 0) return std::nullopt;
+  try {
+    return EpochMonitor(s.monitor.empty() ? "val_loss" : s.monitor, s.early_stop_patience);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+}
+
+std::string best_dir(const TrainSettings& s) {
+  return (std::filesystem::path(s.checkpoint_dir) / "best").string();
+}
+
 int train_as_master(const TrainSettings& s) {
   depth_of(s.model);  // an unknown model fails before the data is read
   if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
     fail(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
   }
+  if (s.accumulate < 1) fail(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
   // The data first: a wrong folder is found before any worker builds a stage.
   auto [train_set, validation_set] = datasets_of(s);
   auto [train_indices, validation_indices] =
@@ -363,6 +360,11 @@ int train_as_master(const TrainSettings& s) {
   }
   data::BatchLoader validation_loader(validation_set, validation_indices, s.batch_size,
                                       std::nullopt);
+  const std::size_t epoch_steps = steps_per_epoch(train_loader.batches(), s.accumulate);
+  const dist_autograd::LrSchedule schedule =
+      schedule_of(s, static_cast<std::int64_t>(epoch_steps) * s.epochs);
+  Progress progress;
+  progress.monitor = monitor_of(s);
 
   const StagePlan plan = plan_of(s);
   std::vector<std::string> workers = place_stages(plan, s.placement, s.spares);
@@ -381,34 +383,50 @@ int train_as_master(const TrainSettings& s) {
   }
   std::unique_ptr<StagesOnWorkers> job = build_stages(s, plan, workers);
 
-  int first_epoch = 1;
   if (s.resume) {
     if (s.checkpoint_dir.empty()) fail("--resume needs --checkpoint-dir");
-    first_epoch = restore(*job, s.checkpoint_dir) + 1;
-    log::info("resumed from {} after epoch {}", s.checkpoint_dir, first_epoch - 1);
+    restore(*job, s.checkpoint_dir, epoch_steps, progress);
+    log::info("resumed from {} after epoch {} (optimizer step {})", s.checkpoint_dir,
+              progress.epoch, progress.step);
+  }
+  if (schedule.kind != dist_autograd::LrSchedule::Kind::Constant || schedule.warmup_steps > 0) {
+    log::info("learning rate: {}", schedule.describe());
   }
 
   nlohmann::ordered_json metrics;
   metrics["epochs"] = nlohmann::ordered_json::array();
   double train_s = 0;
   int takeovers = 0;
+  int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
   for (;;) {
     try {
-      for (int epoch = first_epoch; epoch <= s.epochs; ++epoch) {
-        train_s += train_epoch(*job, train_loader, epoch, s);
+      for (int epoch = progress.epoch + 1; epoch <= s.epochs; ++epoch) {
+        train_s += train_epoch(*job, train_loader, epoch, s, schedule, progress.step);
         Validation v = validate(job->split, validation_loader, s);
+        const double lr = job->optimizer->spec().options.at("lr");
         metrics["epochs"].push_back({{"epoch", epoch},
                                      {"train_loss", job->last_train_loss},
                                      {"val_loss", v.loss},
                                      {"val_iou", v.iou},
-                                     {"val_dice", v.dice}});
+                                     {"val_dice", v.dice},
+                                     {"lr", lr}});
         std::cerr << fmt::format(
             "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU "
-            "{:.3f}, Dice {:.3f}\n",
-            epoch, s.epochs, job->last_train_loss, v.loss, v.iou, v.dice);
+            "{:.3f}, Dice {:.3f}, learning rate {:.3g}\n",
+            epoch, s.epochs, job->last_train_loss, v.loss, v.iou, v.dice, lr);
+        progress.epoch = epoch;
+        EpochMonitor::Verdict verdict;
+        if (progress.monitor) verdict = progress.monitor->observe(epoch, v.of(progress.monitor->metric()));
         if (!s.checkpoint_dir.empty()) {
-          save_checkpoint(s.checkpoint_dir, job->split.named(), 2,
-                          {{"optimizer", job->optimizer->state_dict()}, {"epoch", int64_t{epoch}}});
+          NamedValues values = progress_values(progress, *job);
+          save_checkpoint(s.checkpoint_dir, job->split.named(), 2, values);
+          if (s.save_best && verdict.improved) {
+            save_checkpoint(best_dir(s), job->split.named(), 1, values);
+          }
+        }
+        if (verdict.stop) {
+          stopped_after = epoch;
+          break;
         }
       }
       break;
@@ -426,7 +444,7 @@ int train_as_master(const TrainSettings& s) {
       }
       if (taken.empty()) {
         throw rpc::Error(e.kind(),
-                         fmt::format("{}{}", e.what(), stages_concerned(e, job->split, s)));
+                         fmt::format("{}{}", e.what(), stages_concerned(e, job->split, s.checkpoint_dir)));
       }
       log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
       // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
@@ -434,17 +452,21 @@ int train_as_master(const TrainSettings& s) {
       job = build_stages(s, plan, workers);
       bool saved = !s.checkpoint_dir.empty() &&
                    std::filesystem::exists(std::filesystem::path(s.checkpoint_dir) / "LATEST");
-      first_epoch = saved ? restore(*job, s.checkpoint_dir) + 1 : 1;
-      log::warn("training goes on from epoch {}{}", first_epoch,
+      progress = Progress{0, 0, monitor_of(s)};
+      if (saved) restore(*job, s.checkpoint_dir, epoch_steps, progress);
+      log::warn("training goes on from epoch {}{}", progress.epoch + 1,
                 saved ? fmt::format(" (the checkpoint in {})", s.checkpoint_dir) : "");
       auto& done = metrics["epochs"];
-      while (!done.empty() && done.back()["epoch"].get<int>() >= first_epoch) {
+      while (!done.empty() && done.back()["epoch"].get<int>() > progress.epoch) {
         done.erase(done.size() - 1);
       }
       ++takeovers;
     }
   }
   metrics["takeovers"] = takeovers;
+  if (progress.monitor) {
+    report_best(*progress.monitor, s.save_best ? best_dir(s) : "", stopped_after, metrics);
+  }
   metrics["stages"] = nlohmann::ordered_json::array();
   for (size_t k = 0; k < plan.stages.size(); ++k) {
     StageStats stats = job->split.stages()[k].module.stats();

@@ -41,6 +41,20 @@ struct TrainSettings {
   int epochs = 3;
   int64_t batch_size = 8;
   double lr = 0.01;
+  int accumulate = 1;  // batches whose gradients are summed into one optimizer step
+  // The learning rate per optimizer step (dist_autograd::LrSchedule): constant | step | cosine |
+  // onecycle, with a warm-up (-1: none, or 30% of the run for onecycle).
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = -1;
+  int64_t lr_step_size = 0;  // step: optimizer steps between drops (0: a third of the run)
+  double lr_gamma = 0.1;     // step: the factor of each drop
+  // The best epoch by a validation metric (val_loss | val_iou | val_dice; empty: val_loss
+  // where --save-best or --early-stop-patience needs one), its checkpoint in
+  // checkpoint_dir/best, and a stop after `early_stop_patience` epochs without improvement.
+  std::string monitor;
+  bool save_best = false;
+  int early_stop_patience = 0;
+  bool freeze_batchnorm = false;  // batch norms keep their statistics and affine parameters
   std::string optimizer = "adam";  // sgd | adam | adamw
   std::string loss = "bce+dice";   // bce | dice | bce+dice
   int64_t classes = 1;

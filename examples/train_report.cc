@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -82,6 +84,31 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
                        : "activations go through the master, so each row has its stage's")
             << "); idle is the share of training time the worker computed nothing; tensors and "
                "RSS are the worker's peaks (tensor memory as its allocator counts it).\n";
+}
+
+void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
+                 nlohmann::ordered_json& metrics) {
+  if (monitor.best_epoch() == 0) return;
+  std::string line = fmt::format("best epoch: {} ({} {:.4f})", monitor.best_epoch(),
+                                 monitor.metric(), monitor.best_value());
+  metrics["monitor"] = monitor.metric();
+  metrics["best_epoch"] = monitor.best_epoch();
+  metrics["best_value"] = monitor.best_value();
+  if (!best_dir.empty()) {
+    std::ifstream latest(std::filesystem::path(best_dir) / "LATEST");
+    std::string folder;
+    std::getline(latest, folder);
+    const std::string path = (std::filesystem::path(best_dir) / folder).string();
+    line += fmt::format("; its checkpoint: {} (--checkpoint-dir {} --resume starts from it)",
+                        path, best_dir);
+    metrics["best_checkpoint"] = path;
+  }
+  if (stopped_after > 0) {
+    line += fmt::format("; stopped early after epoch {}: {} did not improve for {} epochs",
+                        stopped_after, monitor.metric(), monitor.patience());
+    metrics["stopped_after_epoch"] = stopped_after;
+  }
+  std::cerr << line << "\n";
 }
 
 }  // namespace ferry::examples

@@ -5,6 +5,10 @@
 #include <chrono>
 #include <cstddef>
 
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "examples/epoch_monitor.h"
 #include "ferry/models/remote_unet.h"
 
 namespace ferry::examples {
@@ -27,5 +31,11 @@ class ProgressBar {
 // its worker idled over `train_s` seconds of training, and its worker's peaks. `direct`: the
 // activations went stage to stage.
 void print_stage_table(const models::RemoteUnet& split, double train_s, bool direct);
+
+// The end of a run by the monitored metric: which epoch was best, where its checkpoint is (the
+// latest in `best_dir`; empty: none was kept), whether the run stopped early after epoch
+// `stopped_after` (0: it did not). Printed and put in `metrics`.
+void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
+                 nlohmann::ordered_json& metrics);
 
 }  // namespace ferry::examples

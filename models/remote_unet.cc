@@ -74,7 +74,7 @@ Routes RemoteUnet::routes_of(int64_t depth, const std::vector<StagePlan>& plan) 
 }
 
 RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes, const std::vector<StagePlan>& plan,
-                              int64_t seed) {
+                              int64_t seed, bool freeze_batchnorm) {
   RemoteUnet net;
   net.routes_ = routes_of(depth, plan);  // before any worker builds anything
   check_routes(net.routes_, plan.size());
@@ -87,6 +87,7 @@ RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes, const std::vector<
     config.insert("first", stage.first);
     config.insert("last", stage.last);
     config.insert("seed", seed);
+    config.insert("freeze_batchnorm", int64_t{freeze_batchnorm ? 1 : 0});
     RemoteModule module = RemoteModule::create(stage.worker, "unet.blocks", config);
     if (!stage.device.empty()) {
       try {

@@ -68,6 +68,7 @@ std::unique_ptr<Stage> make_blocks(const StageConfig& config) {
       depth, config_int(config, type, "classes", 1), config_int(config, type, "first", 0),
       config_int(config, type, "last", count), config_int(config, type, "seed", 0),
       config_int(config, type, "in_channels", 3));
+  if (config_int(config, type, "freeze_batchnorm", 0) != 0) net->freeze_batchnorm();
   const bool ends_model = net->last() == count;
   return std::make_unique<ModuleStage>(net, [net, ends_model](std::vector<c10::IValue>& inputs) {
     std::vector<at::Tensor> carry;

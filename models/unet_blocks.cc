@@ -222,4 +222,21 @@ std::vector<at::Tensor> UnetBlocksImpl::block_parameters(int64_t block) const {
   return out;
 }
 
+void UnetBlocksImpl::freeze_batchnorm() {
+  batchnorm_frozen_ = true;
+  for (const auto& module : modules(/*include_self=*/false)) {
+    if (!dynamic_cast<nn::BatchNorm2dImpl*>(module.get())) continue;
+    for (at::Tensor& p : module->parameters()) p.requires_grad_(false);
+  }
+  train(is_training());
+}
+
+void UnetBlocksImpl::train(bool on) {
+  nn::Module::train(on);
+  if (!batchnorm_frozen_) return;
+  for (const auto& module : modules(/*include_self=*/false)) {
+    if (dynamic_cast<nn::BatchNorm2dImpl*>(module.get())) module->train(false);
+  }
+}
+
 }  // namespace ferry::models

@@ -1,5 +1,6 @@
 #include "ferry/remote_module/checkpoint.h"
 
+#include <cctype>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -147,8 +148,13 @@ std::pair<fs::path, nlohmann::json> latest_checkpoint(const std::string& dir) {
   if (!fs::exists(root / "LATEST")) {
     fail(fmt::format("no checkpoint in \"{}\" (it has no LATEST file)", dir));
   }
-  std::vector<char> latest = read_file(root / "LATEST");
-  fs::path folder = root / std::string(latest.begin(), latest.end());
+  std::vector<char> bytes = read_file(root / "LATEST");
+  std::string latest(bytes.begin(), bytes.end());
+  // A LATEST edited by hand (to go back to an older checkpoint) usually ends with a newline.
+  while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) {
+    latest.pop_back();
+  }
+  fs::path folder = root / latest;
   return {folder, nlohmann::json::parse(read_file(folder / "manifest.json"))};
 }
 

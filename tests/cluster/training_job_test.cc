@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <opencv2/core.hpp>
@@ -67,22 +68,38 @@ TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
 }
 
 // A folder of red squares on noise with their masks, as a user's data set would be laid out.
-std::string write_folder_data_set(int count) {
+// The `inverted` samples after them (in name order: the validation share) have their masks
+// inverted, so that learning the training set makes the validation metrics worse.
+std::string write_folder_data_set(int count, int inverted = 0) {
   std::string dir = "/tmp/ferry-folder-job-" + std::to_string(getpid());
   std::filesystem::create_directories(dir + "/images");
   std::filesystem::create_directories(dir + "/masks");
   cv::RNG rng(7);
-  for (int i = 0; i < count; ++i) {
+  for (int i = 0; i < count + inverted; ++i) {
     cv::Mat image(48, 48, CV_8UC3), mask(48, 48, CV_8UC1, cv::Scalar(0));
     rng.fill(image, cv::RNG::UNIFORM, 0, 128);
     cv::Rect square(rng.uniform(0, 24), rng.uniform(0, 24), 20, 20);
     image(square).setTo(cv::Scalar(0, 0, 255));
     mask(square).setTo(255);
-    std::string name = "sample" + std::to_string(i);
+    if (i >= count) cv::bitwise_not(mask, mask);
+    std::string name = (i < count ? "sample" : "zz-held-out") + std::to_string(i);
     cv::imwrite(dir + "/images/" + name + (i % 2 ? ".jpg" : ".png"), image);
     cv::imwrite(dir + "/masks/" + name + ".png", mask);
   }
   return dir;
+}
+
+std::vector<char> bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+// The folder of the newest checkpoint in `dir`.
+std::string latest_checkpoint(const std::string& dir) {
+  std::ifstream latest(dir + "/LATEST");
+  std::string folder;
+  latest >> folder;
+  return dir + "/" + folder;
 }
 
 TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
@@ -98,14 +115,7 @@ TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
 
   // The encoder stage's checkpoint file, its names made those of a torchvision ResNet (a stage's
   // file has the whole U-Net's names, "encoder.conv1.weight").
-  std::ifstream latest(checkpoints + "/LATEST");
-  std::string folder;
-  latest >> folder;
-  auto bytes = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
-  };
-  auto saved = torch::pickle_load(bytes(checkpoints + "/" + folder + "/encoder.pt"))
+  auto saved = torch::pickle_load(bytes(latest_checkpoint(checkpoints) + "/encoder.pt"))
                    .to<c10::Dict<std::string, at::Tensor>>();
   c10::Dict<std::string, at::Tensor> resnet;
   for (const auto& item : saved) resnet.insert(item.key().substr(8), item.value());
@@ -309,6 +319,176 @@ TEST(TrainingJob, UnknownModelIsAClearError) {
   CommandResult r = run(std::string(FERRY_MASTER) + " describe --model unet-resnet42");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(contains(r.output, "no ResNet of depth 42")) << r.output;
+}
+
+// Every stage's tensors in checkpoint `folder` by name, and the values saved beside them.
+struct SavedCheckpoint {
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, c10::IValue> values;
+};
+
+SavedCheckpoint read_checkpoint(const std::string& folder) {
+  SavedCheckpoint out;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    if (entry.path().extension() != ".pt") continue;
+    c10::IValue value = torch::pickle_load(bytes(entry.path().string()));
+    if (!value.isGenericDict()) {
+      out.values[entry.path().stem().string()] = value;
+      continue;
+    }
+    for (const auto& item : value.toGenericDict()) {
+      out.tensors[item.key().toStringRef()] = item.value().toTensor().to(at::kDouble);
+    }
+  }
+  return out;
+}
+
+// The largest difference between same-named tensors, relative to the tensor's size.
+double largest_relative_difference(const SavedCheckpoint& a, const SavedCheckpoint& b) {
+  EXPECT_EQ(a.tensors.size(), b.tensors.size());
+  double largest = 0;
+  for (const auto& [name, tensor] : a.tensors) {
+    const at::Tensor& other = b.tensors.at(name);
+    double scale = std::max(other.norm().item<double>(), 1e-12);
+    largest = std::max(largest, (tensor - other).norm().item<double>() / scale);
+  }
+  return largest;
+}
+
+// With batch norm frozen a batch's images do not see each other, so four batches of two summed
+// into one optimizer step are one step on their eight images together: plain and pipelined.
+TEST(TrainingJob, AccumulatingFourBatchesOfTwoStepsAsOneBatchOfEight) {
+  const std::string base = "/tmp/ferry-accumulate-" + std::to_string(getpid());
+  const std::string job = std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
+                          " train --model unet-resnet18 --image-size 32 --samples 20 --epochs 1"
+                          " --optimizer sgd --lr 0.05 --loss bce --freeze-batchnorm --seed 5";
+  for (const std::string pipeline : {"", " --pipeline 1f1b --microbatches 2"}) {
+    SCOPED_TRACE(pipeline);
+    CommandResult eight = run(job + pipeline + " --batch-size 8 --checkpoint-dir " + base + "-8");
+    ASSERT_EQ(eight.status, 0) << eight.output;
+    CommandResult summed =
+        run(job + pipeline + " --batch-size 2 --accumulate 4 --checkpoint-dir " + base + "-2x4");
+    ASSERT_EQ(summed.status, 0) << summed.output;
+    SavedCheckpoint a = read_checkpoint(latest_checkpoint(base + "-8"));
+    SavedCheckpoint b = read_checkpoint(latest_checkpoint(base + "-2x4"));
+    // 16 training images: two optimizer steps either way.
+    EXPECT_EQ(a.values.at("step").toInt(), 2);
+    EXPECT_EQ(b.values.at("step").toInt(), 2);
+    EXPECT_GT(a.tensors.size(), 100u);
+    EXPECT_LE(largest_relative_difference(a, b), 1e-5);
+    if (pipeline.empty()) {
+      // Eight steps on batches of two end elsewhere: the equality above is the sum's.
+      CommandResult apart = run(job + " --batch-size 2 --checkpoint-dir " + base + "-2");
+      ASSERT_EQ(apart.status, 0) << apart.output;
+      EXPECT_GT(largest_relative_difference(a, read_checkpoint(latest_checkpoint(base + "-2"))),
+                1e-3);
+      std::filesystem::remove_all(base + "-2");
+    }
+    std::filesystem::remove_all(base + "-8");
+    std::filesystem::remove_all(base + "-2x4");
+  }
+}
+
+// A run that stops after epoch 1 and resumes goes on along the same learning-rate curve and
+// ends where the uninterrupted run ends.
+TEST(TrainingJob, AScheduleResumesOnTheSameCurve) {
+  const std::string base = "/tmp/ferry-schedule-" + std::to_string(getpid());
+  const std::string job = std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
+                          " train --model unet-resnet18 --image-size 32 --samples 40"
+                          " --batch-size 8 --epochs 2 --optimizer adam --lr 0.01"
+                          " --lr-schedule cosine --warmup-steps 2 --seed 2 --checkpoint-dir " +
+                          base;
+  CommandResult full = run(job + " --metrics-file " + base + "-full.json");
+  ASSERT_EQ(full.status, 0) << full.output;
+  EXPECT_TRUE(contains(full.output, "learning rate: cosine from 0.01 over 8 steps, 2 warm-up"))
+      << full.output;
+  const std::string second = latest_checkpoint(base);
+  SavedCheckpoint uninterrupted = read_checkpoint(second);
+  // The interruption: the first epoch's checkpoint (kept beside the second) becomes the latest.
+  std::string first;
+  for (const auto& entry : std::filesystem::directory_iterator(base)) {
+    if (entry.is_directory() && entry.path().string() != second) first = entry.path().string();
+  }
+  ASSERT_FALSE(first.empty());
+  ASSERT_EQ(read_checkpoint(first).values.at("epoch").toInt(), 1);
+  std::ofstream(base + "/LATEST", std::ios::trunc)
+      << std::filesystem::path(first).filename().string() << "\n";
+
+  CommandResult resumed = run(job + " --resume --metrics-file " + base + "-resumed.json");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "after epoch 1 (optimizer step 4)")) << resumed.output;
+  auto full_epochs = nlohmann::json::parse(std::ifstream(base + "-full.json"))["epochs"];
+  auto resumed_epochs = nlohmann::json::parse(std::ifstream(base + "-resumed.json"))["epochs"];
+  ASSERT_EQ(full_epochs.size(), 2u);
+  ASSERT_EQ(resumed_epochs.size(), 1u);
+  EXPECT_EQ(resumed_epochs[0]["lr"].get<double>(), full_epochs[1]["lr"].get<double>());
+  EXPECT_LT(full_epochs[1]["lr"].get<double>(), full_epochs[0]["lr"].get<double>());
+  SavedCheckpoint after = read_checkpoint(latest_checkpoint(base));
+  EXPECT_EQ(after.values.at("step").toInt(), 8);
+  EXPECT_LE(largest_relative_difference(after, uninterrupted), 1e-5);
+  std::filesystem::remove_all(base);
+  std::remove((base + "-full.json").c_str());
+  std::remove((base + "-resumed.json").c_str());
+}
+
+// The validation masks are the inverse of what the training set teaches: the validation loss
+// is best early, the run stops `patience` epochs later and keeps the best epoch's checkpoint.
+TEST(TrainingJob, KeepsTheBestEpochAndStopsWhenTheMetricNoLongerImproves) {
+  const std::string data = write_folder_data_set(16, 4);
+  const std::string checkpoints = data + "-checkpoints";
+  const std::string metrics_file = data + ".json";
+  CommandResult r =
+      run(std::string(FERRY_LAUNCH) + " --nproc 2 -- " + FERRY_MASTER +
+          " train --model unet-resnet18 --data " + data +
+          " --crop --image-size 32 --batch-size 4 --epochs 10 --optimizer adam --lr 0.003"
+          " --monitor val_loss --save-best --early-stop-patience 2 --checkpoint-dir " +
+          checkpoints + " --metrics-file " + metrics_file);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto metrics = nlohmann::json::parse(std::ifstream(metrics_file));
+  ASSERT_TRUE(metrics.contains("stopped_after_epoch")) << r.output;
+  const int stopped = metrics["stopped_after_epoch"].get<int>();
+  const int best = metrics["best_epoch"].get<int>();
+  EXPECT_LT(stopped, 10);
+  EXPECT_EQ(stopped, best + 2);
+  const auto& epochs = metrics["epochs"];
+  ASSERT_EQ(static_cast<int>(epochs.size()), stopped);
+  for (const auto& epoch : epochs) {
+    EXPECT_GE(epoch["val_loss"].get<double>(), epochs[best - 1]["val_loss"].get<double>());
+  }
+  EXPECT_TRUE(contains(r.output, "best epoch: " + std::to_string(best) + " (val_loss "))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "its checkpoint: " + checkpoints + "/best/ckpt-")) << r.output;
+  EXPECT_TRUE(contains(r.output, "stopped early after epoch " + std::to_string(stopped) +
+                                     ": val_loss did not improve for 2 epochs"))
+      << r.output;
+  SavedCheckpoint kept = read_checkpoint(latest_checkpoint(checkpoints + "/best"));
+  EXPECT_EQ(kept.values.at("epoch").toInt(), best);
+  EXPECT_EQ(read_checkpoint(latest_checkpoint(checkpoints)).values.at("epoch").toInt(), stopped);
+  std::filesystem::remove_all(data);
+  std::filesystem::remove_all(checkpoints);
+  std::remove(metrics_file.c_str());
+}
+
+TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
+  const std::string job = std::string(FERRY_LAUNCH) + " --nproc 1 -- " + FERRY_MASTER +
+                          " train --image-size 32 --samples 40 --epochs 1 --batch-size 4"
+                          " --model unet-resnet18";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" --lr-schedule linear",
+       "--lr-schedule: learning-rate schedule \"linear\" is none of constant, step, cosine, "
+       "onecycle"},
+      {" --lr-schedule cosine --warmup-steps 8",
+       "8 warm-up steps leave none of the run's 8 optimizer steps"},
+      {" --save-best", "--save-best needs --checkpoint-dir"},
+      {" --monitor val_acc", "--monitor must be val_loss, val_iou or val_dice, not \"val_acc\""},
+      {" --accumulate 0", "--accumulate"},
+  };
+  for (const auto& [flags, message] : cases) {
+    CommandResult r = run(job + flags);
+    EXPECT_NE(r.status, 0) << flags;
+    EXPECT_TRUE(contains(r.output, message)) << flags << "\n" << r.output;
+    EXPECT_FALSE(contains(r.output, "encoder  ")) << "a stage was planned: " << r.output;
+  }
 }
 
 }  // namespace

@@ -165,6 +165,41 @@ TEST(DistributedOptimizer, StateInACheckpointResumesExactly) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(DistributedOptimizer, AccumulatedContextsStepAsOneContextOfTheirSummedLosses) {
+  LocalWorld world(two_workers());
+  auto loss_of = [](const TwoStages& stages, const at::Tensor& x) {
+    at::Tensor y = stages.second.forward({stages.first.forward({x})}).toTensor();
+    return (y * y).mean();
+  };
+  TwoStages accumulating, whole;
+  DistributedOptimizer accumulating_optimizer(OptimizerSpec::sgd(0.1, 0.9),
+                                              accumulating.parameters());
+  DistributedOptimizer whole_optimizer(OptimizerSpec::sgd(0.1, 0.9), whole.parameters());
+  // Two optimizer steps of three batches each: the sum must not leak from one step to the next.
+  for (int round = 0; round < 2; ++round) {
+    for (int k = 0; k < 3; ++k) {
+      Context context;
+      backward(context.id(), {loss_of(accumulating, batch(3 * round + k)) / 3});
+      if (k < 2) {
+        accumulating_optimizer.accumulate(context.id());
+      } else {
+        accumulating_optimizer.step(context.id());
+      }
+    }
+    Context context;
+    at::Tensor sum = loss_of(whole, batch(3 * round)) + loss_of(whole, batch(3 * round + 1)) +
+                     loss_of(whole, batch(3 * round + 2));
+    backward(context.id(), {sum / 3});
+    whole_optimizer.step(context.id());
+  }
+  expect_same_parameters(accumulating.first, whole.first, 1e-6);
+  expect_same_parameters(accumulating.second, whole.second, 1e-6);
+  // And they did move: the equality above is not that of two untouched models.
+  TwoStages untouched;
+  EXPECT_FALSE(torch::allclose(untouched.first.state_dict().begin()->value(),
+                               whole.first.state_dict().begin()->value()));
+}
+
 TEST(DistributedOptimizer, StateOfTheWrongSizeIsRefused) {
   LocalWorld world(two_workers());
   TwoStages stages;

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
+
 #include "ferry/models/block_costs.h"
 #include "ferry/models/compare.h"
 #include "ferry/models/unet.h"
@@ -173,6 +175,37 @@ TEST(UnetBlocks, StagesOfTheBlockTypeReturnTheCarryAndTheLastTheLogits) {
   c10::IValue logits = back->forward({carry});
   ASSERT_TRUE(logits.isTensor());
   EXPECT_THAT(logits.toTensor().sizes().vec(), ElementsAre(2, 1, 64, 64));
+}
+
+TEST(UnetBlocks, FrozenBatchNormKeepsItsStatisticsAndGetsNoGradientInTrainMode) {
+  register_unet_stages();
+  StageConfig config = stage_config();
+  config.insert("depth", int64_t{18});
+  config.insert("first", int64_t{0});
+  config.insert("last", int64_t{3});
+  config.insert("freeze_batchnorm", int64_t{1});
+  auto stage = make_stage("unet.blocks", config);
+  stage->train(true);
+  auto buffers_before = stage->named_buffers();
+  std::map<std::string, at::Tensor> before;
+  for (auto& [name, t] : buffers_before) before[name] = t.clone();
+  at::Tensor images = torch::randn({2, 3, 32, 32}).requires_grad_();
+  c10::IValue carry = stage->forward({images});
+  at::Tensor loss = carry.toTensorList().get(carry.toTensorList().size() - 1).sum();
+  loss.backward();
+  int frozen = 0, trained = 0;
+  for (auto& [name, p] : stage->named_parameters()) {
+    const bool batchnorm = name.find("bn") != std::string::npos;
+    EXPECT_EQ(p.requires_grad(), !batchnorm) << name;
+    EXPECT_EQ(p.grad().defined(), !batchnorm) << name;
+    (batchnorm ? frozen : trained) += 1;
+  }
+  EXPECT_GT(frozen, 0);
+  EXPECT_GT(trained, 0);
+  for (auto& [name, t] : stage->named_buffers()) {
+    EXPECT_TRUE(torch::equal(t, before.at(name))) << name << " moved in a training forward";
+  }
+  EXPECT_TRUE(images.grad().defined());
 }
 
 TEST(BlockCosts, EveryBlockIsMeasuredAndTheParametersAddUp) {

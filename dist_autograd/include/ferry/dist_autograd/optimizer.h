@@ -58,7 +58,13 @@ class DistributedOptimizer {
   // Steps every owner's optimizer concurrently with the gradients of `context_id` there; a
   // parameter without a gradient in it is left alone. Throws rpc::Error naming every owner that
   // failed.
+  // Gradients summed by earlier accumulate() calls join this context's.
   void step(std::int64_t context_id);
+  // Keeps the gradients of `context_id` on every owner, summed, for the next step (gradient
+  // accumulation: the context may then be released). Costs one copy of the gradients per owner,
+  // as `.grad` would. Throws as step() does.
+  void accumulate(std::int64_t context_id);
+  // Sets every parameter group's learning rate on every owner (a schedule calls it per step).
   void set_lr(double lr);
 
   // The optimizer state of each parameter, in the order given to the constructor (a list of byte

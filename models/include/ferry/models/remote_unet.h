@@ -36,8 +36,10 @@ class RemoteUnet {
   // Builds every stage of `plan` on its worker (and device). The ranges must cover the blocks in
   // order without gaps and the names must differ: otherwise rpc::Error(InvalidArgument) naming the
   // stage, before anything is built. A device the worker lacks is an error naming the stage.
+  // With `freeze_batchnorm`, every stage's batch norms keep their statistics and affine
+  // parameters (UnetBlocksImpl::freeze_batchnorm).
   static RemoteUnet create(int64_t depth, int64_t classes, const std::vector<StagePlan>& plan,
-                           int64_t seed = 0);
+                           int64_t seed = 0, bool freeze_batchnorm = false);
   // The three seams on `workers`.
   static RemoteUnet create(int64_t depth, int64_t classes,
                            const std::array<std::string, 3>& workers, int64_t seed = 0);

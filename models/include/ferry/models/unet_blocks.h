@@ -14,7 +14,8 @@
 // newest. Each block is initialised from its own seed (seed * 1000 + its index), so every
 // partition of a model of one seed starts from the same weights.
 //
-// Registered as the stage type "unet.blocks" {depth, classes, first, last, seed, in_channels}:
+// Registered as the stage type "unet.blocks" {depth, classes, first, last, seed, in_channels,
+// freeze_batchnorm (0 or 1)}:
 // it takes the image (first = 0) or the carry of the stage before, and returns the carry, or the
 // logits when its range ends with the head.
 #pragma once
@@ -73,12 +74,20 @@ class UnetBlocksImpl : public torch::nn::Module {
   // "layer2.0..decoder.1" (both ends included).
   std::string range_name() const;
 
+  // Fixes every batch norm's running statistics and affine parameters (they get no gradient),
+  // as when fine-tuning from ImageNet weights with small batches: train() leaves them in eval
+  // mode from now on.
+  void freeze_batchnorm();
+  bool batchnorm_frozen() const { return batchnorm_frozen_; }
+  void train(bool on = true) override;
+
  private:
   using Run = std::function<std::vector<at::Tensor>(std::vector<at::Tensor>)>;
   std::vector<UnetBlock> all_;
   int64_t first_, last_;
   std::vector<Run> runs_;  // one per block of the range
   std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> modules_;  // of each block
+  bool batchnorm_frozen_ = false;
 };
 TORCH_MODULE(UnetBlocks);
 

@@ -1,0 +1,119 @@
+#include "examples/placement.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "ferry/models/unet_blocks.h"
+#include "ferry/rpc/process_memory.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::examples {
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
+}
+
+}  // namespace
+
+// The worker of each planned stage: round robin over the workers that are not spares (the master
+// hosts them all in a world of one), then --placement's choices.
+std::vector<std::string> place_stages(const StagePlan& plan, const std::string& placement,
+                                      int spares) {
+  std::vector<std::string> names;
+  for (const auto& w : rpc::workers()) names.push_back(w.name);
+  if (spares > 0) {
+    if (static_cast<int>(names.size()) < 2 + spares) {
+      fail(fmt::format("--spares {} leaves no worker for the stages in a world of {}", spares,
+                       names.size()));
+    }
+    names.resize(names.size() - spares);
+  }
+  std::vector<std::string> out;
+  std::vector<std::string> stage_names;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    out.push_back(names.size() == 1 ? names[0] : names[1 + s % (names.size() - 1)]);
+    stage_names.push_back(plan.stages[s].name);
+  }
+  std::stringstream items(placement);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    auto eq = item.find('=');
+    auto it = std::find(stage_names.begin(), stage_names.end(), item.substr(0, eq));
+    if (eq == std::string::npos || it == stage_names.end()) {
+      fail(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}", item,
+                       fmt::join(stage_names, ", ")));
+    }
+    // "worker2" or "worker2/cuda:0"
+    std::string place = item.substr(eq + 1);
+    rpc::worker(worker_of(place));  // throws listing the workers there are
+    out[it - stage_names.begin()] = place;
+  }
+  return out;
+}
+
+// Puts a spare in place of every lost worker that held a stage; says what it did, one line per
+// worker, or nothing when there is no such worker or not enough spares (then the job fails).
+std::vector<std::string> take_over_lost_workers(const StagePlan& plan,
+                                                std::vector<std::string>& workers,
+                                                std::vector<std::string>& spares) {
+  // A place is "worker" or "worker/device"; a spare takes the worker's part and keeps the device.
+  std::vector<std::string> lost_here;
+  for (const std::string& name : rpc::agent().lost_workers()) {
+    if (std::any_of(workers.begin(), workers.end(),
+                    [&](const std::string& place) { return worker_of(place) == name; })) {
+      lost_here.push_back(name);
+    }
+  }
+  if (lost_here.empty() || lost_here.size() > spares.size()) return {};
+  std::vector<std::string> done;
+  for (const std::string& lost : lost_here) {
+    std::string spare = spares.front();
+    spares.erase(spares.begin());
+    std::vector<std::string> stages;
+    for (size_t k = 0; k < workers.size(); ++k) {
+      if (worker_of(workers[k]) != lost) continue;
+      workers[k] = spare + workers[k].substr(lost.size());
+      stages.push_back(plan.stages[k].name);
+    }
+    done.push_back(fmt::format("worker \"{}\" was lost; spare \"{}\" takes over stage {}", lost,
+                               spare, fmt::join(stages, ", ")));
+  }
+  return done;
+}
+
+// What a user needs after a worker is lost, unreachable or out of memory: the stages it holds,
+// and where training can resume from. Empty for other errors.
+std::string stages_concerned(const rpc::Error& e, const models::RemoteUnet& split,
+                             const std::string& checkpoint_dir) {
+  const bool lost = e.kind() == rpc::ErrorKind::PeerDied || e.kind() == rpc::ErrorKind::Timeout;
+  const bool memory = std::string(e.what()).find(rpc::kOverBudget) != std::string::npos;
+  if (!lost && !memory) return "";
+  const std::vector<models::UnetBlock> blocks = models::unet_blocks(split.depth());
+  std::map<std::string, std::vector<std::string>> hosted;
+  for (const models::RemoteUnet::Stage& stage : split.stages()) {
+    const std::string& from = blocks[stage.plan.first].name;
+    const std::string& to = blocks[stage.plan.last - 1].name;
+    hosted[stage.module.worker()].push_back(
+        !memory      ? stage.name()
+        : from == to ? fmt::format("{} (block {})", stage.name(), from)
+                     : fmt::format("{} (blocks {}..{})", stage.name(), from, to));
+  }
+  std::string out;
+  for (const auto& [worker, names] : hosted) {
+    if (std::string(e.what()).find(fmt::format("\"{}\"", worker)) == std::string::npos) continue;
+    out += fmt::format("; worker \"{}\" {} stage {}", worker, lost ? "held" : "holds",
+                       fmt::join(names, ", "));
+  }
+  if (lost && !checkpoint_dir.empty()) {
+    out += fmt::format("; the last checkpoint in {} is intact: --resume continues from it",
+                       checkpoint_dir);
+  }
+  return out;
+}
+
+}  // namespace ferry::examples

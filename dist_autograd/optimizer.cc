@@ -9,6 +9,7 @@
 #include <torch/optim.h>
 #include <torch/serialize.h>
 
+#include <atomic>
 #include <mutex>
 #include <set>
 #include <shared_mutex>
@@ -17,6 +18,7 @@
 #include "dist_autograd/context_store.h"
 #include "dist_autograd/install.h"
 #include "dist_autograd/owned_value.h"
+#include "dist_autograd/replica_group.h"
 #include "dist_autograd/when_all.h"
 #include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
@@ -135,6 +137,9 @@ struct LocalOptimizer : torch::CustomClassHolder {
   // Gradients of earlier contexts summed for the next step, one per parameter (undefined where
   // none): ours alone, so later ones add in place.
   std::vector<at::Tensor> accumulated;
+  // The same parameters' owners in the other replicas, when data parallel: each step averages
+  // the gradients over them first.
+  std::unique_ptr<ReplicaGroup> replicas;
   OptimizerFactory factory;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
@@ -196,6 +201,29 @@ void accumulate(const c10::IValue& ref, std::int64_t context_id) {
   }
 }
 
+// Every replica's gradients, averaged, in place of this one's. Parameters that train get a
+// gradient of zeros where this replica has none, so that every member reduces the same shapes;
+// frozen ones (requires_grad false) stay out, so the optimizer leaves them alone.
+void average_over_replicas(LocalOptimizer& local) {
+  std::vector<at::Tensor*> slots;
+  std::vector<at::Tensor> grads;
+  for (at::Tensor& p : local.params) {
+    if (!p.requires_grad()) continue;
+    slots.push_back(&p.mutable_grad());
+    grads.push_back(p.grad().defined() ? p.grad() : at::zeros_like(p));
+  }
+  local.replicas->average(grads);
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = grads[i];
+}
+
+void join_replicas(const c10::IValue& ref, const std::string& key, std::int64_t rank,
+                   std::int64_t size) {
+  auto local = local_of(ref);
+  auto group = std::make_unique<ReplicaGroup>(key, static_cast<int>(rank), static_cast<int>(size));
+  std::lock_guard<std::mutex> lock(local->mutex);
+  local->replicas = std::move(group);
+}
+
 void step(const c10::IValue& ref, std::int64_t context_id) {
   auto local = local_of(ref);
   std::lock_guard<std::mutex> lock(local->mutex);
@@ -214,6 +242,7 @@ void step(const c10::IValue& ref, std::int64_t context_id) {
   // Whether the step succeeds or not, what was accumulated went into it.
   local->accumulated.clear();
   try {
+    if (local->replicas) average_over_replicas(*local);
     local->optimizer->step();
   } catch (...) {
     for (at::Tensor& p : local->params) p.mutable_grad() = at::Tensor();
@@ -298,19 +327,47 @@ void register_optimizer(const std::string& name, OptimizerFactory factory) {
 }
 
 DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec, std::vector<rpc::RRefPtr> params)
-    : spec_(std::move(spec)), parameter_count_(params.size()) {
-  std::map<std::string, size_t> slot;
-  for (size_t i = 0; i < params.size(); ++i) {
-    std::string worker = params[i]->ownerName();
-    auto [it, fresh] = slot.try_emplace(worker, owners_.size());
-    if (fresh) owners_.push_back(Owner{worker, {}, {}});
-    owners_[it->second].indices.push_back(i);
+    : DistributedOptimizer(std::move(spec), std::vector<std::vector<rpc::RRefPtr>>{std::move(params)}) {}
+
+DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec,
+                                           std::vector<std::vector<rpc::RRefPtr>> replicas)
+    : spec_(std::move(spec)),
+      replica_count_(static_cast<int>(replicas.size())),
+      parameter_count_(replicas.empty() ? 0 : replicas[0].size()) {
+  if (replicas.empty()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument, "an optimizer needs at least one replica");
+  }
+  std::map<std::string, int> replica_of_worker;
+  for (int r = 0; r < replica_count_; ++r) {
+    const std::vector<rpc::RRefPtr>& params = replicas[r];
+    if (params.size() != parameter_count_) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       fmt::format("replica {} has {} parameters where replica 0 has {}", r,
+                                   params.size(), parameter_count_));
+    }
+    std::map<std::string, size_t> slot;
+    const size_t first = owners_.size();
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::string worker = params[i]->ownerName();
+      auto [mine, fresh_worker] = replica_of_worker.try_emplace(worker, r);
+      if (mine->second != r) {
+        throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                         fmt::format("worker \"{}\" holds parameters of replicas {} and {}: "
+                                     "each replica's stages need workers of their own",
+                                     worker, mine->second, r));
+      }
+      auto [it, fresh] = slot.try_emplace(worker, owners_.size());
+      if (fresh) owners_.push_back(Owner{worker, r, {}, {}});
+      owners_[it->second].indices.push_back(i);
+    }
+    // Replica r's i-th owner averages with replica 0's i-th: they must hold the same parameters.
+    if (r > 0) check_lines_up(first, r);
   }
   c10::Dict<std::string, double> options;
   for (const auto& [key, value] : spec_.options) options.insert(key, value);
   for (Owner& owner : owners_) {
     c10::impl::GenericList refs(c10::AnyType::get());
-    for (size_t i : owner.indices) refs.push_back(as_ivalue(params[i]));
+    for (size_t i : owner.indices) refs.push_back(as_ivalue(replicas[owner.replica][i]));
     owner.optimizer = rpc::remote(owner.worker, "ferry.optim.create", {spec_.name, options, refs});
   }
   std::vector<std::string> failed;
@@ -327,13 +384,48 @@ DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec, std::vector<rpc::
                      fmt::format("could not build optimizer \"{}\" {}", spec_.name,
                                  fmt::join(failed, "; ")));
   }
+  if (replica_count_ == 1) return;
+  // One group per set of owners that hold the same parameters; all join at once, as they must.
+  static std::atomic<std::int64_t> instances{0};
+  const std::string prefix =
+      fmt::format("ferry/replicas/{}/{}", rpc::self().rank, instances.fetch_add(1));
+  const size_t per_replica = owners_.size() / replica_count_;
+  on_owners("join the replicas", "ferry.optim.join_replicas",
+            [&](const Owner& owner) {
+              const size_t position = (&owner - owners_.data()) % per_replica;
+              return std::vector<c10::IValue>{fmt::format("{}/{}/", prefix, position),
+                                              int64_t{owner.replica}, int64_t{replica_count_}};
+            });
+}
+
+void DistributedOptimizer::check_lines_up(size_t first, int replica) const {
+  const size_t per_replica = first / replica;
+  auto spread = [](const std::vector<Owner>& owners, size_t from, size_t to) {
+    std::vector<std::string> out;
+    for (size_t o = from; o < to; ++o) out.push_back(owners[o].worker);
+    return fmt::format("{}", fmt::join(out, ", "));
+  };
+  bool same = owners_.size() - first == per_replica;
+  for (size_t o = 0; same && o < per_replica; ++o) {
+    same = owners_[first + o].indices == owners_[o].indices;
+  }
+  if (!same) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("replica {}'s parameters are spread over workers {} unlike "
+                                 "replica 0's over {}: every replica must place its stages alike",
+                                 replica, spread(owners_, first, owners_.size()),
+                                 spread(owners_, 0, per_replica)));
+  }
 }
 
 std::vector<c10::IValue> DistributedOptimizer::on_owners(
     const std::string& what, const std::string& function,
-    const std::function<std::vector<c10::IValue>(const Owner&)>& extra) const {
+    const std::function<std::vector<c10::IValue>(const Owner&)>& extra, int replica) const {
   std::vector<FuturePtr> calls;
+  std::vector<const Owner*> called;
   for (const Owner& owner : owners_) {
+    if (replica >= 0 && owner.replica != replica) continue;
+    called.push_back(&owner);
     std::vector<c10::IValue> args{as_ivalue(owner.optimizer)};
     for (auto& arg : extra(owner)) args.push_back(std::move(arg));
     calls.push_back(rpc::rpc_async(owner.worker, function, std::move(args)));
@@ -341,9 +433,13 @@ std::vector<c10::IValue> DistributedOptimizer::on_owners(
   when_all(calls)->wait();
   std::vector<std::string> failed;
   std::vector<c10::IValue> results;
-  // The first failure's kind: a worker that died (PeerDied) or went silent (Timeout) stays so for
-  // the caller, which may put a spare in its place.
+  // A worker that died (PeerDied) or went silent (Timeout) stays so for the caller, which may put
+  // a spare in its place, even when another worker failed first because of it (its replicas'
+  // all-reduce); otherwise the first failure's kind.
   rpc::ErrorKind kind = rpc::ErrorKind::RemoteException;
+  auto lost = [](rpc::ErrorKind k) {
+    return k == rpc::ErrorKind::PeerDied || k == rpc::ErrorKind::Timeout;
+  };
   for (size_t i = 0; i < calls.size(); ++i) {
     if (!calls[i]->hasError()) {
       results.push_back(calls[i]->value());
@@ -354,10 +450,10 @@ std::vector<c10::IValue> DistributedOptimizer::on_owners(
       std::rethrow_exception(calls[i]->exception_ptr());
     } catch (const rpc::Error& e) {
       if (!e.cause().empty()) cause = e.cause();
-      if (failed.empty()) kind = e.kind();
+      if (failed.empty() || (lost(e.kind()) && !lost(kind))) kind = e.kind();
     } catch (...) {
     }
-    failed.push_back(fmt::format("on worker \"{}\": {}", owners_[i].worker, cause));
+    failed.push_back(fmt::format("on worker \"{}\": {}", called[i]->worker, cause));
   }
   if (!failed.empty()) {
     throw rpc::Error(kind,
@@ -368,13 +464,35 @@ std::vector<c10::IValue> DistributedOptimizer::on_owners(
 }
 
 void DistributedOptimizer::step(std::int64_t context_id) {
-  on_owners("step", "ferry.optim.step",
-            [context_id](const Owner&) { return std::vector<c10::IValue>{context_id}; });
+  step(std::vector<std::int64_t>{context_id});
+}
+
+void DistributedOptimizer::step(const std::vector<std::int64_t>& context_ids) {
+  check_contexts(context_ids, "step");
+  on_owners("step", "ferry.optim.step", [&context_ids](const Owner& owner) {
+    return std::vector<c10::IValue>{context_ids[owner.replica]};
+  });
+}
+
+void DistributedOptimizer::check_contexts(const std::vector<std::int64_t>& context_ids,
+                                          const char* what) const {
+  if (static_cast<int>(context_ids.size()) != replica_count_) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("optimizer \"{}\": {} given {} autograd contexts for {} "
+                                 "replicas (one each)",
+                                 spec_.name, what, context_ids.size(), replica_count_));
+  }
 }
 
 void DistributedOptimizer::accumulate(std::int64_t context_id) {
-  on_owners("accumulate", "ferry.optim.accumulate",
-            [context_id](const Owner&) { return std::vector<c10::IValue>{context_id}; });
+  accumulate(std::vector<std::int64_t>{context_id});
+}
+
+void DistributedOptimizer::accumulate(const std::vector<std::int64_t>& context_ids) {
+  check_contexts(context_ids, "accumulate");
+  on_owners("accumulate", "ferry.optim.accumulate", [&context_ids](const Owner& owner) {
+    return std::vector<c10::IValue>{context_ids[owner.replica]};
+  });
 }
 
 void DistributedOptimizer::set_lr(double lr) {
@@ -384,12 +502,12 @@ void DistributedOptimizer::set_lr(double lr) {
 }
 
 c10::IValue DistributedOptimizer::state_dict() const {
-  std::vector<c10::IValue> per_owner =
-      on_owners("state_dict", "ferry.optim.state", [](const Owner&) {
-        return std::vector<c10::IValue>{};
-      });
+  // Every replica holds the same state: replica 0's is the model's.
+  std::vector<c10::IValue> per_owner = on_owners(
+      "state_dict", "ferry.optim.state", [](const Owner&) { return std::vector<c10::IValue>{}; },
+      /*replica=*/0);
   std::vector<at::Tensor> state(parameter_count_);
-  for (size_t o = 0; o < owners_.size(); ++o) {
+  for (size_t o = 0; o < per_owner.size(); ++o) {
     auto tensors = per_owner[o].toTensorVector();
     for (size_t k = 0; k < owners_[o].indices.size(); ++k) {
       state[owners_[o].indices[k]] = tensors.at(k);
@@ -418,7 +536,9 @@ void DistributedOptimizer::load_state_dict(const c10::IValue& state) {
 
 std::vector<std::string> DistributedOptimizer::owners() const {
   std::vector<std::string> out;
-  for (const Owner& owner : owners_) out.push_back(owner.worker);
+  for (const Owner& owner : owners_) {
+    if (owner.replica == 0) out.push_back(owner.worker);
+  }
   return out;
 }
 
@@ -431,6 +551,10 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
   registry.add("ferry.optim.accumulate", [](c10::IValue ref, std::int64_t id) {
     rpc::run_on_compute_thread([&] { accumulate(ref, id); });
   });
+  registry.add("ferry.optim.join_replicas",
+               [](c10::IValue ref, c10::IValue key, std::int64_t rank, std::int64_t size) {
+                 join_replicas(ref, key.toStringRef(), rank, size);
+               });
   registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });
   registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
   registry.add("ferry.optim.load_state", [](c10::IValue ref, c10::IValue saved) {

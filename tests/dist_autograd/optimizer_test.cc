@@ -3,18 +3,24 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <gmock/gmock.h>
+
 #include <filesystem>
+#include <thread>
 
 #include "ferry/dist_autograd/context.h"
 #include "ferry/dist_autograd/optimizer.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
 #include "tests/support/cluster.h"
+#include "tests/support/error_of.h"
 #include "tests/support/test_stages.h"
 
 namespace ferry::dist_autograd {
 namespace {
 
+using ::testing::HasSubstr;
+using testing::error_of;
 using testing::LocalWorld;
 using testing::mlp_config;
 
@@ -29,8 +35,12 @@ struct TwoStages {
   static StageConfig first_config() { return mlp_config(4, 8, 2, 5); }
   static StageConfig second_config() { return mlp_config(2, 6, 1, 6); }
 
-  RemoteModule first = RemoteModule::create("a", "test.mlp", first_config());
-  RemoteModule second = RemoteModule::create("b", "test.mlp", second_config());
+  explicit TwoStages(const std::string& first_worker = "a", const std::string& second_worker = "b")
+      : first(RemoteModule::create(first_worker, "test.mlp", first_config())),
+        second(RemoteModule::create(second_worker, "test.mlp", second_config())) {}
+
+  RemoteModule first;
+  RemoteModule second;
 
   std::vector<rpc::RRefPtr> parameters() const {
     auto all = first.remote_parameters();
@@ -198,6 +208,71 @@ TEST(DistributedOptimizer, AccumulatedContextsStepAsOneContextOfTheirSummedLosse
   TwoStages untouched;
   EXPECT_FALSE(torch::allclose(untouched.first.state_dict().begin()->value(),
                                whole.first.state_dict().begin()->value()));
+}
+
+// Data parallel beside model parallel: two replicas of two stages, each on its half of every
+// batch, stay equal to each other and to one copy trained on the whole batches.
+TEST(DistributedOptimizer, ReplicasAveragingGradientsEqualOneCopyOnTheWholeBatch) {
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b", "c", "d", "e", "f"};
+  LocalWorld world(settings);
+  TwoStages replica0("a", "b"), replica1("c", "d"), whole("e", "f");
+  DistributedOptimizer replicated(OptimizerSpec::adam(0.01),
+                                  std::vector<std::vector<rpc::RRefPtr>>{
+                                      replica0.parameters(), replica1.parameters()});
+  EXPECT_EQ(replicated.replica_count(), 2);
+  EXPECT_EQ(replicated.owners(), (std::vector<std::string>{"a", "b"}));
+  DistributedOptimizer alone(OptimizerSpec::adam(0.01), whole.parameters());
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor x = torch::randn({6, 4});
+    // Each replica's context is current on the thread that runs it.
+    std::vector<std::int64_t> ids(2);
+    std::vector<std::unique_ptr<Context>> contexts(2);
+    std::vector<std::thread> threads;
+    const TwoStages* replicas[] = {&replica0, &replica1};
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        contexts[r] = std::make_unique<Context>();
+        at::Tensor y = replicas[r]->second.forward({replicas[r]->first.forward({x.narrow(0, 3 * r, 3)})})
+                           .toTensor();
+        backward(contexts[r]->id(), {(y * y).mean()});
+        ids[r] = contexts[r]->id();
+      });
+    }
+    for (auto& t : threads) t.join();
+    replicated.step(ids);
+    Context context;
+    at::Tensor y = whole.second.forward({whole.first.forward({x})}).toTensor();
+    backward(context.id(), {(y * y).mean()});
+    alone.step(context.id());
+  }
+  expect_same_parameters(replica0.first, whole.first, 1e-5);
+  expect_same_parameters(replica0.second, whole.second, 1e-5);
+  expect_same_parameters(replica1.first, replica0.first, 1e-6);
+  expect_same_parameters(replica1.second, replica0.second, 1e-6);
+  // Stepping a replicated optimizer needs a context per replica.
+  EXPECT_THAT(error_of([&] { replicated.step(int64_t{1}); }),
+              HasSubstr("step given 1 autograd contexts for 2 replicas"));
+}
+
+TEST(DistributedOptimizer, ReplicasPlacedUnalikeOrSharingAWorkerAreRefused) {
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b", "c"};
+  LocalWorld world(settings);
+  TwoStages replica0("a", "b"), on_one("c", "c"), sharing("b", "c");
+  EXPECT_THAT(error_of([&] {
+                DistributedOptimizer(OptimizerSpec::sgd(0.1),
+                                     std::vector<std::vector<rpc::RRefPtr>>{
+                                         replica0.parameters(), on_one.parameters()});
+              }),
+              HasSubstr("replica 1's parameters are spread over workers c unlike replica 0's "
+                        "over a, b"));
+  EXPECT_THAT(error_of([&] {
+                DistributedOptimizer(OptimizerSpec::sgd(0.1),
+                                     std::vector<std::vector<rpc::RRefPtr>>{
+                                         replica0.parameters(), sharing.parameters()});
+              }),
+              HasSubstr("worker \"b\" holds parameters of replicas 0 and 1"));
 }
 
 TEST(DistributedOptimizer, StateOfTheWrongSizeIsRefused) {

@@ -54,45 +54,62 @@ class DistributedOptimizer {
   // Builds the local optimizer of every owner of `params` (RRefs to leaf tensors, such as
   // RemoteModule::remote_parameters()). Throws rpc::Error naming the worker that could not.
   DistributedOptimizer(OptimizerSpec spec, std::vector<rpc::RRefPtr> params);
+  // Data parallel beside model parallel: replicas[r] holds replica r's parameters, in the same
+  // order for every replica, each replica's on workers of its own and placed alike (its i-th
+  // owner holds the parameters replica 0's i-th holds). Each set of owners of the same parameters
+  // joins a Gloo group (ReplicaGroup), and every step averages their gradients first, so the
+  // replicas stay identical. Throws rpc::Error(InvalidArgument) for replicas that differ.
+  DistributedOptimizer(OptimizerSpec spec, std::vector<std::vector<rpc::RRefPtr>> replicas);
 
   // Steps every owner's optimizer concurrently with the gradients of `context_id` there; a
   // parameter without a gradient in it is left alone. Throws rpc::Error naming every owner that
   // failed.
-  // Gradients summed by earlier accumulate() calls join this context's.
+  // Gradients summed by earlier accumulate() calls join this context's. With replicas, one
+  // context per replica (the one its step ran in); every replica steps at once.
   void step(std::int64_t context_id);
+  void step(const std::vector<std::int64_t>& context_ids);
   // Keeps the gradients of `context_id` on every owner, summed, for the next step (gradient
   // accumulation: the context may then be released). Costs one copy of the gradients per owner,
   // as `.grad` would. Throws as step() does.
   void accumulate(std::int64_t context_id);
+  void accumulate(const std::vector<std::int64_t>& context_ids);
   // Sets every parameter group's learning rate on every owner (a schedule calls it per step).
   void set_lr(double lr);
 
   // The optimizer state of each parameter, in the order given to the constructor (a list of byte
   // tensors, empty where a parameter has no state yet). It depends only on that order, not on
-  // which worker holds what, so it restores into stages placed anywhere.
+  // which worker holds what, so it restores into stages placed anywhere. With replicas: replica
+  // 0's, and loading restores every replica.
   c10::IValue state_dict() const;
   // Throws rpc::Error if `state` does not match the parameters.
   void load_state_dict(const c10::IValue& state);
 
   const OptimizerSpec& spec() const { return spec_; }
-  std::size_t parameter_count() const { return parameter_count_; }
-  // The workers holding a local optimizer.
+  std::size_t parameter_count() const { return parameter_count_; }  // per replica
+  int replica_count() const { return replica_count_; }
+  // The workers holding a local optimizer (of replica 0).
   std::vector<std::string> owners() const;
 
  private:
   struct Owner {
     std::string worker;
+    int replica = 0;
     rpc::RRefPtr optimizer;        // the local optimizer, held by its worker
     std::vector<std::size_t> indices;  // its parameters' positions in the constructor's list
   };
-  // Calls `function` on every owner at once with (optimizer, extra(owner)...); throws naming each
-  // owner that failed `what`. Returns the results in owner order.
+  // Calls `function` on every owner (of `replica`, or all) at once with (optimizer,
+  // extra(owner)...); throws naming each owner that failed `what`. Returns the results in owner
+  // order.
   std::vector<c10::IValue> on_owners(
       const std::string& what, const std::string& function,
-      const std::function<std::vector<c10::IValue>(const Owner&)>& extra) const;
+      const std::function<std::vector<c10::IValue>(const Owner&)>& extra, int replica = -1) const;
+  // Owners from `first` on (replica `replica`'s) hold what replica 0's do, in the same order.
+  void check_lines_up(std::size_t first, int replica) const;
+  void check_contexts(const std::vector<std::int64_t>& context_ids, const char* what) const;
 
   OptimizerSpec spec_;
-  std::vector<Owner> owners_;
+  int replica_count_ = 1;
+  std::vector<Owner> owners_;  // replica by replica
   std::size_t parameter_count_ = 0;
 };
 

@@ -1,0 +1,69 @@
+#include "dist_autograd/replica_group.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "ferry/rpc/agent.h"
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::dist_autograd {
+
+struct ReplicaGroup::State {
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+};
+
+ReplicaGroup::ReplicaGroup(const std::string& key, int rank, int size)
+    : state_(std::make_unique<State>()), key_(key), rank_(rank), size_(size) {
+  const rpc::Options& options = rpc::agent().options();
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(rpc::agent().master_port());
+  store_options.isServer = false;
+  store_options.waitWorkers = false;
+  store_options.timeout = options.rpc_timeout;
+  try {
+    // A connection of its own to the store: the rendezvous keeps its own to itself.
+    auto store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key, store);
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.rpc_timeout);
+    // The interface this worker's agent listens on: the one its peers reach it by.
+    gloo_options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(rpc::self().host));
+    gloo_options->threads = 1;
+    state_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, gloo_options);
+  } catch (const std::exception& e) {
+    throw rpc::Error(rpc::ErrorKind::Timeout,
+                     fmt::format("replica group \"{}\" (member {} of {}) could not form: {}", key,
+                                 rank, size, e.what()));
+  }
+}
+
+ReplicaGroup::~ReplicaGroup() = default;
+
+void ReplicaGroup::average(std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return;
+  std::vector<at::Tensor> flat{at::cat(
+      [&] {
+        std::vector<at::Tensor> views;
+        for (const at::Tensor& t : tensors) views.push_back(t.reshape({-1}));
+        return views;
+      }())};
+  try {
+    state_->group->allreduce(flat)->wait();
+  } catch (const std::exception& e) {
+    throw rpc::Error(rpc::ErrorKind::RemoteException,
+                     fmt::format("replica group \"{}\" (member {} of {}): the all-reduce failed, "
+                                 "a replica is gone or silent: {}",
+                                 key_, rank_, size_, e.what()));
+  }
+  flat[0].div_(size_);
+  int64_t offset = 0;
+  for (at::Tensor& t : tensors) {
+    t = flat[0].narrow(0, offset, t.numel()).view(t.sizes());
+    offset += t.numel();
+  }
+}
+
+}  // namespace ferry::dist_autograd

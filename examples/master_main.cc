@@ -30,6 +30,11 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--lr", train.lr, "learning rate");
   train_cmd->add_option("--optimizer", train.optimizer, "sgd|adam|adamw");
   train_cmd
+      ->add_option("--replicas", train.replicas,
+                   "copies of the staged model on workers of their own, each on --batch-size "
+                   "images of every step, gradients averaged across them (data parallel)")
+      ->check(CLI::PositiveNumber);
+  train_cmd
       ->add_option("--accumulate", train.accumulate,
                    "sum the gradients of this many batches into each optimizer step (as "
                    "Lightning's accumulate_grad_batches)")

@@ -20,10 +20,18 @@ namespace {
 
 }  // namespace
 
-// The worker of each planned stage: round robin over the workers that are not spares (the master
-// hosts them all in a world of one), then --placement's choices.
+std::vector<std::string> replica_stage_names(const StagePlan& plan, int replicas) {
+  std::vector<std::string> out;
+  for (int r = 0; r < replicas; ++r) {
+    for (const auto& stage : plan.stages) {
+      out.push_back(r == 0 ? stage.name : fmt::format("{}@{}", stage.name, r));
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> place_stages(const StagePlan& plan, const std::string& placement,
-                                      int spares) {
+                                      int spares, int replicas) {
   std::vector<std::string> names;
   for (const auto& w : rpc::workers()) names.push_back(w.name);
   if (spares > 0) {
@@ -33,12 +41,22 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
     }
     names.resize(names.size() - spares);
   }
-  std::vector<std::string> out;
-  std::vector<std::string> stage_names;
-  for (size_t s = 0; s < plan.stages.size(); ++s) {
-    out.push_back(names.size() == 1 ? names[0] : names[1 + s % (names.size() - 1)]);
-    stage_names.push_back(plan.stages[s].name);
+  // Each replica gets workers of its own (their parameters are averaged between processes).
+  const std::size_t available = names.size() == 1 ? 0 : names.size() - 1;
+  if (replicas > 1 && available < static_cast<std::size_t>(replicas)) {
+    fail(fmt::format("--replicas {} needs a worker of its own for each replica at least; the "
+                     "world has {} besides the master{}",
+                     replicas, available,
+                     spares > 0 ? fmt::format(" and the {} spares", spares) : ""));
   }
+  const std::size_t per_replica = std::max<std::size_t>(1, available / replicas);
+  const std::size_t stages = plan.stages.size();
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < stages * replicas; ++i) {
+    const std::size_t r = i / stages, k = i % stages;
+    out.push_back(names.size() == 1 ? names[0] : names[1 + r * per_replica + k % per_replica]);
+  }
+  const std::vector<std::string> stage_names = replica_stage_names(plan, replicas);
   std::stringstream items(placement);
   std::string item;
   while (std::getline(items, item, ',')) {
@@ -58,7 +76,7 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
 
 // Puts a spare in place of every lost worker that held a stage; says what it did, one line per
 // worker, or nothing when there is no such worker or not enough spares (then the job fails).
-std::vector<std::string> take_over_lost_workers(const StagePlan& plan,
+std::vector<std::string> take_over_lost_workers(const std::vector<std::string>& stage_names,
                                                 std::vector<std::string>& workers,
                                                 std::vector<std::string>& spares) {
   // A place is "worker" or "worker/device"; a spare takes the worker's part and keeps the device.
@@ -78,7 +96,7 @@ std::vector<std::string> take_over_lost_workers(const StagePlan& plan,
     for (size_t k = 0; k < workers.size(); ++k) {
       if (worker_of(workers[k]) != lost) continue;
       workers[k] = spare + workers[k].substr(lost.size());
-      stages.push_back(plan.stages[k].name);
+      stages.push_back(stage_names[k]);
     }
     done.push_back(fmt::format("worker \"{}\" was lost; spare \"{}\" takes over stage {}", lost,
                                spare, fmt::join(stages, ", ")));
@@ -88,20 +106,24 @@ std::vector<std::string> take_over_lost_workers(const StagePlan& plan,
 
 // What a user needs after a worker is lost, unreachable or out of memory: the stages it holds,
 // and where training can resume from. Empty for other errors.
-std::string stages_concerned(const rpc::Error& e, const models::RemoteUnet& split,
+std::string stages_concerned(const rpc::Error& e,
+                             const std::vector<const models::RemoteUnet*>& replicas,
                              const std::string& checkpoint_dir) {
   const bool lost = e.kind() == rpc::ErrorKind::PeerDied || e.kind() == rpc::ErrorKind::Timeout;
   const bool memory = std::string(e.what()).find(rpc::kOverBudget) != std::string::npos;
   if (!lost && !memory) return "";
-  const std::vector<models::UnetBlock> blocks = models::unet_blocks(split.depth());
+  const std::vector<models::UnetBlock> blocks = models::unet_blocks(replicas.at(0)->depth());
   std::map<std::string, std::vector<std::string>> hosted;
-  for (const models::RemoteUnet::Stage& stage : split.stages()) {
-    const std::string& from = blocks[stage.plan.first].name;
-    const std::string& to = blocks[stage.plan.last - 1].name;
-    hosted[stage.module.worker()].push_back(
-        !memory      ? stage.name()
-        : from == to ? fmt::format("{} (block {})", stage.name(), from)
-                     : fmt::format("{} (blocks {}..{})", stage.name(), from, to));
+  for (std::size_t r = 0; r < replicas.size(); ++r) {
+    for (const models::RemoteUnet::Stage& stage : replicas[r]->stages()) {
+      const std::string& from = blocks[stage.plan.first].name;
+      const std::string& to = blocks[stage.plan.last - 1].name;
+      const std::string name = r == 0 ? stage.name() : fmt::format("{}@{}", stage.name(), r);
+      hosted[stage.module.worker()].push_back(
+          !memory      ? name
+          : from == to ? fmt::format("{} (block {})", name, from)
+                       : fmt::format("{} (blocks {}..{})", name, from, to));
+    }
   }
   std::string out;
   for (const auto& [worker, names] : hosted) {

@@ -25,6 +25,7 @@
 #include "examples/epoch_monitor.h"
 #include "examples/model_tools.h"
 #include "examples/placement.h"
+#include "examples/replicas.h"
 #include "examples/stage_plan.h"
 #include "examples/train_report.h"
 #include "examples/worker_loop.h"
@@ -53,15 +54,6 @@ using models::RemoteUnet;
   throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
 }
 
-at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::Tensor& masks) {
-  at::Tensor bce = torch::binary_cross_entropy_with_logits(logits, masks);
-  if (kind == "bce") return bce;
-  at::Tensor p = torch::sigmoid(logits);
-  at::Tensor dice = 1 - (2 * (p * masks).sum() + 1) / (p.sum() + masks.sum() + 1);
-  if (kind == "dice") return dice;
-  return bce + dice;
-}
-
 // The training and validation views of the data: the same images, augmented only for training.
 std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> datasets_of(
     const TrainSettings& s) {
@@ -85,38 +77,6 @@ dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
   if (s.optimizer == "adam") return dist_autograd::OptimizerSpec::adam(s.lr);
   if (s.optimizer == "adamw") return dist_autograd::OptimizerSpec::adamw(s.lr);
   fail(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.optimizer));
-}
-
-struct Validation {
-  double loss = 0, iou = 0, dice = 0;
-  // By EpochMonitor's names.
-  double of(const std::string& metric) const {
-    return metric == "val_loss" ? loss : metric == "val_iou" ? iou : dice;
-  }
-};
-
-Validation validate(RemoteUnet& split, data::BatchLoader& loader, const TrainSettings& s) {
-  split.train(false);
-  torch::NoGradGuard no_grad;
-  loader.start_epoch(0);
-  double loss_sum = 0, intersection = 0, union_ = 0, predicted = 0, truth = 0;
-  int batches = 0;
-  while (auto batch = loader.next()) {
-    at::Tensor logits = split.forward(batch->images, !s.via_master);
-    loss_sum += loss_of(s.loss, logits, batch->masks).item<double>();
-    at::Tensor p = (logits > 0).to(torch::kFloat);
-    intersection += (p * batch->masks).sum().item<double>();
-    predicted += p.sum().item<double>();
-    truth += batch->masks.sum().item<double>();
-    union_ += ((p + batch->masks) > 0).sum().item<double>();
-    ++batches;
-  }
-  split.train(true);
-  Validation v;
-  v.loss = batches ? loss_sum / batches : 0;
-  v.iou = union_ > 0 ? intersection / union_ : 1;
-  v.dice = predicted + truth > 0 ? 2 * intersection / (predicted + truth) : 1;
-  return v;
 }
 
 // The pipeline the settings ask for, or none for plain steps.
@@ -150,36 +110,57 @@ std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const RemoteUnet& 
   return std::make_unique<Pipeline>(std::move(stages), options);
 }
 
-// The model's stages on their workers, with the optimizer and the pipeline over them: built
+// Every replica of the model's stages on their workers, with the optimizer over them all: built
 // again as a whole when spares take over a lost worker's stages.
 struct StagesOnWorkers {
-  RemoteUnet split;
+  std::vector<Replica> replicas;
   std::unique_ptr<dist_autograd::DistributedOptimizer> optimizer;
-  std::unique_ptr<Pipeline> pipe;
   double last_train_loss = 0;  // mean over the last epoch's steps
+
+  // Replica 0: what checkpoints save and reports show (every replica's parameters are equal).
+  RemoteUnet& split() { return replicas.front().split; }
+  std::vector<const RemoteUnet*> splits() const {
+    std::vector<const RemoteUnet*> out;
+    for (const Replica& r : replicas) out.push_back(&r.split);
+    return out;
+  }
 };
 
+// Loads --weights into a replica's stages, saying what did not fit.
+void load_weights(RemoteUnet& split, const TrainSettings& s) {
+  models::LoadReport report = split.load_weights(s.weights);
+  if (report.loaded == 0) {
+    fail(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
+                     report.describe()));
+  }
+  if (report.ok()) {
+    log::info("weights loaded from {}", s.weights);
+  } else {
+    log::warn("weights from {} loaded where they fit; {}", s.weights, report.describe());
+  }
+}
+
+// `workers` holds every replica's places, replica by replica (place_stages).
 std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const StagePlan& plan,
                                               const std::vector<std::string>& workers) {
-  auto job = std::make_unique<StagesOnWorkers>(StagesOnWorkers{
-      RemoteUnet::create(plan.depth, s.classes, plan.on(workers), static_cast<int64_t>(s.seed),
-                         s.freeze_batchnorm),
-      nullptr, nullptr});
-  if (!s.weights.empty()) {
-    models::LoadReport report = job->split.load_weights(s.weights);
-    if (report.loaded == 0) {
-      fail(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
-                       report.describe()));
-    }
-    if (report.ok()) {
-      log::info("weights loaded from {}", s.weights);
-    } else {
-      log::warn("weights from {} loaded where they fit; {}", s.weights, report.describe());
-    }
+  auto job = std::make_unique<StagesOnWorkers>();
+  const std::size_t stages = plan.stages.size();
+  std::vector<std::vector<rpc::RRefPtr>> parameters;
+  for (int r = 0; r < s.replicas; ++r) {
+    std::vector<std::string> places(workers.begin() + r * stages,
+                                    workers.begin() + (r + 1) * stages);
+    // One seed for all: every replica starts from the same weights.
+    job->replicas.push_back(Replica{
+        RemoteUnet::create(plan.depth, s.classes, plan.on(places), static_cast<int64_t>(s.seed),
+                           s.freeze_batchnorm),
+        nullptr});
+    Replica& replica = job->replicas.back();
+    if (!s.weights.empty()) load_weights(replica.split, s);
+    replica.pipe = pipeline_of(s, replica.split);
+    parameters.push_back(replica.split.parameters());
   }
   job->optimizer = std::make_unique<dist_autograd::DistributedOptimizer>(optimizer_spec(s),
-                                                                         job->split.parameters());
-  job->pipe = pipeline_of(s, job->split);
+                                                                         std::move(parameters));
   return job;
 }
 
@@ -210,7 +191,10 @@ NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
 // the optimizer's state is per parameter in the whole model's order, which no cut changes.
 void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
              Progress& progress) {
-  NamedValues extra = load_checkpoint_by_tensor_name(dir, job.split.named());
+  NamedValues extra;
+  for (Replica& replica : job.replicas) {
+    extra = load_checkpoint_by_tensor_name(dir, replica.split.named());
+  }
   job.optimizer->load_state_dict(extra.at("optimizer"));
   progress.epoch = static_cast<int>(extra.at("epoch").toInt());
   // Checkpoints written before schedules counted no steps: a step per batch then.
@@ -251,30 +235,41 @@ double train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
   ProgressBar bar(epoch, s.epochs, loader.batches());
   double loss_sum = 0, rate = 0, train_s = 0;
   std::size_t index = 0;
+  const std::size_t count = job.replicas.size();
   while (auto batch = loader.next()) {
     auto start = Clock::now();
     ++index;
     const bool steps = index % s.accumulate == 0 || index == loader.batches();
-    double loss_value;
-    {
-      dist_autograd::Context context;
-      if (job.pipe) {
-        loss_value = job.pipe->step(batch->images, batch->masks, micro_loss).loss / scale;
-      } else {
-        at::Tensor loss =
-            loss_of(s.loss, job.split.forward(batch->images, !s.via_master), batch->masks);
-        dist_autograd::backward(context.id(), {loss * scale});
-        loss_value = loss.item<double>();
+    // Each replica's share of the batch in an autograd context of its own (released once the
+    // optimizer has stepped with them all).
+    std::vector<std::unique_ptr<dist_autograd::Context>> contexts(count);
+    std::vector<std::int64_t> ids(count);
+    std::vector<double> losses(count);
+    for_each_replica(count, [&](std::size_t r) {
+      contexts[r] = std::make_unique<dist_autograd::Context>();
+      ids[r] = contexts[r]->id();
+      Replica& replica = job.replicas[r];
+      at::Tensor images = share_of(batch->images, r, count);
+      at::Tensor masks = share_of(batch->masks, r, count);
+      if (replica.pipe) {
+        losses[r] = replica.pipe->step(images, masks, micro_loss).loss / scale;
+        return;
       }
-      if (steps) {
-        const double lr = schedule.lr_at(step);
-        if (lr != job.optimizer->spec().options.at("lr")) job.optimizer->set_lr(lr);
-        job.optimizer->step(context.id());
-        ++step;
-      } else {
-        job.optimizer->accumulate(context.id());
-      }
+      at::Tensor loss = loss_of(s.loss, replica.split.forward(images, !s.via_master), masks);
+      dist_autograd::backward(ids[r], {loss * scale});
+      losses[r] = loss.item<double>();
+    });
+    if (steps) {
+      const double lr = schedule.lr_at(step);
+      if (lr != job.optimizer->spec().options.at("lr")) job.optimizer->set_lr(lr);
+      job.optimizer->step(ids);
+      ++step;
+    } else {
+      job.optimizer->accumulate(ids);
     }
+    contexts.clear();
+    double loss_value = 0;
+    for (double l : losses) loss_value += l / count;
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     train_s += seconds;
     double images_per_s = batch->images.size(0) / seconds;
@@ -348,17 +343,23 @@ int train_as_master(const TrainSettings& s) {
     fail(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
   }
   if (s.accumulate < 1) fail(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
+  if (s.replicas < 1) fail(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
   // The data first: a wrong folder is found before any worker builds a stage.
   auto [train_set, validation_set] = datasets_of(s);
   auto [train_indices, validation_indices] =
       data::split_indices(train_set->size(), s.validation_share);
-  data::BatchLoader train_loader(train_set, train_indices, s.batch_size, s.seed,
+  // --batch-size is per replica, as a distributed sampler's: a step takes that many images for
+  // each, all different, shuffled anew each epoch.
+  const int64_t global_batch = s.batch_size * s.replicas;
+  data::BatchLoader train_loader(train_set, train_indices, global_batch, s.seed,
                                  /*drop_last=*/true);
   if (train_loader.batches() == 0) {
-    fail(fmt::format("{} training images do not make one batch of {}", train_indices.size(),
-                     s.batch_size));
+    fail(fmt::format("{} training images do not make one batch of {}{}", train_indices.size(),
+                     global_batch,
+                     s.replicas > 1 ? fmt::format(" ({} replicas of {})", s.replicas, s.batch_size)
+                                    : ""));
   }
-  data::BatchLoader validation_loader(validation_set, validation_indices, s.batch_size,
+  data::BatchLoader validation_loader(validation_set, validation_indices, global_batch,
                                       std::nullopt);
   const std::size_t epoch_steps = steps_per_epoch(train_loader.batches(), s.accumulate);
   const dist_autograd::LrSchedule schedule =
@@ -367,8 +368,18 @@ int train_as_master(const TrainSettings& s) {
   progress.monitor = monitor_of(s);
 
   const StagePlan plan = plan_of(s);
-  std::vector<std::string> workers = place_stages(plan, s.placement, s.spares);
-  std::cerr << plan_table(plan, workers) << std::flush;
+  std::vector<std::string> workers = place_stages(plan, s.placement, s.spares, s.replicas);
+  const std::vector<std::string> stage_names = replica_stage_names(plan, s.replicas);
+  const std::size_t stage_count = plan.stages.size();
+  std::cerr << plan_table(plan, {workers.begin(), workers.begin() + stage_count}) << std::flush;
+  for (int r = 1; r < s.replicas; ++r) {
+    std::vector<std::string> places;
+    for (std::size_t k = 0; k < stage_count; ++k) {
+      places.push_back(fmt::format("{} {}", stage_names[r * stage_count + k],
+                                   workers[r * stage_count + k]));
+    }
+    log::info("replica {}: {}", r, fmt::join(places, ", "));
+  }
   std::vector<std::string> spares;
   for (size_t r = rpc::workers().size() - s.spares; r < rpc::workers().size(); ++r) {
     spares.push_back(rpc::workers()[r].name);
@@ -402,7 +413,7 @@ int train_as_master(const TrainSettings& s) {
     try {
       for (int epoch = progress.epoch + 1; epoch <= s.epochs; ++epoch) {
         train_s += train_epoch(*job, train_loader, epoch, s, schedule, progress.step);
-        Validation v = validate(job->split, validation_loader, s);
+        Validation v = validate(job->replicas, validation_loader, s.loss, !s.via_master);
         const double lr = job->optimizer->spec().options.at("lr");
         metrics["epochs"].push_back({{"epoch", epoch},
                                      {"train_loss", job->last_train_loss},
@@ -419,9 +430,9 @@ int train_as_master(const TrainSettings& s) {
         if (progress.monitor) verdict = progress.monitor->observe(epoch, v.of(progress.monitor->metric()));
         if (!s.checkpoint_dir.empty()) {
           NamedValues values = progress_values(progress, *job);
-          save_checkpoint(s.checkpoint_dir, job->split.named(), 2, values);
+          save_checkpoint(s.checkpoint_dir, job->split().named(), 2, values);
           if (s.save_best && verdict.improved) {
-            save_checkpoint(best_dir(s), job->split.named(), 1, values);
+            save_checkpoint(best_dir(s), job->split().named(), 1, values);
           }
         }
         if (verdict.stop) {
@@ -437,14 +448,14 @@ int train_as_master(const TrainSettings& s) {
         // The error may come from a worker that saw the loss before this process's own
         // connection to the lost worker closed: give that a moment.
         auto until = Clock::now() + std::chrono::seconds(3);
-        while ((taken = take_over_lost_workers(plan, workers, spares)).empty() &&
+        while ((taken = take_over_lost_workers(stage_names, workers, spares)).empty() &&
                Clock::now() < until) {
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
       }
       if (taken.empty()) {
         throw rpc::Error(e.kind(),
-                         fmt::format("{}{}", e.what(), stages_concerned(e, job->split, s.checkpoint_dir)));
+                         fmt::format("{}{}", e.what(), stages_concerned(e, job->splits(), s.checkpoint_dir)));
       }
       log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
       // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
@@ -464,12 +475,13 @@ int train_as_master(const TrainSettings& s) {
     }
   }
   metrics["takeovers"] = takeovers;
+  metrics["replicas"] = s.replicas;
   if (progress.monitor) {
     report_best(*progress.monitor, s.save_best ? best_dir(s) : "", stopped_after, metrics);
   }
   metrics["stages"] = nlohmann::ordered_json::array();
   for (size_t k = 0; k < plan.stages.size(); ++k) {
-    StageStats stats = job->split.stages()[k].module.stats();
+    StageStats stats = job->split().stages()[k].module.stats();
     metrics["stages"].push_back({{"name", plan.stages[k].name},
                                  {"worker", workers[k]},
                                  {"blocks", plan.stages[k].blocks},
@@ -478,8 +490,8 @@ int train_as_master(const TrainSettings& s) {
                                  {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
                                  {"worker_peak_rss_mib", stats.worker_peak_rss_mib}});
   }
-  RemoteUnet& split = job->split;
-  std::unique_ptr<Pipeline>& pipe = job->pipe;
+  RemoteUnet& split = job->split();
+  std::unique_ptr<Pipeline>& pipe = job->replicas.front().pipe;
   if (!pipe) {
     print_stage_table(split, train_s, !s.via_master);
   } else {

@@ -42,6 +42,9 @@ struct TrainSettings {
   int64_t batch_size = 8;
   double lr = 0.01;
   int accumulate = 1;  // batches whose gradients are summed into one optimizer step
+  // Copies of the staged model on workers of their own, each on batch_size images of every step,
+  // their gradients averaged (Gloo) so that they stay equal: data parallel beside model parallel.
+  int replicas = 1;
   // The learning rate per optimizer step (dist_autograd::LrSchedule): constant | step | cosine |
   // onecycle, with a warm-up (-1: none, or 30% of the run for onecycle).
   std::string lr_schedule = "constant";

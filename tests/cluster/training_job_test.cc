@@ -355,37 +355,63 @@ double largest_relative_difference(const SavedCheckpoint& a, const SavedCheckpoi
   return largest;
 }
 
-// With batch norm frozen a batch's images do not see each other, so four batches of two summed
-// into one optimizer step are one step on their eight images together: plain and pipelined.
+// The job of the equivalence tests: batch norm frozen (a batch's images do not see each other)
+// and a loss that is a mean over pixels, so that gradients of parts of a batch add up to the
+// whole batch's. Two stages.
+std::string equivalence_job(int processes) {
+  return std::string(FERRY_LAUNCH) + " --nproc " + std::to_string(processes) + " -- " +
+         FERRY_MASTER +
+         " train --model unet-resnet18 --image-size 32 --samples 20 --epochs 1 --optimizer sgd"
+         " --lr 0.05 --loss bce --freeze-batchnorm --seed 5 --partition decoder.0";
+}
+
+// Trains into checkpoint folder `dir` and returns what it saved.
+SavedCheckpoint train_into(const std::string& dir, const std::string& command) {
+  CommandResult r = run(command + " --checkpoint-dir " + dir);
+  EXPECT_EQ(r.status, 0) << r.output;
+  SavedCheckpoint saved = r.status == 0 ? read_checkpoint(latest_checkpoint(dir)) : SavedCheckpoint{};
+  std::filesystem::remove_all(dir);
+  return saved;
+}
+
+// Four batches of two summed into one optimizer step are one step on their eight images
+// together: plain and pipelined.
 TEST(TrainingJob, AccumulatingFourBatchesOfTwoStepsAsOneBatchOfEight) {
   const std::string base = "/tmp/ferry-accumulate-" + std::to_string(getpid());
-  const std::string job = std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
-                          " train --model unet-resnet18 --image-size 32 --samples 20 --epochs 1"
-                          " --optimizer sgd --lr 0.05 --loss bce --freeze-batchnorm --seed 5";
   for (const std::string pipeline : {"", " --pipeline 1f1b --microbatches 2"}) {
     SCOPED_TRACE(pipeline);
-    CommandResult eight = run(job + pipeline + " --batch-size 8 --checkpoint-dir " + base + "-8");
-    ASSERT_EQ(eight.status, 0) << eight.output;
-    CommandResult summed =
-        run(job + pipeline + " --batch-size 2 --accumulate 4 --checkpoint-dir " + base + "-2x4");
-    ASSERT_EQ(summed.status, 0) << summed.output;
-    SavedCheckpoint a = read_checkpoint(latest_checkpoint(base + "-8"));
-    SavedCheckpoint b = read_checkpoint(latest_checkpoint(base + "-2x4"));
+    SavedCheckpoint eight = train_into(base, equivalence_job(3) + pipeline + " --batch-size 8");
+    SavedCheckpoint summed =
+        train_into(base, equivalence_job(3) + pipeline + " --batch-size 2 --accumulate 4");
+    ASSERT_GT(eight.tensors.size(), 100u);
     // 16 training images: two optimizer steps either way.
-    EXPECT_EQ(a.values.at("step").toInt(), 2);
-    EXPECT_EQ(b.values.at("step").toInt(), 2);
-    EXPECT_GT(a.tensors.size(), 100u);
-    EXPECT_LE(largest_relative_difference(a, b), 1e-5);
+    EXPECT_EQ(eight.values.at("step").toInt(), 2);
+    EXPECT_EQ(summed.values.at("step").toInt(), 2);
+    EXPECT_LE(largest_relative_difference(eight, summed), 1e-5);
     if (pipeline.empty()) {
       // Eight steps on batches of two end elsewhere: the equality above is the sum's.
-      CommandResult apart = run(job + " --batch-size 2 --checkpoint-dir " + base + "-2");
-      ASSERT_EQ(apart.status, 0) << apart.output;
-      EXPECT_GT(largest_relative_difference(a, read_checkpoint(latest_checkpoint(base + "-2"))),
-                1e-3);
-      std::filesystem::remove_all(base + "-2");
+      SavedCheckpoint apart = train_into(base, equivalence_job(3) + " --batch-size 2");
+      EXPECT_GT(largest_relative_difference(eight, apart), 1e-3);
     }
-    std::filesystem::remove_all(base + "-8");
-    std::filesystem::remove_all(base + "-2x4");
+  }
+}
+
+// Data parallel beside model parallel: two replicas of two stages, each on four images of every
+// step, end where one copy trained on the eight images together ends.
+TEST(TrainingJob, TwoReplicasOfTwoStagesStepAsOneCopyOnBothShares) {
+  const std::string base = "/tmp/ferry-replicas-" + std::to_string(getpid());
+  for (const std::string pipeline : {"", " --pipeline gpipe --microbatches 2"}) {
+    SCOPED_TRACE(pipeline);
+    SavedCheckpoint one = train_into(base, equivalence_job(3) + pipeline + " --batch-size 8");
+    CommandResult r = run(equivalence_job(5) + pipeline +
+                          " --batch-size 4 --replicas 2 --checkpoint-dir " + base);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "replica 1: stage0@1 worker3, stage1@1 worker4")) << r.output;
+    SavedCheckpoint two = read_checkpoint(latest_checkpoint(base));
+    std::filesystem::remove_all(base);
+    ASSERT_GT(one.tensors.size(), 100u);
+    EXPECT_EQ(two.values.at("step").toInt(), 2);
+    EXPECT_LE(largest_relative_difference(one, two), 1e-5);
   }
 }
 
@@ -482,6 +508,8 @@ TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
       {" --save-best", "--save-best needs --checkpoint-dir"},
       {" --monitor val_acc", "--monitor must be val_loss, val_iou or val_dice, not \"val_acc\""},
       {" --accumulate 0", "--accumulate"},
+      {" --replicas 2", "--replicas 2 needs a worker of its own for each replica at least; the "
+                        "world has 0 besides the master"},
   };
   for (const auto& [flags, message] : cases) {
     CommandResult r = run(job + flags);

@@ -132,7 +132,7 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
     contexts_left += dist_autograd::context_count(fmt::format("worker{}", rank));
   }
   nlohmann::ordered_json out;
-  out["benchmark"] = settings.name;
+  out["benchmark"] = "autograd";
   out["model"] = fmt::format("unet-resnet{}", settings.depth);
   out["batch"] = settings.batch;
   out["image_size"] = settings.image_size;

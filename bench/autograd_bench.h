@@ -7,10 +7,7 @@
 
 namespace ferry::bench {
 
-// `ferry-bench train` is the same measurement under the name of the training issue's benchmark:
-// one training step is forward, distributed backward and the optimizer step.
 struct AutogradBenchSettings {
-  std::string name = "autograd";  // what the JSON calls the benchmark
   int depth = 34;
   int batch = 4;
   int image_size = 128;

@@ -10,6 +10,7 @@
 #include "bench/memory_bench.h"
 #include "bench/pipeline_bench.h"
 #include "bench/rpc_bench.h"
+#include "bench/train_bench.h"
 #include "ferry/rpc/compute_thread.h"
 
 namespace {
@@ -57,8 +58,17 @@ int main(int argc, char** argv) {
   auto* autograd_cmd = app.add_subcommand(
       "autograd", "U-Net training step split over three workers against one process");
   add_step_options(autograd_cmd);
-  auto* train_cmd = app.add_subcommand("train", "the same measurement, named for training");
-  add_step_options(train_cmd);
+  ferry::bench::TrainBenchSettings train;
+  train.self_path = rpc.self_path;
+  auto* train_cmd = app.add_subcommand(
+      "train", "the training job with data-parallel replicas of a 2-stage U-Net against one copy");
+  train_cmd->add_option("--model", train.model, "unet-resnet18|34|50|101|152");
+  train_cmd->add_option("--replicas", train.replicas, "replicas compared with one (2 or more)");
+  train_cmd->add_option("--batch", train.batch, "images per replica and step");
+  train_cmd->add_option("--image-size", train.image_size, "image height and width");
+  train_cmd->add_option("--steps", train.steps, "timed steps of each job");
+  train_cmd->add_option("--repeats", train.repeats, "jobs of each configuration");
+  train_cmd->add_option("--partition", train.partition, "the first block of the second stage");
   ferry::bench::PipelineBenchSettings pipeline;
   pipeline.self_path = rpc.self_path;
   auto* pipeline_cmd = app.add_subcommand(
@@ -98,10 +108,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (*rpc_cmd) return ferry::bench::run_rpc_bench(rpc);
   if (*autograd_cmd) return ferry::bench::run_autograd_bench(autograd);
-  if (*train_cmd) {
-    autograd.name = "train";
-    return ferry::bench::run_autograd_bench(autograd);
-  }
+  if (*train_cmd) return ferry::bench::run_train_bench(train);
   if (*pipeline_cmd) return ferry::bench::run_pipeline_bench(pipeline);
   if (*memory_cmd) return ferry::bench::run_memory_bench(memory);
   if (*peer_cmd) return ferry::bench::run_rpc_peer();

@@ -37,6 +37,14 @@ pid_t spawn_process(const std::string& binary, const std::vector<std::string>& a
   return pid;
 }
 
+int run_process(const std::string& binary, const std::vector<std::string>& args,
+                const std::map<std::string, std::string>& env) {
+  pid_t pid = spawn_process(binary, args, env);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 void reap_process(pid_t pid, std::chrono::milliseconds grace) {
   int status = 0;
   auto deadline = std::chrono::steady_clock::now() + grace;
@@ -49,7 +57,6 @@ void reap_process(pid_t pid, std::chrono::milliseconds grace) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
-
 
 std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port) {
   return {{"RANK", std::to_string(rank)},

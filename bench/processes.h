@@ -15,6 +15,10 @@ namespace ferry::bench {
 // std::runtime_error naming the binary if it cannot start.
 pid_t spawn_process(const std::string& binary, const std::vector<std::string>& args,
                     const std::map<std::string, std::string>& env);
+// Starts `binary` as spawn_process does and waits for it; returns its exit status (-1 if a
+// signal ended it).
+int run_process(const std::string& binary, const std::vector<std::string>& args,
+                const std::map<std::string, std::string>& env);
 // Waits up to `grace` for `pid` to exit, then kills it.
 void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
 // The environment that makes a spawned process rank `rank` of a world of `world_size` on

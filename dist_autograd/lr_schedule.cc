@@ -22,10 +22,14 @@ double cosine_between(double from, double to, double t) {
 
 const char* name_of(LrSchedule::Kind kind) {
   switch (kind) {
-    case LrSchedule::Kind::Constant: return "constant";
-    case LrSchedule::Kind::Step: return "step";
-    case LrSchedule::Kind::Cosine: return "cosine";
-    case LrSchedule::Kind::OneCycle: return "onecycle";
+    case LrSchedule::Kind::Constant:
+      return "constant";
+    case LrSchedule::Kind::Step:
+      return "step";
+    case LrSchedule::Kind::Cosine:
+      return "cosine";
+    case LrSchedule::Kind::OneCycle:
+      return "onecycle";
   }
   return "?";
 }
@@ -92,12 +96,15 @@ double LrSchedule::lr_at(std::int64_t step) const {
   if (step < warmup_steps) return base_lr * static_cast<double>(step + 1) / (warmup_steps + 1);
   const std::int64_t after = step - warmup_steps;
   switch (kind) {
-    case Kind::Constant: return base_lr;
-    case Kind::Step: return base_lr * std::pow(gamma, static_cast<double>(after / step_size));
+    case Kind::Constant:
+      return base_lr;
+    case Kind::Step:
+      return base_lr * std::pow(gamma, static_cast<double>(after / step_size));
     case Kind::Cosine:
-      return cosine_between(base_lr, 0,
-                            static_cast<double>(after) / static_cast<double>(total_steps - warmup_steps));
-    case Kind::OneCycle: break;
+      return cosine_between(
+          base_lr, 0, static_cast<double>(after) / static_cast<double>(total_steps - warmup_steps));
+    case Kind::OneCycle:
+      break;
   }
   return base_lr;
 }

@@ -37,8 +37,8 @@ class OptionReader {
     for (const auto& [key, value] : options_) {
       if (!known_.count(key)) {
         throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                         fmt::format("optimizer \"{}\" has no option \"{}\" (it takes: {})",
-                                     type_, key, fmt::join(known_, ", ")));
+                         fmt::format("optimizer \"{}\" has no option \"{}\" (it takes: {})", type_,
+                                     key, fmt::join(known_, ", ")));
       }
     }
   }
@@ -327,7 +327,8 @@ void register_optimizer(const std::string& name, OptimizerFactory factory) {
 }
 
 DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec, std::vector<rpc::RRefPtr> params)
-    : DistributedOptimizer(std::move(spec), std::vector<std::vector<rpc::RRefPtr>>{std::move(params)}) {}
+    : DistributedOptimizer(std::move(spec),
+                           std::vector<std::vector<rpc::RRefPtr>>{std::move(params)}) {}
 
 DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec,
                                            std::vector<std::vector<rpc::RRefPtr>> replicas)
@@ -375,14 +376,14 @@ DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec,
     auto ready = owner.optimizer->ready();
     ready->wait();
     if (ready->hasError()) {
-      failed.push_back(fmt::format("on worker \"{}\": {}", owner.worker,
-                                   ready->tryRetrieveErrorMessage()));
+      failed.push_back(
+          fmt::format("on worker \"{}\": {}", owner.worker, ready->tryRetrieveErrorMessage()));
     }
   }
   if (!failed.empty()) {
-    throw rpc::Error(rpc::ErrorKind::RemoteException,
-                     fmt::format("could not build optimizer \"{}\" {}", spec_.name,
-                                 fmt::join(failed, "; ")));
+    throw rpc::Error(
+        rpc::ErrorKind::RemoteException,
+        fmt::format("could not build optimizer \"{}\" {}", spec_.name, fmt::join(failed, "; ")));
   }
   if (replica_count_ == 1) return;
   // One group per set of owners that hold the same parameters; all join at once, as they must.
@@ -390,12 +391,11 @@ DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec,
   const std::string prefix =
       fmt::format("ferry/replicas/{}/{}", rpc::self().rank, instances.fetch_add(1));
   const size_t per_replica = owners_.size() / replica_count_;
-  on_owners("join the replicas", "ferry.optim.join_replicas",
-            [&](const Owner& owner) {
-              const size_t position = (&owner - owners_.data()) % per_replica;
-              return std::vector<c10::IValue>{fmt::format("{}/{}/", prefix, position),
-                                              int64_t{owner.replica}, int64_t{replica_count_}};
-            });
+  on_owners("join the replicas", "ferry.optim.join_replicas", [&](const Owner& owner) {
+    const size_t position = (&owner - owners_.data()) % per_replica;
+    return std::vector<c10::IValue>{fmt::format("{}/{}/", prefix, position), int64_t{owner.replica},
+                                    int64_t{replica_count_}};
+  });
 }
 
 void DistributedOptimizer::check_lines_up(size_t first, int replica) const {
@@ -456,9 +456,8 @@ std::vector<c10::IValue> DistributedOptimizer::on_owners(
     failed.push_back(fmt::format("on worker \"{}\": {}", called[i]->worker, cause));
   }
   if (!failed.empty()) {
-    throw rpc::Error(kind,
-                     fmt::format("optimizer \"{}\": {} failed {}", spec_.name, what,
-                                 fmt::join(failed, "; ")));
+    throw rpc::Error(kind, fmt::format("optimizer \"{}\": {} failed {}", spec_.name, what,
+                                       fmt::join(failed, "; ")));
   }
   return results;
 }
@@ -518,13 +517,13 @@ c10::IValue DistributedOptimizer::state_dict() const {
 
 void DistributedOptimizer::load_state_dict(const c10::IValue& state) {
   if (!state.isTensorList() || state.toTensorList().size() != parameter_count_) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("optimizer state must be a list of {} byte tensors (one per "
-                                 "parameter) but is {}",
-                                 parameter_count_,
-                                 state.isTensorList()
-                                     ? fmt::format("a list of {}", state.toTensorList().size())
-                                     : state.tagKind()));
+    throw rpc::Error(
+        rpc::ErrorKind::InvalidArgument,
+        fmt::format("optimizer state must be a list of {} byte tensors (one per "
+                    "parameter) but is {}",
+                    parameter_count_,
+                    state.isTensorList() ? fmt::format("a list of {}", state.toTensorList().size())
+                                         : state.tagKind()));
   }
   std::vector<at::Tensor> all = state.toTensorVector();
   on_owners("load_state_dict", "ferry.optim.load_state", [&all](const Owner& owner) {
@@ -557,9 +556,8 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
                });
   registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });
   registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
-  registry.add("ferry.optim.load_state", [](c10::IValue ref, c10::IValue saved) {
-    load_state(ref, saved.toTensorVector());
-  });
+  registry.add("ferry.optim.load_state",
+               [](c10::IValue ref, c10::IValue saved) { load_state(ref, saved.toTensorVector()); });
 }
 
 }  // namespace ferry::dist_autograd

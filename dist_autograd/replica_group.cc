@@ -1,6 +1,7 @@
 #include "dist_autograd/replica_group.h"
 
 #include <fmt/format.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -44,12 +45,11 @@ ReplicaGroup::~ReplicaGroup() = default;
 
 void ReplicaGroup::average(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return;
-  std::vector<at::Tensor> flat{at::cat(
-      [&] {
-        std::vector<at::Tensor> views;
-        for (const at::Tensor& t : tensors) views.push_back(t.reshape({-1}));
-        return views;
-      }())};
+  std::vector<at::Tensor> flat{at::cat([&] {
+    std::vector<at::Tensor> views;
+    for (const at::Tensor& t : tensors) views.push_back(t.reshape({-1}));
+    return views;
+  }())};
   try {
     state_->group->allreduce(flat)->wait();
   } catch (const std::exception& e) {

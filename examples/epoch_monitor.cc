@@ -10,8 +10,8 @@ namespace ferry::examples {
 EpochMonitor::EpochMonitor(std::string metric, int patience)
     : metric_(std::move(metric)), patience_(patience) {
   if (metric_ != "val_loss" && metric_ != "val_iou" && metric_ != "val_dice") {
-    throw std::invalid_argument(fmt::format(
-        "--monitor must be val_loss, val_iou or val_dice, not \"{}\"", metric_));
+    throw std::invalid_argument(
+        fmt::format("--monitor must be val_loss, val_iou or val_dice, not \"{}\"", metric_));
   }
   if (patience_ < 0) {
     throw std::invalid_argument(

@@ -7,19 +7,12 @@
 #include <map>
 #include <sstream>
 
+#include "examples/train_setup.h"
 #include "ferry/models/unet_blocks.h"
 #include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::examples {
-namespace {
-
-[[noreturn]] void fail(const std::string& message) {
-  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
-}
-
-}  // namespace
-
 std::vector<std::string> replica_stage_names(const StagePlan& plan, int replicas) {
   std::vector<std::string> out;
   for (int r = 0; r < replicas; ++r) {
@@ -36,18 +29,18 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
   for (const auto& w : rpc::workers()) names.push_back(w.name);
   if (spares > 0) {
     if (static_cast<int>(names.size()) < 2 + spares) {
-      fail(fmt::format("--spares {} leaves no worker for the stages in a world of {}", spares,
-                       names.size()));
+      fail_setting(fmt::format("--spares {} leaves no worker for the stages in a world of {}",
+                               spares, names.size()));
     }
     names.resize(names.size() - spares);
   }
   // Each replica gets workers of its own (their parameters are averaged between processes).
   const std::size_t available = names.size() == 1 ? 0 : names.size() - 1;
   if (replicas > 1 && available < static_cast<std::size_t>(replicas)) {
-    fail(fmt::format("--replicas {} needs a worker of its own for each replica at least; the "
-                     "world has {} besides the master{}",
-                     replicas, available,
-                     spares > 0 ? fmt::format(" and the {} spares", spares) : ""));
+    fail_setting(fmt::format(
+        "--replicas {} needs a worker of its own for each replica at least; the "
+        "world has {} besides the master{}",
+        replicas, available, spares > 0 ? fmt::format(" and the {} spares", spares) : ""));
   }
   const std::size_t per_replica = std::max<std::size_t>(1, available / replicas);
   const std::size_t stages = plan.stages.size();
@@ -63,8 +56,8 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
     auto eq = item.find('=');
     auto it = std::find(stage_names.begin(), stage_names.end(), item.substr(0, eq));
     if (eq == std::string::npos || it == stage_names.end()) {
-      fail(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}", item,
-                       fmt::join(stage_names, ", ")));
+      fail_setting(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}",
+                               item, fmt::join(stage_names, ", ")));
     }
     // "worker2" or "worker2/cuda:0"
     std::string place = item.substr(eq + 1);

@@ -28,6 +28,7 @@
 #include "examples/replicas.h"
 #include "examples/stage_plan.h"
 #include "examples/train_report.h"
+#include "examples/train_setup.h"
 #include "examples/worker_loop.h"
 #include "ferry/data/dataset.h"
 #include "ferry/dist_autograd/context.h"
@@ -50,66 +51,6 @@ using Clock = std::chrono::steady_clock;
 
 using models::RemoteUnet;
 
-[[noreturn]] void fail(const std::string& message) {
-  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
-}
-
-// The training and validation views of the data: the same images, augmented only for training.
-std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> datasets_of(
-    const TrainSettings& s) {
-  if (s.data == "synthetic") {
-    auto set = std::make_shared<data::SyntheticDataset>(s.samples, s.image_size, s.seed);
-    return {set, set};
-  }
-  data::FolderDataset::Options options;
-  options.image_size = s.image_size;
-  options.crop = s.crop;
-  options.seed = s.seed;
-  auto validation = std::make_shared<data::FolderDataset>(s.data, options);
-  options.augment = true;
-  auto train = std::make_shared<data::FolderDataset>(s.data, options);
-  log::info("data: {} image/mask pairs from {}", train->size(), s.data);
-  return {train, validation};
-}
-
-dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
-  if (s.optimizer == "sgd") return dist_autograd::OptimizerSpec::sgd(s.lr, 0.9, 1e-4);
-  if (s.optimizer == "adam") return dist_autograd::OptimizerSpec::adam(s.lr);
-  if (s.optimizer == "adamw") return dist_autograd::OptimizerSpec::adamw(s.lr);
-  fail(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.optimizer));
-}
-
-// The pipeline the settings ask for, or none for plain steps.
-std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const RemoteUnet& split) {
-  bool wanted = !s.pipeline.empty() || s.microbatches > 1 || s.checkpoint_activations ||
-                !s.trace_file.empty();
-  if (!wanted) return nullptr;
-  if (s.via_master) fail("--via-master is the naive split; it cannot be pipelined");
-  PipelineOptions options;
-  try {
-    options.schedule = parse_schedule(s.pipeline.empty() ? "gpipe" : s.pipeline);
-  } catch (const std::invalid_argument& e) {
-    fail(fmt::format("--pipeline: {}", e.what()));
-  }
-  options.microbatches = s.microbatches;
-  if (s.microbatches > s.batch_size) {
-    fail(fmt::format("--microbatches {} is more than the {} images of a batch", s.microbatches,
-                     s.batch_size));
-  }
-  if (s.checkpoint_activations) {
-    for (size_t k = 0; k < split.stages().size(); ++k) {
-      options.checkpoint_stages.push_back(static_cast<int>(k));
-    }
-  }
-  for (const RemoteUnet::Stage& stage : split.stages()) options.stage_names.push_back(stage.name());
-  options.routes = split.routes();
-  std::vector<RemoteModule> stages = split.modules();
-  log::info("pipelined steps: {}, {} micro-batches of {} images{}", schedule_name(options.schedule),
-            options.microbatches, s.batch_size / options.microbatches,
-            s.checkpoint_activations ? ", activations recomputed in backward" : "");
-  return std::make_unique<Pipeline>(std::move(stages), options);
-}
-
 // Every replica of the model's stages on their workers, with the optimizer over them all: built
 // again as a whole when spares take over a lost worker's stages.
 struct StagesOnWorkers {
@@ -130,8 +71,8 @@ struct StagesOnWorkers {
 void load_weights(RemoteUnet& split, const TrainSettings& s) {
   models::LoadReport report = split.load_weights(s.weights);
   if (report.loaded == 0) {
-    fail(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
-                     report.describe()));
+    fail_setting(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
+                             report.describe()));
   }
   if (report.ok()) {
     log::info("weights loaded from {}", s.weights);
@@ -150,10 +91,10 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
     std::vector<std::string> places(workers.begin() + r * stages,
                                     workers.begin() + (r + 1) * stages);
     // One seed for all: every replica starts from the same weights.
-    job->replicas.push_back(Replica{
-        RemoteUnet::create(plan.depth, s.classes, plan.on(places), static_cast<int64_t>(s.seed),
-                           s.freeze_batchnorm),
-        nullptr});
+    job->replicas.push_back(
+        Replica{RemoteUnet::create(plan.depth, s.classes, plan.on(places),
+                                   static_cast<int64_t>(s.seed), s.freeze_batchnorm),
+                nullptr});
     Replica& replica = job->replicas.back();
     if (!s.weights.empty()) load_weights(replica.split, s);
     replica.pipe = pipeline_of(s, replica.split);
@@ -174,9 +115,8 @@ struct Progress {
 };
 
 NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
-  NamedValues values{{"optimizer", job.optimizer->state_dict()},
-                     {"epoch", int64_t{p.epoch}},
-                     {"step", p.step}};
+  NamedValues values{
+      {"optimizer", job.optimizer->state_dict()}, {"epoch", int64_t{p.epoch}}, {"step", p.step}};
   if (p.monitor) {
     values["monitor"] = p.monitor->metric();
     values["best_epoch"] = int64_t{p.monitor->best_epoch()};
@@ -219,12 +159,20 @@ std::size_t steps_per_epoch(std::size_t batches, int accumulate) {
   return (batches + accumulate - 1) / accumulate;
 }
 
-// One pass over the training set; returns the seconds spent in steps. Each batch's gradients
-// are kept on the owners until --accumulate of them are summed into one optimizer step, its
-// learning rate the schedule's at `step`.
-double train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
-                   const TrainSettings& s, const dist_autograd::LrSchedule& schedule,
-                   std::int64_t& step) {
+// Where an epoch's time went, as the master saw it.
+struct EpochTimes {
+  double train_s = 0;      // in steps: forward, backward and the optimizer
+  double optimizer_s = 0;  // in the optimizer's calls (with replicas, their all-reduce too)
+  std::size_t batches = 0;
+  int64_t images = 0;
+};
+
+// One pass over the training set. Each batch's gradients are kept on the owners until
+// --accumulate of them are summed into one optimizer step, its learning rate the schedule's at
+// `step`.
+EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
+                       const TrainSettings& s, const dist_autograd::LrSchedule& schedule,
+                       std::int64_t& step) {
   // Each batch's loss is a mean over its images; 1/K of it, summed over K batches, is the mean
   // over the K batches, as one step on a K times larger batch.
   const double scale = 1.0 / s.accumulate;
@@ -233,7 +181,8 @@ double train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
   };
   loader.start_epoch(epoch);
   ProgressBar bar(epoch, s.epochs, loader.batches());
-  double loss_sum = 0, rate = 0, train_s = 0;
+  double loss_sum = 0, rate = 0;
+  EpochTimes times;
   std::size_t index = 0;
   const std::size_t count = job.replicas.size();
   while (auto batch = loader.next()) {
@@ -259,6 +208,7 @@ double train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
       dist_autograd::backward(ids[r], {loss * scale});
       losses[r] = loss.item<double>();
     });
+    auto optimizer_start = Clock::now();
     if (steps) {
       const double lr = schedule.lr_at(step);
       if (lr != job.optimizer->spec().options.at("lr")) job.optimizer->set_lr(lr);
@@ -267,70 +217,21 @@ double train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
     } else {
       job.optimizer->accumulate(ids);
     }
+    times.optimizer_s += std::chrono::duration<double>(Clock::now() - optimizer_start).count();
     contexts.clear();
     double loss_value = 0;
     for (double l : losses) loss_value += l / count;
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    train_s += seconds;
+    times.train_s += seconds;
+    times.images += batch->images.size(0);
     double images_per_s = batch->images.size(0) / seconds;
     rate = index == 1 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
     loss_sum += loss_value;
     bar.update(index, loss_sum / index, rate);
   }
   job.last_train_loss = loss_sum / std::max<std::size_t>(index, 1);
-  return train_s;
-}
-
-// The cut the settings ask for, measured in this process before any stage is built.
-StagePlan plan_of(const TrainSettings& s) {
-  PlanSettings p;
-  p.model = s.model;
-  p.classes = s.classes;
-  p.image_size = s.image_size;
-  p.batch_size = s.batch_size;
-  p.stages = s.stages;
-  p.balance = s.balance;
-  p.partition = s.partition;
-  p.optimizer = s.optimizer;
-  int stages = s.stages > 0 ? s.stages : 3;
-  if (!s.partition.empty()) {
-    stages = 1 + static_cast<int>(std::count(s.partition.begin(), s.partition.end(), ','));
-  }
-  p.in_flight_samples =
-      in_flight_samples(s.batch_size, s.microbatches, s.pipeline == "1f1b", stages);
-  // The blocks are measured here, all in this process: no stage's budget applies to that.
-  const std::int64_t budget = rpc::tensor_memory_budget();
-  rpc::set_tensor_memory_budget(0);
-  try {
-    StagePlan plan = plan_stages(p);
-    rpc::set_tensor_memory_budget(budget);
-    return plan;
-  } catch (...) {
-    rpc::set_tensor_memory_budget(budget);
-    throw;
-  }
-}
-
-dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total_steps) {
-  try {
-    return dist_autograd::LrSchedule::parse(s.lr_schedule, s.lr, total_steps, s.warmup_steps,
-                                            s.lr_step_size, s.lr_gamma);
-  } catch (const std::invalid_argument& e) {
-    fail(fmt::format("--lr-schedule: {}", e.what()));
-  }
-}
-
-// The monitor the settings ask for, if any; fails on settings that cannot work together.
-std::optional<EpochMonitor> monitor_of(const TrainSettings& s) {
-  if (s.save_best && s.checkpoint_dir.empty()) {
-    fail("--save-best needs --checkpoint-dir: the best epoch's checkpoint goes to its best/");
-  }
-  if (s.monitor.empty() && !s.save_best && s.early_stop_patience == 0) return std::nullopt;
-  try {
-    return EpochMonitor(s.monitor.empty() ? "val_loss" : s.monitor, s.early_stop_patience);
-  } catch (const std::invalid_argument& e) {
-    fail(e.what());
-  }
+  times.batches = index;
+  return times;
 }
 
 std::string best_dir(const TrainSettings& s) {
@@ -340,10 +241,11 @@ std::string best_dir(const TrainSettings& s) {
 int train_as_master(const TrainSettings& s) {
   depth_of(s.model);  // an unknown model fails before the data is read
   if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
-    fail(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
+    fail_setting(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
   }
-  if (s.accumulate < 1) fail(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
-  if (s.replicas < 1) fail(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
+  if (s.accumulate < 1)
+    fail_setting(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
+  if (s.replicas < 1) fail_setting(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
   // The data first: a wrong folder is found before any worker builds a stage.
   auto [train_set, validation_set] = datasets_of(s);
   auto [train_indices, validation_indices] =
@@ -354,10 +256,9 @@ int train_as_master(const TrainSettings& s) {
   data::BatchLoader train_loader(train_set, train_indices, global_batch, s.seed,
                                  /*drop_last=*/true);
   if (train_loader.batches() == 0) {
-    fail(fmt::format("{} training images do not make one batch of {}{}", train_indices.size(),
-                     global_batch,
-                     s.replicas > 1 ? fmt::format(" ({} replicas of {})", s.replicas, s.batch_size)
-                                    : ""));
+    fail_setting(fmt::format(
+        "{} training images do not make one batch of {}{}", train_indices.size(), global_batch,
+        s.replicas > 1 ? fmt::format(" ({} replicas of {})", s.replicas, s.batch_size) : ""));
   }
   data::BatchLoader validation_loader(validation_set, validation_indices, global_batch,
                                       std::nullopt);
@@ -375,8 +276,8 @@ int train_as_master(const TrainSettings& s) {
   for (int r = 1; r < s.replicas; ++r) {
     std::vector<std::string> places;
     for (std::size_t k = 0; k < stage_count; ++k) {
-      places.push_back(fmt::format("{} {}", stage_names[r * stage_count + k],
-                                   workers[r * stage_count + k]));
+      places.push_back(
+          fmt::format("{} {}", stage_names[r * stage_count + k], workers[r * stage_count + k]));
     }
     log::info("replica {}: {}", r, fmt::join(places, ", "));
   }
@@ -395,7 +296,7 @@ int train_as_master(const TrainSettings& s) {
   std::unique_ptr<StagesOnWorkers> job = build_stages(s, plan, workers);
 
   if (s.resume) {
-    if (s.checkpoint_dir.empty()) fail("--resume needs --checkpoint-dir");
+    if (s.checkpoint_dir.empty()) fail_setting("--resume needs --checkpoint-dir");
     restore(*job, s.checkpoint_dir, epoch_steps, progress);
     log::info("resumed from {} after epoch {} (optimizer step {})", s.checkpoint_dir,
               progress.epoch, progress.step);
@@ -412,7 +313,8 @@ int train_as_master(const TrainSettings& s) {
   for (;;) {
     try {
       for (int epoch = progress.epoch + 1; epoch <= s.epochs; ++epoch) {
-        train_s += train_epoch(*job, train_loader, epoch, s, schedule, progress.step);
+        const EpochTimes times = train_epoch(*job, train_loader, epoch, s, schedule, progress.step);
+        train_s += times.train_s;
         Validation v = validate(job->replicas, validation_loader, s.loss, !s.via_master);
         const double lr = job->optimizer->spec().options.at("lr");
         metrics["epochs"].push_back({{"epoch", epoch},
@@ -420,14 +322,19 @@ int train_as_master(const TrainSettings& s) {
                                      {"val_loss", v.loss},
                                      {"val_iou", v.iou},
                                      {"val_dice", v.dice},
-                                     {"lr", lr}});
+                                     {"lr", lr},
+                                     {"train_s", times.train_s},
+                                     {"optimizer_s", times.optimizer_s},
+                                     {"batches", times.batches},
+                                     {"images_per_s", times.images / times.train_s}});
         std::cerr << fmt::format(
             "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU "
             "{:.3f}, Dice {:.3f}, learning rate {:.3g}\n",
             epoch, s.epochs, job->last_train_loss, v.loss, v.iou, v.dice, lr);
         progress.epoch = epoch;
         EpochMonitor::Verdict verdict;
-        if (progress.monitor) verdict = progress.monitor->observe(epoch, v.of(progress.monitor->metric()));
+        if (progress.monitor)
+          verdict = progress.monitor->observe(epoch, v.of(progress.monitor->metric()));
         if (!s.checkpoint_dir.empty()) {
           NamedValues values = progress_values(progress, *job);
           save_checkpoint(s.checkpoint_dir, job->split().named(), 2, values);
@@ -454,8 +361,9 @@ int train_as_master(const TrainSettings& s) {
         }
       }
       if (taken.empty()) {
-        throw rpc::Error(e.kind(),
-                         fmt::format("{}{}", e.what(), stages_concerned(e, job->splits(), s.checkpoint_dir)));
+        throw rpc::Error(
+            e.kind(),
+            fmt::format("{}{}", e.what(), stages_concerned(e, job->splits(), s.checkpoint_dir)));
       }
       log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
       // The stages that survived are rebuilt too: all of them go back to the same checkpoint.

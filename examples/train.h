@@ -57,7 +57,7 @@ struct TrainSettings {
   std::string monitor;
   bool save_best = false;
   int early_stop_patience = 0;
-  bool freeze_batchnorm = false;  // batch norms keep their statistics and affine parameters
+  bool freeze_batchnorm = false;   // batch norms keep their statistics and affine parameters
   std::string optimizer = "adam";  // sgd | adam | adamw
   std::string loss = "bce+dice";   // bce | dice | bce+dice
   int64_t classes = 1;

@@ -99,8 +99,8 @@ void report_best(const EpochMonitor& monitor, const std::string& best_dir, int s
     std::string folder;
     std::getline(latest, folder);
     const std::string path = (std::filesystem::path(best_dir) / folder).string();
-    line += fmt::format("; its checkpoint: {} (--checkpoint-dir {} --resume starts from it)",
-                        path, best_dir);
+    line += fmt::format("; its checkpoint: {} (--checkpoint-dir {} --resume starts from it)", path,
+                        best_dir);
     metrics["best_checkpoint"] = path;
   }
   if (stopped_after > 0) {

@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstddef>
-
 #include <nlohmann/json.hpp>
 #include <string>
 

@@ -369,7 +369,8 @@ std::string equivalence_job(int processes) {
 SavedCheckpoint train_into(const std::string& dir, const std::string& command) {
   CommandResult r = run(command + " --checkpoint-dir " + dir);
   EXPECT_EQ(r.status, 0) << r.output;
-  SavedCheckpoint saved = r.status == 0 ? read_checkpoint(latest_checkpoint(dir)) : SavedCheckpoint{};
+  SavedCheckpoint saved =
+      r.status == 0 ? read_checkpoint(latest_checkpoint(dir)) : SavedCheckpoint{};
   std::filesystem::remove_all(dir);
   return saved;
 }
@@ -508,8 +509,9 @@ TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
       {" --save-best", "--save-best needs --checkpoint-dir"},
       {" --monitor val_acc", "--monitor must be val_loss, val_iou or val_dice, not \"val_acc\""},
       {" --accumulate 0", "--accumulate"},
-      {" --replicas 2", "--replicas 2 needs a worker of its own for each replica at least; the "
-                        "world has 0 besides the master"},
+      {" --replicas 2",
+       "--replicas 2 needs a worker of its own for each replica at least; the "
+       "world has 0 besides the master"},
   };
   for (const auto& [flags, message] : cases) {
     CommandResult r = run(job + flags);

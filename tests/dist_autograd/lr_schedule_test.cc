@@ -12,8 +12,8 @@ namespace ferry::dist_autograd {
 namespace {
 
 using ::testing::DoubleNear;
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 
 TEST(LrSchedule, ConstantWarmsUpLinearlyThenHolds) {
   LrSchedule s = LrSchedule::parse("constant", 0.1, 100, 4, 0, 0.1);

@@ -1,15 +1,15 @@
 // DistributedOptimizer against torch::optim in one process, its errors, and its state in a
 // checkpoint.
-#include <gtest/gtest.h>
-#include <torch/torch.h>
+#include "ferry/dist_autograd/optimizer.h"
 
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <filesystem>
 #include <thread>
 
 #include "ferry/dist_autograd/context.h"
-#include "ferry/dist_autograd/optimizer.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
 #include "tests/support/cluster.h"
@@ -19,8 +19,8 @@
 namespace ferry::dist_autograd {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 using testing::LocalWorld;
 using testing::mlp_config;
 
@@ -74,10 +74,10 @@ class OptimizerKinds : public ::testing::TestWithParam<std::string> {};
 TEST_P(OptimizerKinds, ThreeStepsEqualTorchOptimInOneProcess) {
   LocalWorld world(two_workers());
   TwoStages stages;
-  auto local_first = testing::make_local_stage("test.mlp", TwoStages::first_config(),
-                                               stages.first.state_dict());
-  auto local_second = testing::make_local_stage("test.mlp", TwoStages::second_config(),
-                                                stages.second.state_dict());
+  auto local_first =
+      testing::make_local_stage("test.mlp", TwoStages::first_config(), stages.first.state_dict());
+  auto local_second =
+      testing::make_local_stage("test.mlp", TwoStages::second_config(), stages.second.state_dict());
   std::vector<at::Tensor> local_params;
   for (auto* stage : {local_first.get(), local_second.get()}) {
     for (auto& [name, p] : stage->named_parameters()) local_params.push_back(p);
@@ -146,9 +146,9 @@ TEST(DistributedOptimizer, UnknownOptionIsNamed) {
 
 TEST(DistributedOptimizer, StateInACheckpointResumesExactly) {
   LocalWorld world(two_workers());
-  std::string dir = (std::filesystem::temp_directory_path() /
-                     ("ferry-optim-ckpt-" + std::to_string(::getpid())))
-                        .string();
+  std::string dir =
+      (std::filesystem::temp_directory_path() / ("ferry-optim-ckpt-" + std::to_string(::getpid())))
+          .string();
   std::filesystem::remove_all(dir);
   // Uninterrupted: four Adam steps.
   TwoStages straight;
@@ -217,9 +217,9 @@ TEST(DistributedOptimizer, ReplicasAveragingGradientsEqualOneCopyOnTheWholeBatch
   settings.peer_names = {"a", "b", "c", "d", "e", "f"};
   LocalWorld world(settings);
   TwoStages replica0("a", "b"), replica1("c", "d"), whole("e", "f");
-  DistributedOptimizer replicated(OptimizerSpec::adam(0.01),
-                                  std::vector<std::vector<rpc::RRefPtr>>{
-                                      replica0.parameters(), replica1.parameters()});
+  DistributedOptimizer replicated(
+      OptimizerSpec::adam(0.01),
+      std::vector<std::vector<rpc::RRefPtr>>{replica0.parameters(), replica1.parameters()});
   EXPECT_EQ(replicated.replica_count(), 2);
   EXPECT_EQ(replicated.owners(), (std::vector<std::string>{"a", "b"}));
   DistributedOptimizer alone(OptimizerSpec::adam(0.01), whole.parameters());
@@ -233,7 +233,8 @@ TEST(DistributedOptimizer, ReplicasAveragingGradientsEqualOneCopyOnTheWholeBatch
     for (int r = 0; r < 2; ++r) {
       threads.emplace_back([&, r] {
         contexts[r] = std::make_unique<Context>();
-        at::Tensor y = replicas[r]->second.forward({replicas[r]->first.forward({x.narrow(0, 3 * r, 3)})})
+        at::Tensor y = replicas[r]
+                           ->second.forward({replicas[r]->first.forward({x.narrow(0, 3 * r, 3)})})
                            .toTensor();
         backward(contexts[r]->id(), {(y * y).mean()});
         ids[r] = contexts[r]->id();
@@ -262,15 +263,15 @@ TEST(DistributedOptimizer, ReplicasPlacedUnalikeOrSharingAWorkerAreRefused) {
   TwoStages replica0("a", "b"), on_one("c", "c"), sharing("b", "c");
   EXPECT_THAT(error_of([&] {
                 DistributedOptimizer(OptimizerSpec::sgd(0.1),
-                                     std::vector<std::vector<rpc::RRefPtr>>{
-                                         replica0.parameters(), on_one.parameters()});
+                                     std::vector<std::vector<rpc::RRefPtr>>{replica0.parameters(),
+                                                                            on_one.parameters()});
               }),
               HasSubstr("replica 1's parameters are spread over workers c unlike replica 0's "
                         "over a, b"));
   EXPECT_THAT(error_of([&] {
                 DistributedOptimizer(OptimizerSpec::sgd(0.1),
-                                     std::vector<std::vector<rpc::RRefPtr>>{
-                                         replica0.parameters(), sharing.parameters()});
+                                     std::vector<std::vector<rpc::RRefPtr>>{replica0.parameters(),
+                                                                            sharing.parameters()});
               }),
               HasSubstr("worker \"b\" holds parameters of replicas 0 and 1"));
 }

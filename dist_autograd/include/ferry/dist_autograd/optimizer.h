@@ -94,7 +94,7 @@ class DistributedOptimizer {
   struct Owner {
     std::string worker;
     int replica = 0;
-    rpc::RRefPtr optimizer;        // the local optimizer, held by its worker
+    rpc::RRefPtr optimizer;            // the local optimizer, held by its worker
     std::vector<std::size_t> indices;  // its parameters' positions in the constructor's list
   };
   // Calls `function` on every owner (of `replica`, or all) at once with (optimizer,

@@ -1,0 +1,127 @@
+#include "examples/train_setup.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/log.h"
+#include "ferry/rpc/process_memory.h"
+
+namespace ferry::examples {
+
+void fail_setting(const std::string& message) {
+  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
+}
+
+// The training and validation views of the data: the same images, augmented only for training.
+std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> datasets_of(
+    const TrainSettings& s) {
+  if (s.data == "synthetic") {
+    auto set = std::make_shared<data::SyntheticDataset>(s.samples, s.image_size, s.seed);
+    return {set, set};
+  }
+  data::FolderDataset::Options options;
+  options.image_size = s.image_size;
+  options.crop = s.crop;
+  options.seed = s.seed;
+  auto validation = std::make_shared<data::FolderDataset>(s.data, options);
+  options.augment = true;
+  auto train = std::make_shared<data::FolderDataset>(s.data, options);
+  log::info("data: {} image/mask pairs from {}", train->size(), s.data);
+  return {train, validation};
+}
+
+dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
+  if (s.optimizer == "sgd") return dist_autograd::OptimizerSpec::sgd(s.lr, 0.9, 1e-4);
+  if (s.optimizer == "adam") return dist_autograd::OptimizerSpec::adam(s.lr);
+  if (s.optimizer == "adamw") return dist_autograd::OptimizerSpec::adamw(s.lr);
+  fail_setting(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.optimizer));
+}
+
+// The pipeline the settings ask for, or none for plain steps.
+std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const models::RemoteUnet& split) {
+  bool wanted = !s.pipeline.empty() || s.microbatches > 1 || s.checkpoint_activations ||
+                !s.trace_file.empty();
+  if (!wanted) return nullptr;
+  if (s.via_master) fail_setting("--via-master is the naive split; it cannot be pipelined");
+  PipelineOptions options;
+  try {
+    options.schedule = parse_schedule(s.pipeline.empty() ? "gpipe" : s.pipeline);
+  } catch (const std::invalid_argument& e) {
+    fail_setting(fmt::format("--pipeline: {}", e.what()));
+  }
+  options.microbatches = s.microbatches;
+  if (s.microbatches > s.batch_size) {
+    fail_setting(fmt::format("--microbatches {} is more than the {} images of a batch",
+                             s.microbatches, s.batch_size));
+  }
+  if (s.checkpoint_activations) {
+    for (size_t k = 0; k < split.stages().size(); ++k) {
+      options.checkpoint_stages.push_back(static_cast<int>(k));
+    }
+  }
+  for (const models::RemoteUnet::Stage& stage : split.stages())
+    options.stage_names.push_back(stage.name());
+  options.routes = split.routes();
+  std::vector<RemoteModule> stages = split.modules();
+  log::info("pipelined steps: {}, {} micro-batches of {} images{}", schedule_name(options.schedule),
+            options.microbatches, s.batch_size / options.microbatches,
+            s.checkpoint_activations ? ", activations recomputed in backward" : "");
+  return std::make_unique<Pipeline>(std::move(stages), options);
+}
+
+// The cut the settings ask for, measured in this process before any stage is built.
+StagePlan plan_of(const TrainSettings& s) {
+  PlanSettings p;
+  p.model = s.model;
+  p.classes = s.classes;
+  p.image_size = s.image_size;
+  p.batch_size = s.batch_size;
+  p.stages = s.stages;
+  p.balance = s.balance;
+  p.partition = s.partition;
+  p.optimizer = s.optimizer;
+  int stages = s.stages > 0 ? s.stages : 3;
+  if (!s.partition.empty()) {
+    stages = 1 + static_cast<int>(std::count(s.partition.begin(), s.partition.end(), ','));
+  }
+  p.in_flight_samples =
+      in_flight_samples(s.batch_size, s.microbatches, s.pipeline == "1f1b", stages);
+  // The blocks are measured here, all in this process: no stage's budget applies to that.
+  const std::int64_t budget = rpc::tensor_memory_budget();
+  rpc::set_tensor_memory_budget(0);
+  try {
+    StagePlan plan = plan_stages(p);
+    rpc::set_tensor_memory_budget(budget);
+    return plan;
+  } catch (...) {
+    rpc::set_tensor_memory_budget(budget);
+    throw;
+  }
+}
+
+dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total_steps) {
+  try {
+    return dist_autograd::LrSchedule::parse(s.lr_schedule, s.lr, total_steps, s.warmup_steps,
+                                            s.lr_step_size, s.lr_gamma);
+  } catch (const std::invalid_argument& e) {
+    fail_setting(fmt::format("--lr-schedule: {}", e.what()));
+  }
+}
+
+// The monitor the settings ask for, if any; fails on settings that cannot work together.
+std::optional<EpochMonitor> monitor_of(const TrainSettings& s) {
+  if (s.save_best && s.checkpoint_dir.empty()) {
+    fail_setting(
+        "--save-best needs --checkpoint-dir: the best epoch's checkpoint goes to its best/");
+  }
+  if (s.monitor.empty() && !s.save_best && s.early_stop_patience == 0) return std::nullopt;
+  try {
+    return EpochMonitor(s.monitor.empty() ? "val_loss" : s.monitor, s.early_stop_patience);
+  } catch (const std::invalid_argument& e) {
+    fail_setting(e.what());
+  }
+}
+
+}  // namespace ferry::examples

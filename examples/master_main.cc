@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
                       "keep the best epoch's checkpoint in CHECKPOINT_DIR/best beside the latest");
   train_cmd->add_option("--early-stop-patience", train.early_stop_patience,
                         "stop after this many epochs without improvement of --monitor");
+  train_cmd->add_option("--precision", train.precision,
+                        "32 (or 32-true), or bf16-mixed: stages compute under bfloat16 autocast "
+                        "and send bfloat16 activations and gradients; weights stay float32");
   train_cmd->add_flag("--freeze-batchnorm", train.freeze_batchnorm,
                       "keep every batch norm's running statistics and affine parameters as "
                       "loaded (for small batches, fine-tuning from pretrained weights)");

@@ -50,7 +50,10 @@ at::Tensor share_of(const at::Tensor& batch, std::size_t r, std::size_t count) {
   return batch.narrow(0, begin, per + (index < extra ? 1 : 0));
 }
 
-at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::Tensor& masks) {
+at::Tensor loss_of(const std::string& kind, const at::Tensor& stage_logits,
+                   const at::Tensor& masks) {
+  // In float32 whatever the stages computed in: bfloat16 logits lose too much in a mean.
+  const at::Tensor logits = stage_logits.to(at::kFloat);
   at::Tensor bce = torch::binary_cross_entropy_with_logits(logits, masks);
   if (kind == "bce") return bce;
   at::Tensor p = torch::sigmoid(logits);

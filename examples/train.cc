@@ -19,6 +19,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -97,6 +98,10 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
                 nullptr});
     Replica& replica = job->replicas.back();
     if (!s.weights.empty()) load_weights(replica.split, s);
+    if (precision_of(s) != Precision::Float32) {
+      for (const RemoteModule& stage : replica.split.modules())
+        stage.set_precision(precision_of(s));
+    }
     replica.pipe = pipeline_of(s, replica.split);
     parameters.push_back(replica.split.parameters());
   }
@@ -165,7 +170,21 @@ struct EpochTimes {
   double optimizer_s = 0;  // in the optimizer's calls (with replicas, their all-reduce too)
   std::size_t batches = 0;
   int64_t images = 0;
+  std::uint64_t bytes_sent = 0;  // by every process of the job
 };
+
+// Bytes every process of the job has sent so far: this one and each worker holding a stage.
+std::uint64_t bytes_sent_by_job(const StagesOnWorkers& job) {
+  std::uint64_t total = rpc::agent().bytes_sent();
+  std::set<std::string> counted{rpc::self().name};
+  for (const Replica& replica : job.replicas) {
+    for (const RemoteUnet::Stage& stage : replica.split.stages()) {
+      if (!counted.insert(stage.module.worker()).second) continue;
+      total += static_cast<std::uint64_t>(stage.module.stats().worker_bytes_sent);
+    }
+  }
+  return total;
+}
 
 // One pass over the training set. Each batch's gradients are kept on the owners until
 // --accumulate of them are summed into one optimizer step, its learning rate the schedule's at
@@ -183,6 +202,7 @@ EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoc
   ProgressBar bar(epoch, s.epochs, loader.batches());
   double loss_sum = 0, rate = 0;
   EpochTimes times;
+  const std::uint64_t bytes_before = bytes_sent_by_job(job);
   std::size_t index = 0;
   const std::size_t count = job.replicas.size();
   while (auto batch = loader.next()) {
@@ -231,6 +251,7 @@ EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoc
   }
   job.last_train_loss = loss_sum / std::max<std::size_t>(index, 1);
   times.batches = index;
+  times.bytes_sent = bytes_sent_by_job(job) - bytes_before;
   return times;
 }
 
@@ -246,6 +267,7 @@ int train_as_master(const TrainSettings& s) {
   if (s.accumulate < 1)
     fail_setting(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
   if (s.replicas < 1) fail_setting(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
+  precision_of(s);
   // The data first: a wrong folder is found before any worker builds a stage.
   auto [train_set, validation_set] = datasets_of(s);
   auto [train_indices, validation_indices] =
@@ -326,7 +348,8 @@ int train_as_master(const TrainSettings& s) {
                                      {"train_s", times.train_s},
                                      {"optimizer_s", times.optimizer_s},
                                      {"batches", times.batches},
-                                     {"images_per_s", times.images / times.train_s}});
+                                     {"images_per_s", times.images / times.train_s},
+                                     {"bytes_per_step", times.bytes_sent / times.batches}});
         std::cerr << fmt::format(
             "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU "
             "{:.3f}, Dice {:.3f}, learning rate {:.3g}\n",

@@ -57,7 +57,10 @@ struct TrainSettings {
   std::string monitor;
   bool save_best = false;
   int early_stop_patience = 0;
-  bool freeze_batchnorm = false;   // batch norms keep their statistics and affine parameters
+  bool freeze_batchnorm = false;  // batch norms keep their statistics and affine parameters
+  // "32" or "bf16-mixed": each stage computes under autocast and sends bfloat16 activations
+  // and gradients; parameters and optimizer state stay float32 (ferry/remote_module/precision.h).
+  std::string precision = "32";
   std::string optimizer = "adam";  // sgd | adam | adamw
   std::string loss = "bce+dice";   // bce | dice | bce+dice
   int64_t classes = 1;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/log.h"
@@ -121,6 +122,14 @@ std::optional<EpochMonitor> monitor_of(const TrainSettings& s) {
     return EpochMonitor(s.monitor.empty() ? "val_loss" : s.monitor, s.early_stop_patience);
   } catch (const std::invalid_argument& e) {
     fail_setting(e.what());
+  }
+}
+
+Precision precision_of(const TrainSettings& s) {
+  try {
+    return parse_precision(s.precision);
+  } catch (const std::invalid_argument& e) {
+    fail_setting(fmt::format("--precision: {}", e.what()));
   }
 }
 

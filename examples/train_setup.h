@@ -18,6 +18,7 @@
 #include "ferry/dist_autograd/optimizer.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/pipeline.h"
+#include "ferry/remote_module/precision.h"
 
 namespace ferry::examples {
 
@@ -38,6 +39,8 @@ StagePlan plan_of(const TrainSettings& s);
 
 // The learning rate of each of the run's `total_steps` optimizer steps.
 dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total_steps);
+
+Precision precision_of(const TrainSettings& s);
 
 // The monitor the settings ask for, if any; fails on settings that cannot work together.
 std::optional<EpochMonitor> monitor_of(const TrainSettings& s);

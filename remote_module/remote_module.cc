@@ -119,6 +119,7 @@ StageStats RemoteModule::stats() const {
   stats.worker_peak_rss_mib = info.at("peak_rss_mib").toDouble();
   stats.worker_peak_tensor_mib =
       static_cast<double>(info.at("peak_tensor_bytes").toInt()) / (1 << 20);
+  stats.worker_bytes_sent = info.at("bytes_sent").toInt();
   return stats;
 }
 
@@ -134,5 +135,9 @@ void RemoteModule::load_state_dict(const c10::Dict<std::string, at::Tensor>& sta
 }
 
 void RemoteModule::to(const std::string& device) const { call("to", "ferry.stage.to", {device}); }
+
+void RemoteModule::set_precision(Precision precision) const {
+  call("set_precision", "ferry.stage.precision", {static_cast<int64_t>(precision)});
+}
 
 }  // namespace ferry

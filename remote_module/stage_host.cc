@@ -2,6 +2,7 @@
 // on one stage do not overlap.
 #include "ferry/remote_module/stage_host.h"
 
+#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
@@ -9,10 +10,12 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <set>
 
 #include "ferry/remote_module/portal.h"
+#include "ferry/remote_module/precision.h"
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/process_memory.h"
@@ -29,6 +32,7 @@ struct StageHolder : torch::CustomClassHolder {
   // Where its parameters and compute are (RemoteModule::to): inputs move there on arrival and
   // outputs back to CPU memory, which is what travels.
   c10::Device device{c10::kCPU};
+  Precision precision = Precision::Float32;  // RemoteModule::set_precision
   std::mutex mutex;
   double forward_seconds = 0;  // under `mutex`
   int64_t forward_calls = 0;
@@ -68,28 +72,83 @@ c10::Dict<std::string, at::Tensor> state_of(Stage& stage) {
   return out;
 }
 
-// `value` with every tensor in it (in lists and tuples too) moved to `device`; differentiable,
-// so gradients come back the same way.
-c10::IValue moved_to(const c10::IValue& value, const c10::Device& device) {
-  if (value.isTensor()) return value.toTensor().to(device);
+// `value` with `f` applied to every tensor in it (in lists and tuples too).
+c10::IValue mapped(const c10::IValue& value,
+                   const std::function<at::Tensor(const at::Tensor&)>& f) {
+  if (value.isTensor()) return f(value.toTensor());
   if (value.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : value.toTensorList().vec()) out.push_back(t.to(device));
+    for (const at::Tensor& t : value.toTensorList().vec()) out.push_back(f(t));
     return out;
   }
   if (value.isList()) {
     c10::impl::GenericList out(value.toList().elementType());
-    for (const c10::IValue& item : value.toListRef()) out.push_back(moved_to(item, device));
+    for (const c10::IValue& item : value.toListRef()) out.push_back(mapped(item, f));
     return out;
   }
   if (value.isTuple()) {
     std::vector<c10::IValue> items;
-    for (const c10::IValue& item : value.toTupleRef().elements()) {
-      items.push_back(moved_to(item, device));
-    }
+    for (const c10::IValue& item : value.toTupleRef().elements()) items.push_back(mapped(item, f));
     return c10::ivalue::Tuple::create(std::move(items));
   }
   return value;
+}
+
+// Moved to `device`; differentiable, so gradients come back the same way.
+c10::IValue moved_to(const c10::IValue& value, const c10::Device& device) {
+  return mapped(value, [&device](const at::Tensor& t) { return t.to(device); });
+}
+
+// Autocast to bfloat16 for `device`'s type on this thread while it lives, as torch.autocast's
+// context manager: its cast weights are cached for the forward and dropped at the end, since an
+// optimizer step changes the weights they were cast from.
+class BFloat16Autocast {
+ public:
+  explicit BFloat16Autocast(const c10::Device& device) : cuda_(device.is_cuda()) {
+    if (cuda_) {
+      was_enabled_ = at::autocast::is_enabled();
+      was_dtype_ = at::autocast::get_autocast_gpu_dtype();
+      at::autocast::set_enabled(true);
+      at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    } else {
+      was_enabled_ = at::autocast::is_cpu_enabled();
+      was_dtype_ = at::autocast::get_autocast_cpu_dtype();
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    }
+    at::autocast::increment_nesting();
+  }
+  ~BFloat16Autocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    if (cuda_) {
+      at::autocast::set_enabled(was_enabled_);
+      at::autocast::set_autocast_gpu_dtype(was_dtype_);
+    } else {
+      at::autocast::set_cpu_enabled(was_enabled_);
+      at::autocast::set_autocast_cpu_dtype(was_dtype_);
+    }
+  }
+  BFloat16Autocast(const BFloat16Autocast&) = delete;
+  BFloat16Autocast& operator=(const BFloat16Autocast&) = delete;
+
+ private:
+  bool cuda_;
+  bool was_enabled_;
+  at::ScalarType was_dtype_;
+};
+
+// The stage's forward in its precision.
+c10::IValue forward_in_precision(StageHolder& holder, std::vector<c10::IValue> args) {
+  if (holder.precision == Precision::Float32) return holder.stage->forward(std::move(args));
+  c10::IValue out;
+  {
+    BFloat16Autocast autocast(holder.device);
+    out = holder.stage->forward(std::move(args));
+  }
+  // Whatever autocast left in float32 (a sum, a sigmoid) leaves in bfloat16 too; differentiable,
+  // so the gradient that comes back is bfloat16 as well.
+  return mapped(
+      out, [](const at::Tensor& t) { return t.is_floating_point() ? t.to(at::kBFloat16) : t; });
 }
 
 void load_state(Stage& stage, const c10::Dict<std::string, at::Tensor>& state, bool strict) {
@@ -141,7 +200,7 @@ c10::IValue forward_here(const rpc::RRefPtr& module, const c10::IValue& inputs) 
       if (away) {
         for (c10::IValue& arg : args) arg = moved_to(arg, holder->device);
       }
-      c10::IValue out = holder->stage->forward(std::move(args));
+      c10::IValue out = forward_in_precision(*holder, std::move(args));
       if (away) out = moved_to(out, c10::Device(c10::kCPU));
       holder->forward_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -276,6 +335,7 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
     info.insert("forward_calls", holder->forward_calls);
     info.insert("peak_rss_mib", rpc::peak_rss_mib());
     info.insert("peak_tensor_bytes", rpc::tensor_memory().peak_bytes);
+    info.insert("bytes_sent", static_cast<int64_t>(rpc::agent().bytes_sent()));
     return info;
   });
   registry.add("ferry.stage.parameter", [](rpc::RRefPtr module, int64_t index) {
@@ -318,6 +378,16 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
                    }
                  });
                });
+  registry.add("ferry.stage.precision", [](rpc::RRefPtr module, int64_t precision) {
+    if (precision != static_cast<int64_t>(Precision::Float32) &&
+        precision != static_cast<int64_t>(Precision::BFloat16Mixed)) {
+      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                       fmt::format("ferry.stage.precision: no precision {}", precision));
+    }
+    auto holder = holder_of(module);
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    holder->precision = static_cast<Precision>(precision);
+  });
   registry.add("ferry.stage.to", [](rpc::RRefPtr module, std::string device) {
     auto holder = holder_of(module);
     rpc::run_on_compute_thread([&] {

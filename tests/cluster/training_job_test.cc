@@ -19,27 +19,16 @@
 #include <string>
 #include <vector>
 
-#include "tests/support/sanitizer_allowance.h"
+#include "tests/support/training_runs.h"
 
 namespace {
 
-struct CommandResult {
-  int status = -1;
-  std::string output;
-};
-
-// Runs a shell command (its own bound: `timeout`) and returns its exit status and output.
-CommandResult run(const std::string& command) {
-  CommandResult result;
-  int limit_s = 240 * ferry::testing::kSanitizerSlowdown;
-  FILE* pipe = popen(("timeout " + std::to_string(limit_s) + " " + command + " 2>&1").c_str(), "r");
-  if (!pipe) return result;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), buf.size(), pipe)) result.output += buf.data();
-  int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using ferry::testing::CommandResult;
+using ferry::testing::file_bytes;
+using ferry::testing::latest_checkpoint;
+using ferry::testing::read_checkpoint;
+using ferry::testing::run;
+using ferry::testing::SavedCheckpoint;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -89,19 +78,6 @@ std::string write_folder_data_set(int count, int inverted = 0) {
   return dir;
 }
 
-std::vector<char> bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
-}
-
-// The folder of the newest checkpoint in `dir`.
-std::string latest_checkpoint(const std::string& dir) {
-  std::ifstream latest(dir + "/LATEST");
-  std::string folder;
-  latest >> folder;
-  return dir + "/" + folder;
-}
-
 TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
   std::string data = write_folder_data_set(16);
   std::string checkpoints = data + "-checkpoints";
@@ -115,7 +91,7 @@ TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
 
   // The encoder stage's checkpoint file, its names made those of a torchvision ResNet (a stage's
   // file has the whole U-Net's names, "encoder.conv1.weight").
-  auto saved = torch::pickle_load(bytes(latest_checkpoint(checkpoints) + "/encoder.pt"))
+  auto saved = torch::pickle_load(file_bytes(latest_checkpoint(checkpoints) + "/encoder.pt"))
                    .to<c10::Dict<std::string, at::Tensor>>();
   c10::Dict<std::string, at::Tensor> resnet;
   for (const auto& item : saved) resnet.insert(item.key().substr(8), item.value());
@@ -321,143 +297,6 @@ TEST(TrainingJob, UnknownModelIsAClearError) {
   EXPECT_TRUE(contains(r.output, "no ResNet of depth 42")) << r.output;
 }
 
-// Every stage's tensors in checkpoint `folder` by name, and the values saved beside them.
-struct SavedCheckpoint {
-  std::map<std::string, at::Tensor> tensors;
-  std::map<std::string, c10::IValue> values;
-};
-
-SavedCheckpoint read_checkpoint(const std::string& folder) {
-  SavedCheckpoint out;
-  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
-    if (entry.path().extension() != ".pt") continue;
-    c10::IValue value = torch::pickle_load(bytes(entry.path().string()));
-    if (!value.isGenericDict()) {
-      out.values[entry.path().stem().string()] = value;
-      continue;
-    }
-    for (const auto& item : value.toGenericDict()) {
-      out.tensors[item.key().toStringRef()] = item.value().toTensor().to(at::kDouble);
-    }
-  }
-  return out;
-}
-
-// The largest difference between same-named tensors, relative to the tensor's size.
-double largest_relative_difference(const SavedCheckpoint& a, const SavedCheckpoint& b) {
-  EXPECT_EQ(a.tensors.size(), b.tensors.size());
-  double largest = 0;
-  for (const auto& [name, tensor] : a.tensors) {
-    const at::Tensor& other = b.tensors.at(name);
-    double scale = std::max(other.norm().item<double>(), 1e-12);
-    largest = std::max(largest, (tensor - other).norm().item<double>() / scale);
-  }
-  return largest;
-}
-
-// The job of the equivalence tests: batch norm frozen (a batch's images do not see each other)
-// and a loss that is a mean over pixels, so that gradients of parts of a batch add up to the
-// whole batch's. Two stages.
-std::string equivalence_job(int processes) {
-  return std::string(FERRY_LAUNCH) + " --nproc " + std::to_string(processes) + " -- " +
-         FERRY_MASTER +
-         " train --model unet-resnet18 --image-size 32 --samples 20 --epochs 1 --optimizer sgd"
-         " --lr 0.05 --loss bce --freeze-batchnorm --seed 5 --partition decoder.0";
-}
-
-// Trains into checkpoint folder `dir` and returns what it saved.
-SavedCheckpoint train_into(const std::string& dir, const std::string& command) {
-  CommandResult r = run(command + " --checkpoint-dir " + dir);
-  EXPECT_EQ(r.status, 0) << r.output;
-  SavedCheckpoint saved =
-      r.status == 0 ? read_checkpoint(latest_checkpoint(dir)) : SavedCheckpoint{};
-  std::filesystem::remove_all(dir);
-  return saved;
-}
-
-// Four batches of two summed into one optimizer step are one step on their eight images
-// together: plain and pipelined.
-TEST(TrainingJob, AccumulatingFourBatchesOfTwoStepsAsOneBatchOfEight) {
-  const std::string base = "/tmp/ferry-accumulate-" + std::to_string(getpid());
-  for (const std::string pipeline : {"", " --pipeline 1f1b --microbatches 2"}) {
-    SCOPED_TRACE(pipeline);
-    SavedCheckpoint eight = train_into(base, equivalence_job(3) + pipeline + " --batch-size 8");
-    SavedCheckpoint summed =
-        train_into(base, equivalence_job(3) + pipeline + " --batch-size 2 --accumulate 4");
-    ASSERT_GT(eight.tensors.size(), 100u);
-    // 16 training images: two optimizer steps either way.
-    EXPECT_EQ(eight.values.at("step").toInt(), 2);
-    EXPECT_EQ(summed.values.at("step").toInt(), 2);
-    EXPECT_LE(largest_relative_difference(eight, summed), 1e-5);
-    if (pipeline.empty()) {
-      // Eight steps on batches of two end elsewhere: the equality above is the sum's.
-      SavedCheckpoint apart = train_into(base, equivalence_job(3) + " --batch-size 2");
-      EXPECT_GT(largest_relative_difference(eight, apart), 1e-3);
-    }
-  }
-}
-
-// Data parallel beside model parallel: two replicas of two stages, each on four images of every
-// step, end where one copy trained on the eight images together ends.
-TEST(TrainingJob, TwoReplicasOfTwoStagesStepAsOneCopyOnBothShares) {
-  const std::string base = "/tmp/ferry-replicas-" + std::to_string(getpid());
-  for (const std::string pipeline : {"", " --pipeline gpipe --microbatches 2"}) {
-    SCOPED_TRACE(pipeline);
-    SavedCheckpoint one = train_into(base, equivalence_job(3) + pipeline + " --batch-size 8");
-    CommandResult r = run(equivalence_job(5) + pipeline +
-                          " --batch-size 4 --replicas 2 --checkpoint-dir " + base);
-    ASSERT_EQ(r.status, 0) << r.output;
-    EXPECT_TRUE(contains(r.output, "replica 1: stage0@1 worker3, stage1@1 worker4")) << r.output;
-    SavedCheckpoint two = read_checkpoint(latest_checkpoint(base));
-    std::filesystem::remove_all(base);
-    ASSERT_GT(one.tensors.size(), 100u);
-    EXPECT_EQ(two.values.at("step").toInt(), 2);
-    EXPECT_LE(largest_relative_difference(one, two), 1e-5);
-  }
-}
-
-// A run that stops after epoch 1 and resumes goes on along the same learning-rate curve and
-// ends where the uninterrupted run ends.
-TEST(TrainingJob, AScheduleResumesOnTheSameCurve) {
-  const std::string base = "/tmp/ferry-schedule-" + std::to_string(getpid());
-  const std::string job = std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
-                          " train --model unet-resnet18 --image-size 32 --samples 40"
-                          " --batch-size 8 --epochs 2 --optimizer adam --lr 0.01"
-                          " --lr-schedule cosine --warmup-steps 2 --seed 2 --checkpoint-dir " +
-                          base;
-  CommandResult full = run(job + " --metrics-file " + base + "-full.json");
-  ASSERT_EQ(full.status, 0) << full.output;
-  EXPECT_TRUE(contains(full.output, "learning rate: cosine from 0.01 over 8 steps, 2 warm-up"))
-      << full.output;
-  const std::string second = latest_checkpoint(base);
-  SavedCheckpoint uninterrupted = read_checkpoint(second);
-  // The interruption: the first epoch's checkpoint (kept beside the second) becomes the latest.
-  std::string first;
-  for (const auto& entry : std::filesystem::directory_iterator(base)) {
-    if (entry.is_directory() && entry.path().string() != second) first = entry.path().string();
-  }
-  ASSERT_FALSE(first.empty());
-  ASSERT_EQ(read_checkpoint(first).values.at("epoch").toInt(), 1);
-  std::ofstream(base + "/LATEST", std::ios::trunc)
-      << std::filesystem::path(first).filename().string() << "\n";
-
-  CommandResult resumed = run(job + " --resume --metrics-file " + base + "-resumed.json");
-  ASSERT_EQ(resumed.status, 0) << resumed.output;
-  EXPECT_TRUE(contains(resumed.output, "after epoch 1 (optimizer step 4)")) << resumed.output;
-  auto full_epochs = nlohmann::json::parse(std::ifstream(base + "-full.json"))["epochs"];
-  auto resumed_epochs = nlohmann::json::parse(std::ifstream(base + "-resumed.json"))["epochs"];
-  ASSERT_EQ(full_epochs.size(), 2u);
-  ASSERT_EQ(resumed_epochs.size(), 1u);
-  EXPECT_EQ(resumed_epochs[0]["lr"].get<double>(), full_epochs[1]["lr"].get<double>());
-  EXPECT_LT(full_epochs[1]["lr"].get<double>(), full_epochs[0]["lr"].get<double>());
-  SavedCheckpoint after = read_checkpoint(latest_checkpoint(base));
-  EXPECT_EQ(after.values.at("step").toInt(), 8);
-  EXPECT_LE(largest_relative_difference(after, uninterrupted), 1e-5);
-  std::filesystem::remove_all(base);
-  std::remove((base + "-full.json").c_str());
-  std::remove((base + "-resumed.json").c_str());
-}
-
 // The validation masks are the inverse of what the training set teaches: the validation loss
 // is best early, the run stops `patience` epochs later and keeps the best epoch's checkpoint.
 TEST(TrainingJob, KeepsTheBestEpochAndStopsWhenTheMetricNoLongerImproves) {
@@ -494,31 +333,6 @@ TEST(TrainingJob, KeepsTheBestEpochAndStopsWhenTheMetricNoLongerImproves) {
   std::filesystem::remove_all(data);
   std::filesystem::remove_all(checkpoints);
   std::remove(metrics_file.c_str());
-}
-
-TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
-  const std::string job = std::string(FERRY_LAUNCH) + " --nproc 1 -- " + FERRY_MASTER +
-                          " train --image-size 32 --samples 40 --epochs 1 --batch-size 4"
-                          " --model unet-resnet18";
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {" --lr-schedule linear",
-       "--lr-schedule: learning-rate schedule \"linear\" is none of constant, step, cosine, "
-       "onecycle"},
-      {" --lr-schedule cosine --warmup-steps 8",
-       "8 warm-up steps leave none of the run's 8 optimizer steps"},
-      {" --save-best", "--save-best needs --checkpoint-dir"},
-      {" --monitor val_acc", "--monitor must be val_loss, val_iou or val_dice, not \"val_acc\""},
-      {" --accumulate 0", "--accumulate"},
-      {" --replicas 2",
-       "--replicas 2 needs a worker of its own for each replica at least; the "
-       "world has 0 besides the master"},
-  };
-  for (const auto& [flags, message] : cases) {
-    CommandResult r = run(job + flags);
-    EXPECT_NE(r.status, 0) << flags;
-    EXPECT_TRUE(contains(r.output, message)) << flags << "\n" << r.output;
-    EXPECT_FALSE(contains(r.output, "encoder  ")) << "a stage was planned: " << r.output;
-  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <stdexcept>
 #include <thread>
 
 #include "ferry/rpc/rpc.h"
@@ -189,6 +190,32 @@ TEST(StageRegistry, TheRegistrationMacroRegistersAtStartUp) {
   auto stage = make_stage("test.identity", stage_config());
   EXPECT_EQ(stage->forward({int64_t{4}}).toInt(), 4);
   EXPECT_THROW(register_stage("test.identity", make_identity), rpc::Error);
+}
+
+TEST(RemoteModule, BFloat16MixedSendsBFloat16AndKeepsFloat32Parameters) {
+  LocalWorld world(three_workers());
+  RemoteModule module = RemoteModule::create("a", "test.mlp", mlp_config(3));
+  const at::Tensor x = torch::randn({2, 8});
+  const at::Tensor full = module.forward({x}).toTensor();
+  module.set_precision(Precision::BFloat16Mixed);
+  const at::Tensor half = module.forward({x}).toTensor();
+  EXPECT_EQ(full.scalar_type(), at::kFloat);
+  EXPECT_EQ(half.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(torch::allclose(half.to(at::kFloat), full, 5e-2, 5e-2));
+  EXPECT_FALSE(torch::equal(half.to(at::kFloat), full));  // it did compute in bfloat16
+  for (const auto& entry : module.state_dict()) {
+    EXPECT_EQ(entry.value().scalar_type(), at::kFloat) << entry.key();
+  }
+  module.set_precision(Precision::Float32);
+  EXPECT_TRUE(torch::equal(module.forward({x}).toTensor(), full));
+  try {
+    parse_precision("16-mixed");
+    FAIL() << "accepted float16";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("neither 32 (or 32-true) nor bf16-mixed"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(RemoteModule, MovingToADeviceThisWorkerLacksIsANamedError) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ferry/remote_module/portal.h"
+#include "ferry/remote_module/precision.h"
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/rref.h"
 
@@ -25,6 +26,7 @@ struct StageStats {
   double worker_peak_rss_mib = 0;  // of the whole worker process
   // The most tensor memory its worker process held at once (rpc::tensor_memory()), all stages.
   double worker_peak_tensor_mib = 0;
+  int64_t worker_bytes_sent = 0;  // by its worker's agent so far (rpc::Agent::bytes_sent)
 };
 
 class RemoteModule {
@@ -68,6 +70,8 @@ class RemoteModule {
   // error. A shape mismatch always is. Each error lists the names concerned.
   void load_state_dict(const c10::Dict<std::string, at::Tensor>& state, bool strict = true) const;
   void to(const std::string& device) const;
+  // The precision its forward computes in from now on (precision.h).
+  void set_precision(Precision precision) const;
 
   const std::string& worker() const { return worker_; }
   const std::string& type() const { return type_; }

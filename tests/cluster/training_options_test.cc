@@ -1,0 +1,200 @@
+// What a training job offers beside stages and pipelines, run as a user runs it (ferry-launch,
+// ferry-master train): gradient accumulation, data-parallel replicas, learning-rate schedules,
+// bf16-mixed precision, and the errors of settings that cannot work.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/support/training_runs.h"
+
+namespace {
+
+using ferry::testing::CommandResult;
+using ferry::testing::largest_relative_difference;
+using ferry::testing::latest_checkpoint;
+using ferry::testing::read_checkpoint;
+using ferry::testing::rewind_checkpoint;
+using ferry::testing::run;
+using ferry::testing::SavedCheckpoint;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// The job of the equivalence tests: batch norm frozen (a batch's images do not see each other)
+// and a loss that is a mean over pixels, so that gradients of parts of a batch add up to the
+// whole batch's. Two stages.
+std::string equivalence_job(int processes) {
+  return std::string(FERRY_LAUNCH) + " --nproc " + std::to_string(processes) + " -- " +
+         FERRY_MASTER +
+         " train --model unet-resnet18 --image-size 32 --samples 20 --epochs 1 --optimizer sgd"
+         " --lr 0.05 --loss bce --freeze-batchnorm --seed 5 --partition decoder.0";
+}
+
+// Trains into checkpoint folder `dir` and returns what it saved.
+SavedCheckpoint train_into(const std::string& dir, const std::string& command) {
+  CommandResult r = run(command + " --checkpoint-dir " + dir);
+  EXPECT_EQ(r.status, 0) << r.output;
+  SavedCheckpoint saved =
+      r.status == 0 ? read_checkpoint(latest_checkpoint(dir)) : SavedCheckpoint{};
+  std::filesystem::remove_all(dir);
+  return saved;
+}
+
+// Four batches of two summed into one optimizer step are one step on their eight images
+// together: plain and pipelined.
+TEST(TrainingJob, AccumulatingFourBatchesOfTwoStepsAsOneBatchOfEight) {
+  const std::string base = "/tmp/ferry-accumulate-" + std::to_string(getpid());
+  for (const std::string pipeline : {"", " --pipeline 1f1b --microbatches 2"}) {
+    SCOPED_TRACE(pipeline);
+    SavedCheckpoint eight = train_into(base, equivalence_job(3) + pipeline + " --batch-size 8");
+    SavedCheckpoint summed =
+        train_into(base, equivalence_job(3) + pipeline + " --batch-size 2 --accumulate 4");
+    ASSERT_GT(eight.tensors.size(), 100u);
+    // 16 training images: two optimizer steps either way.
+    EXPECT_EQ(eight.values.at("step").toInt(), 2);
+    EXPECT_EQ(summed.values.at("step").toInt(), 2);
+    EXPECT_LE(largest_relative_difference(eight, summed), 1e-5);
+    if (pipeline.empty()) {
+      // Eight steps on batches of two end elsewhere: the equality above is the sum's.
+      SavedCheckpoint apart = train_into(base, equivalence_job(3) + " --batch-size 2");
+      EXPECT_GT(largest_relative_difference(eight, apart), 1e-3);
+    }
+  }
+}
+
+// Data parallel beside model parallel: two replicas of two stages, each on four images of every
+// step, end where one copy trained on the eight images together ends.
+TEST(TrainingJob, TwoReplicasOfTwoStagesStepAsOneCopyOnBothShares) {
+  const std::string base = "/tmp/ferry-replicas-" + std::to_string(getpid());
+  for (const std::string pipeline : {"", " --pipeline gpipe --microbatches 2"}) {
+    SCOPED_TRACE(pipeline);
+    SavedCheckpoint one = train_into(base, equivalence_job(3) + pipeline + " --batch-size 8");
+    CommandResult r = run(equivalence_job(5) + pipeline +
+                          " --batch-size 4 --replicas 2 --checkpoint-dir " + base);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("replica 1: stage0@1 worker3, stage1@1 worker4")) << r.output;
+    SavedCheckpoint two = read_checkpoint(latest_checkpoint(base));
+    std::filesystem::remove_all(base);
+    ASSERT_GT(one.tensors.size(), 100u);
+    EXPECT_EQ(two.values.at("step").toInt(), 2);
+    EXPECT_LE(largest_relative_difference(one, two), 1e-5);
+  }
+}
+
+// A run that stops after epoch 1 and resumes goes on along the same learning-rate curve and
+// ends where the uninterrupted run ends.
+TEST(TrainingJob, AScheduleResumesOnTheSameCurve) {
+  const std::string base = "/tmp/ferry-schedule-" + std::to_string(getpid());
+  const std::string job = std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
+                          " train --model unet-resnet18 --image-size 32 --samples 40"
+                          " --batch-size 8 --epochs 2 --optimizer adam --lr 0.01"
+                          " --lr-schedule cosine --warmup-steps 2 --seed 2 --checkpoint-dir " +
+                          base;
+  CommandResult full = run(job + " --metrics-file " + base + "-full.json");
+  ASSERT_EQ(full.status, 0) << full.output;
+  EXPECT_THAT(full.output, HasSubstr("learning rate: cosine from 0.01 over 8 steps, 2 warm-up"))
+      << full.output;
+  SavedCheckpoint uninterrupted = read_checkpoint(latest_checkpoint(base));
+  // The interruption: the first epoch's checkpoint (kept beside the second) becomes the latest.
+  ASSERT_FALSE(rewind_checkpoint(base).empty());
+  ASSERT_EQ(read_checkpoint(latest_checkpoint(base)).values.at("epoch").toInt(), 1);
+
+  CommandResult resumed = run(job + " --resume --metrics-file " + base + "-resumed.json");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("after epoch 1 (optimizer step 4)")) << resumed.output;
+  auto full_epochs = nlohmann::json::parse(std::ifstream(base + "-full.json"))["epochs"];
+  auto resumed_epochs = nlohmann::json::parse(std::ifstream(base + "-resumed.json"))["epochs"];
+  ASSERT_EQ(full_epochs.size(), 2u);
+  ASSERT_EQ(resumed_epochs.size(), 1u);
+  EXPECT_EQ(resumed_epochs[0]["lr"].get<double>(), full_epochs[1]["lr"].get<double>());
+  EXPECT_LT(full_epochs[1]["lr"].get<double>(), full_epochs[0]["lr"].get<double>());
+  SavedCheckpoint after = read_checkpoint(latest_checkpoint(base));
+  EXPECT_EQ(after.values.at("step").toInt(), 8);
+  EXPECT_LE(largest_relative_difference(after, uninterrupted), 1e-5);
+  std::filesystem::remove_all(base);
+  std::remove((base + "-full.json").c_str());
+  std::remove((base + "-resumed.json").c_str());
+}
+
+TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
+  const std::string job = std::string(FERRY_LAUNCH) + " --nproc 1 -- " + FERRY_MASTER +
+                          " train --image-size 32 --samples 40 --epochs 1 --batch-size 4"
+                          " --model unet-resnet18";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" --lr-schedule linear",
+       "--lr-schedule: learning-rate schedule \"linear\" is none of constant, step, cosine, "
+       "onecycle"},
+      {" --lr-schedule cosine --warmup-steps 8",
+       "8 warm-up steps leave none of the run's 8 optimizer steps"},
+      {" --save-best", "--save-best needs --checkpoint-dir"},
+      {" --monitor val_acc", "--monitor must be val_loss, val_iou or val_dice, not \"val_acc\""},
+      {" --accumulate 0", "--accumulate"},
+      {" --replicas 2",
+       "--replicas 2 needs a worker of its own for each replica at least; the "
+       "world has 0 besides the master"},
+  };
+  for (const auto& [flags, message] : cases) {
+    CommandResult r = run(job + flags);
+    EXPECT_NE(r.status, 0) << flags;
+    EXPECT_THAT(r.output, HasSubstr(message)) << flags << "\n" << r.output;
+    EXPECT_THAT(r.output, Not(HasSubstr("encoder  "))) << "a stage was planned: " << r.output;
+  }
+}
+
+// bf16-mixed: stages compute under autocast and send bfloat16, so the bytes every process sends
+// per step fall by about half; weights stay float32, the job learns as in float32 (the bar of
+// FourProcessesLearnTheSyntheticSet), and a run resumed from a checkpoint ends where the
+// uninterrupted one does.
+TEST(TrainingJob, BFloat16MixedHalvesTheBytesLearnsAndResumesExactly) {
+  const std::string base = "/tmp/ferry-bf16-" + std::to_string(getpid());
+  const std::string job = std::string(FERRY_LAUNCH) + " --nproc 4 -- " + FERRY_MASTER +
+                          " train --model unet-resnet18 --image-size 64 --batch-size 8"
+                          " --optimizer adam --lr 0.003";
+  CommandResult float32 = run(job + " --samples 80 --epochs 1 --metrics-file " + base + "-32.json");
+  ASSERT_EQ(float32.status, 0) << float32.output;
+  const std::string bf16_job = job +
+                               " --samples 320 --epochs 3 --precision bf16-mixed"
+                               " --checkpoint-dir " +
+                               base;
+  CommandResult mixed = run(bf16_job + " --metrics-file " + base + "-bf16.json");
+  ASSERT_EQ(mixed.status, 0) << mixed.output;
+
+  auto epochs_32 = nlohmann::json::parse(std::ifstream(base + "-32.json"))["epochs"];
+  auto epochs = nlohmann::json::parse(std::ifstream(base + "-bf16.json"))["epochs"];
+  const double bytes_32 = epochs_32[0]["bytes_per_step"].get<double>();
+  const double bytes_16 = epochs[0]["bytes_per_step"].get<double>();
+  EXPECT_LT(bytes_16, 0.6 * bytes_32) << bytes_16 << " bytes a step against " << bytes_32;
+  EXPECT_GT(bytes_16, 0.4 * bytes_32) << bytes_16 << " bytes a step against " << bytes_32;
+  double best_iou = 0;
+  for (const auto& epoch : epochs) best_iou = std::max(best_iou, epoch["val_iou"].get<double>());
+  EXPECT_GT(best_iou, 0.45) << mixed.output;
+  EXPECT_LT(epochs.back()["train_loss"].get<double>(),
+            0.6 * epochs.front()["train_loss"].get<double>())
+      << mixed.output;
+
+  SavedCheckpoint uninterrupted = read_checkpoint(latest_checkpoint(base));
+  for (const auto& [name, dtype] : uninterrupted.dtypes) {
+    if (name.find("num_batches_tracked") == std::string::npos) {
+      EXPECT_EQ(dtype, at::kFloat) << name;
+    }
+  }
+  ASSERT_FALSE(rewind_checkpoint(base).empty());
+  CommandResult resumed = run(bf16_job + " --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("after epoch 2"));
+  EXPECT_LE(largest_relative_difference(read_checkpoint(latest_checkpoint(base)), uninterrupted),
+            1e-5);
+  std::filesystem::remove_all(base);
+  std::remove((base + "-32.json").c_str());
+  std::remove((base + "-bf16.json").c_str());
+}
+
+}  // namespace

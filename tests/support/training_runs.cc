@@ -1,0 +1,92 @@
+#include "tests/support/training_runs.h"
+
+#include <sys/wait.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "tests/support/sanitizer_allowance.h"
+
+namespace ferry::testing {
+
+CommandResult run(const std::string& command) {
+  CommandResult result;
+  int limit_s = 240 * kSanitizerSlowdown;
+  FILE* pipe = popen(("timeout " + std::to_string(limit_s) + " " + command + " 2>&1").c_str(), "r");
+  if (!pipe) return result;
+  std::array<char, 4096> buf;
+  while (fgets(buf.data(), buf.size(), pipe)) result.output += buf.data();
+  int status = pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  std::ifstream latest(dir + "/LATEST");
+  std::string folder;
+  latest >> folder;
+  return dir + "/" + folder;
+}
+
+std::string rewind_checkpoint(const std::string& dir) {
+  const std::string newest = latest_checkpoint(dir);
+  std::string previous;
+  int previous_epoch = -1;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (!entry.is_directory() || entry.path().string() == newest) continue;
+    if (!std::filesystem::exists(entry.path() / "epoch.pt")) continue;
+    const int epoch =
+        static_cast<int>(read_checkpoint(entry.path().string()).values.at("epoch").toInt());
+    if (epoch > previous_epoch) {
+      previous_epoch = epoch;
+      previous = entry.path().string();
+    }
+  }
+  if (previous.empty()) return "";
+  // As a user would write it, with a newline.
+  std::ofstream(dir + "/LATEST", std::ios::trunc)
+      << std::filesystem::path(previous).filename().string() << "\n";
+  return previous;
+}
+
+SavedCheckpoint read_checkpoint(const std::string& folder) {
+  SavedCheckpoint out;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    if (entry.path().extension() != ".pt") continue;
+    c10::IValue value = torch::pickle_load(file_bytes(entry.path().string()));
+    if (!value.isGenericDict()) {
+      out.values[entry.path().stem().string()] = value;
+      continue;
+    }
+    for (const auto& item : value.toGenericDict()) {
+      const at::Tensor& t = item.value().toTensor();
+      out.tensors[item.key().toStringRef()] = t.to(at::kDouble);
+      out.dtypes[item.key().toStringRef()] = t.scalar_type();
+    }
+  }
+  return out;
+}
+
+double largest_relative_difference(const SavedCheckpoint& a, const SavedCheckpoint& b) {
+  if (a.tensors.size() != b.tensors.size()) return std::numeric_limits<double>::infinity();
+  double largest = 0;
+  for (const auto& [name, tensor] : a.tensors) {
+    auto other = b.tensors.find(name);
+    if (other == b.tensors.end()) return std::numeric_limits<double>::infinity();
+    double scale = std::max(other->second.norm().item<double>(), 1e-12);
+    largest = std::max(largest, (tensor - other->second).norm().item<double>() / scale);
+  }
+  return largest;
+}
+
+}  // namespace ferry::testing

@@ -1,0 +1,44 @@
+// Running Ferry's binaries from a test and reading what a training job left behind: its output
+// and exit status, and the tensors of its checkpoints.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ferry::testing {
+
+struct CommandResult {
+  int status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command, bounded by `timeout` (4 minutes, longer under sanitizers), and returns
+// its exit status and output.
+CommandResult run(const std::string& command);
+
+std::vector<char> file_bytes(const std::string& path);
+
+// The folder of the newest checkpoint in `dir` (what its LATEST names).
+std::string latest_checkpoint(const std::string& dir);
+
+// Makes the checkpoint saved before the latest one in `dir` the latest, as if the run had
+// stopped one epoch earlier; returns its folder, empty if there is none.
+std::string rewind_checkpoint(const std::string& dir);
+
+// Every stage's tensors in a checkpoint folder by name (as float64, with the dtype they were
+// saved in), and the values saved beside them ("epoch", "step", ...).
+struct SavedCheckpoint {
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, at::ScalarType> dtypes;
+  std::map<std::string, c10::IValue> values;
+};
+SavedCheckpoint read_checkpoint(const std::string& folder);
+
+// The largest difference between same-named tensors, relative to the tensor's norm; infinite
+// when the names differ.
+double largest_relative_difference(const SavedCheckpoint& a, const SavedCheckpoint& b);
+
+}  // namespace ferry::testing

@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--steps", train.steps, "timed steps of each job");
   train_cmd->add_option("--repeats", train.repeats, "jobs of each configuration");
   train_cmd->add_option("--partition", train.partition, "the first block of the second stage");
+  train_cmd->add_option("--log-file", train.log_file, "where the jobs' own output goes");
   ferry::bench::PipelineBenchSettings pipeline;
   pipeline.self_path = rpc.self_path;
   auto* pipeline_cmd = app.add_subcommand(

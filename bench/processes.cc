@@ -1,5 +1,6 @@
 #include "bench/processes.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -15,7 +16,7 @@ extern char** environ;
 namespace ferry::bench {
 
 pid_t spawn_process(const std::string& binary, const std::vector<std::string>& args,
-                    const std::map<std::string, std::string>& env) {
+                    const std::map<std::string, std::string>& env, const std::string& output) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry(*e);
@@ -30,16 +31,23 @@ pid_t spawn_process(const std::string& binary, const std::vector<std::string>& a
   std::vector<char*> argv;
   for (auto& s : argv_strings) argv.push_back(s.data());
   argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (int rc = posix_spawn(&pid, binary.c_str(), nullptr, nullptr, argv.data(), envp.data())) {
-    throw std::runtime_error("cannot start " + binary + ": " + std::strerror(rc));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!output.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 1, output.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                     0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw std::runtime_error("cannot start " + binary + ": " + std::strerror(rc));
   return pid;
 }
 
 int run_process(const std::string& binary, const std::vector<std::string>& args,
-                const std::map<std::string, std::string>& env) {
-  pid_t pid = spawn_process(binary, args, env);
+                const std::map<std::string, std::string>& env, const std::string& output) {
+  pid_t pid = spawn_process(binary, args, env, output);
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -11,14 +11,15 @@
 
 namespace ferry::bench {
 
-// Starts `binary` with `args`; `env` is added to this process's environment. Throws
+// Starts `binary` with `args`; `env` is added to this process's environment; with `output`, its
+// stdout and stderr are appended to that file instead of this process's. Throws
 // std::runtime_error naming the binary if it cannot start.
 pid_t spawn_process(const std::string& binary, const std::vector<std::string>& args,
-                    const std::map<std::string, std::string>& env);
+                    const std::map<std::string, std::string>& env, const std::string& output = "");
 // Starts `binary` as spawn_process does and waits for it; returns its exit status (-1 if a
 // signal ended it).
 int run_process(const std::string& binary, const std::vector<std::string>& args,
-                const std::map<std::string, std::string>& env);
+                const std::map<std::string, std::string>& env, const std::string& output = "");
 // Waits up to `grace` for `pid` to exit, then kills it.
 void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
 // The environment that makes a spawned process rank `rank` of a world of `world_size` on

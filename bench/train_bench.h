@@ -1,6 +1,7 @@
 // `ferry-bench train`: the training job itself (ferry-launch, ferry-master train) with R replicas
 // against one, at the same images per replica and step, in one run: the step time, the
-// throughput and the share of a step the optimizer's all-reduce takes.
+// throughput and the share of a step the optimizer's all-reduce takes; and one replica under
+// bf16-mixed against float32: the step time and the bytes every process sends per step.
 #pragma once
 
 #include <string>
@@ -15,6 +16,7 @@ struct TrainBenchSettings {
   int steps = 12;   // timed steps of each run (one epoch); an untimed epoch goes first
   int repeats = 3;  // runs of each configuration, alternating; medians are reported
   std::string partition = "decoder.0";  // two stages: the encoder, then decoder and head
+  std::string log_file = "/tmp/ferry-bench-train.log";  // the jobs' own output
   std::string self_path;
 };
 

@@ -68,6 +68,20 @@ struct StagesOnWorkers {
   }
 };
 
+// Replica 0's parameters and buffers into every other replica. Their parameters are equal already;
+// their batch norms' running statistics are not, each having seen its own images: after this,
+// validation and checkpoints see one model, as DistributedDataParallel's broadcast of buffers
+// makes it.
+void align_replicas(StagesOnWorkers& job) {
+  const std::vector<RemoteUnet::Stage>& first = job.replicas.front().split.stages();
+  for (std::size_t k = 0; k < first.size(); ++k) {
+    const c10::Dict<std::string, at::Tensor> state = first[k].module.state_dict();
+    for (std::size_t r = 1; r < job.replicas.size(); ++r) {
+      job.replicas[r].split.stages()[k].module.load_state_dict(state);
+    }
+  }
+}
+
 // Loads --weights into a replica's stages, saying what did not fit.
 void load_weights(RemoteUnet& split, const TrainSettings& s) {
   models::LoadReport report = split.load_weights(s.weights);
@@ -337,6 +351,7 @@ int train_as_master(const TrainSettings& s) {
       for (int epoch = progress.epoch + 1; epoch <= s.epochs; ++epoch) {
         const EpochTimes times = train_epoch(*job, train_loader, epoch, s, schedule, progress.step);
         train_s += times.train_s;
+        align_replicas(*job);
         Validation v = validate(job->replicas, validation_loader, s.loss, !s.via_master);
         const double lr = job->optimizer->spec().options.at("lr");
         metrics["epochs"].push_back({{"epoch", epoch},

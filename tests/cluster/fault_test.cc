@@ -140,10 +140,11 @@ const std::string kCurveBase =
     "--model unet-resnet18 --image-size 32 --samples 80 --seed 3 --optimizer adam";
 const std::string kCurveJob = kCurveBase + " --epochs 3";
 
-// `flags` are added to kCurveJob's.
-std::map<int, std::pair<double, double>> uninterrupted_losses(const std::string& flags = "") {
+// `flags` are added to kCurveJob's; `workers` hold the stages.
+std::map<int, std::pair<double, double>> uninterrupted_losses(const std::string& flags = "",
+                                                              int workers = 3) {
   std::string metrics = "/tmp/ferry-fault-straight-" + std::to_string(getpid()) + ".json";
-  World straight("straight", kCurveJob + flags + " --metrics-file " + metrics);
+  World straight("straight", kCurveJob + flags + " --metrics-file " + metrics, workers);
   EXPECT_TRUE(straight.master->wait(kJobTime).has_value()) << straight.log();
   auto losses = losses_in(metrics);
   EXPECT_EQ(losses.size(), 3u) << straight.log() << read_file(metrics);
@@ -256,16 +257,21 @@ TEST(Faults, WorkersExitByThemselvesWhenTheMasterIsKilled) {
 
 // With a spare, a killed worker's stage is rebuilt on the spare from the last checkpoint, and the
 // job finishes by itself with the losses of a run that was never interrupted. `flags` are added
-// to kCurveJob's for both runs.
-void expect_spare_takes_over(const std::string& flags) {
-  auto expected = uninterrupted_losses(flags);
+// to kCurveJob's for both runs; `workers` hold the stages, one more waits as the spare;
+// worker2 is killed, and `takeover` is what the master says of it.
+void expect_spare_takes_over(const std::string& flags, int workers = 3,
+                             const std::string& takeover =
+                                 "worker \"worker2\" was lost; spare "
+                                 "\"worker4\" takes over stage decoder") {
+  auto expected = uninterrupted_losses(flags, workers);
   ASSERT_EQ(expected.size(), 3u);
   std::string ckpt = "/tmp/ferry-fault-spare-" + std::to_string(getpid());
   std::string metrics = ckpt + ".json";
   fs::remove_all(ckpt);
   World world(
       "spare",
-      kCurveJob + flags + " --spares 1 --checkpoint-dir " + ckpt + " --metrics-file " + metrics, 4);
+      kCurveJob + flags + " --spares 1 --checkpoint-dir " + ckpt + " --metrics-file " + metrics,
+      workers + 1);
   ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt + "/LATEST"); }, kJobTime,
                          std::chrono::milliseconds(10)))
       << world.log();
@@ -276,9 +282,7 @@ void expect_spare_takes_over(const std::string& flags) {
   ASSERT_TRUE(status.has_value()) << world.log();
   std::string log = world.log();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << log;
-  EXPECT_NE(log.find("worker \"worker2\" was lost; spare \"worker4\" takes over stage decoder"),
-            std::string::npos)
-      << log;
+  EXPECT_NE(log.find(takeover), std::string::npos) << log;
   EXPECT_NE(log.find("training goes on from epoch"), std::string::npos) << log;
   std::istringstream lines(log);
   for (std::string line; std::getline(lines, line);) {
@@ -289,7 +293,8 @@ void expect_spare_takes_over(const std::string& flags) {
   auto got = losses_in(metrics);
   EXPECT_EQ(got.size(), 3u) << log;
   expect_same_curve(got, expected);
-  for (size_t w : {0, 2, 3}) {
+  for (size_t w = 0; w < world.workers.size(); ++w) {
+    if (w == 1) continue;
     std::optional<int> exit = world.workers[w]->wait(std::chrono::seconds(20));
     EXPECT_TRUE(exit.has_value() && WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << "worker " << w;
   }
@@ -305,6 +310,13 @@ TEST(Faults, ASpareTakesOverAKilledWorkersStageAndTheJobFinishesOnTheSameCurve) 
 // rebuilt stages.
 TEST(Faults, ASpareTakesOverInAPipelinedJobAndItFinishesOnTheSameCurve) {
   expect_spare_takes_over(" --pipeline 1f1b --microbatches 2");
+}
+
+// With two replicas, the killed worker's replica is rebuilt on the spare, the other replica's
+// all-reduce fails with it, and both go back to the checkpoint together.
+TEST(Faults, ASpareTakesOverInOneOfTwoReplicasAndTheJobFinishesOnTheSameCurve) {
+  expect_spare_takes_over(" --replicas 2 --partition decoder.0", 4,
+                          "worker \"worker2\" was lost; spare \"worker5\" takes over stage stage1");
 }
 
 }  // namespace

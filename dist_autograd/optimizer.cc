@@ -467,20 +467,20 @@ void DistributedOptimizer::step(std::int64_t context_id) {
 }
 
 void DistributedOptimizer::step(const std::vector<std::int64_t>& context_ids) {
-  check_contexts(context_ids, "step");
-  on_owners("step", "ferry.optim.step", [&context_ids](const Owner& owner) {
-    return std::vector<c10::IValue>{context_ids[owner.replica]};
-  });
+  on_contexts("step", "ferry.optim.step", context_ids);
 }
 
-void DistributedOptimizer::check_contexts(const std::vector<std::int64_t>& context_ids,
-                                          const char* what) const {
+void DistributedOptimizer::on_contexts(const std::string& what, const std::string& function,
+                                       const std::vector<std::int64_t>& context_ids) const {
   if (static_cast<int>(context_ids.size()) != replica_count_) {
     throw rpc::Error(rpc::ErrorKind::InvalidArgument,
                      fmt::format("optimizer \"{}\": {} given {} autograd contexts for {} "
                                  "replicas (one each)",
                                  spec_.name, what, context_ids.size(), replica_count_));
   }
+  on_owners(what, function, [&context_ids](const Owner& owner) {
+    return std::vector<c10::IValue>{context_ids[owner.replica]};
+  });
 }
 
 void DistributedOptimizer::accumulate(std::int64_t context_id) {
@@ -488,10 +488,7 @@ void DistributedOptimizer::accumulate(std::int64_t context_id) {
 }
 
 void DistributedOptimizer::accumulate(const std::vector<std::int64_t>& context_ids) {
-  check_contexts(context_ids, "accumulate");
-  on_owners("accumulate", "ferry.optim.accumulate", [&context_ids](const Owner& owner) {
-    return std::vector<c10::IValue>{context_ids[owner.replica]};
-  });
+  on_contexts("accumulate", "ferry.optim.accumulate", context_ids);
 }
 
 void DistributedOptimizer::set_lr(double lr) {

@@ -7,7 +7,6 @@
 #include <map>
 #include <sstream>
 
-#include "examples/train_setup.h"
 #include "ferry/models/unet_blocks.h"
 #include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"

@@ -11,11 +11,12 @@
 #include "ferry/rpc/error.h"
 
 namespace ferry::examples {
-namespace {
 
-[[noreturn]] void fail(const std::string& message) {
+void fail_setting(const std::string& message) {
   throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
 }
+
+namespace {
 
 constexpr double kMiB = 1 << 20;
 
@@ -104,14 +105,14 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
     try {
       ranges = pipeline::ranges_from_cuts(names, s.partition);
     } catch (const std::invalid_argument& e) {
-      fail(
+      fail_setting(
           fmt::format("--partition {}: {} (the blocks: stem, layer1.0, ..., decoder.0, ..., "
                       "head; `ferry-master describe --blocks` lists them)",
                       s.partition, e.what()));
     }
     if (s.stages > 0 && static_cast<int>(ranges.size()) != s.stages) {
-      fail(fmt::format("--partition {} makes {} stages but --stages is {}", s.partition,
-                       ranges.size(), s.stages));
+      fail_setting(fmt::format("--partition {} makes {} stages but --stages is {}", s.partition,
+                               ranges.size(), s.stages));
     }
     method = "manual";
     return ranges;
@@ -125,8 +126,8 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
     return ranges;
   }
   if (s.stages < 1 || s.stages > static_cast<int>(costs.size())) {
-    fail(fmt::format("--stages {}: the U-Net has {} blocks, so 1 to {} stages", s.stages,
-                     costs.size(), costs.size()));
+    fail_setting(fmt::format("--stages {}: the U-Net has {} blocks, so 1 to {} stages", s.stages,
+                             costs.size(), costs.size()));
   }
   method = "balanced by " + s.balance;
   if (s.balance == "memory") return pipeline::partition_min_max(memory, s.stages, time);
@@ -134,7 +135,7 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
   if (s.balance == "parameters") {
     return pipeline::partition_min_max(parameter_costs(costs), s.stages, time);
   }
-  fail(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
+  fail_setting(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
 }
 
 }  // namespace
@@ -151,7 +152,7 @@ int64_t depth_of(const std::string& model) {
     }
   }
   if (depth == 0) {
-    fail(
+    fail_setting(
         fmt::format("unknown model \"{}\" (models: unet-resnet18, unet-resnet34, unet-resnet50, "
                     "unet-resnet101, unet-resnet152)",
                     model));
@@ -181,9 +182,10 @@ std::vector<models::RemoteUnet::StagePlan> StagePlan::on(
 StagePlan plan_stages(const PlanSettings& s) {
   StagePlan plan;
   plan.depth = depth_of(s.model);
-  if (s.stages < 0) fail(fmt::format("--stages {} is not a number of stages", s.stages));
+  if (s.stages < 0) fail_setting(fmt::format("--stages {} is not a number of stages", s.stages));
   if (s.balance != "memory" && s.balance != "time" && s.balance != "parameters") {
-    fail(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
+    fail_setting(
+        fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
   }
   // A balance by time needs the steadier figure of two timed passes; otherwise time is only
   // shown, and one pass saves start-up (a few seconds for a ResNet-152 at 128 x 128).

@@ -101,6 +101,7 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
                                               const std::vector<std::string>& workers) {
   auto job = std::make_unique<StagesOnWorkers>();
   const std::size_t stages = plan.stages.size();
+  const Precision precision = precision_of(s);
   std::vector<std::vector<rpc::RRefPtr>> parameters;
   for (int r = 0; r < s.replicas; ++r) {
     std::vector<std::string> places(workers.begin() + r * stages,
@@ -111,13 +112,16 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
                                    static_cast<int64_t>(s.seed), s.freeze_batchnorm),
                 nullptr});
     Replica& replica = job->replicas.back();
-    if (!s.weights.empty()) load_weights(replica.split, s);
-    if (precision_of(s) != Precision::Float32) {
-      for (const RemoteModule& stage : replica.split.modules())
-        stage.set_precision(precision_of(s));
+    if (precision != Precision::Float32) {
+      for (const RemoteModule& stage : replica.split.modules()) stage.set_precision(precision);
     }
     replica.pipe = pipeline_of(s, replica.split);
     parameters.push_back(replica.split.parameters());
+  }
+  // The file is read once; the other replicas get replica 0's tensors.
+  if (!s.weights.empty()) {
+    load_weights(job->split(), s);
+    align_replicas(*job);
   }
   job->optimizer = std::make_unique<dist_autograd::DistributedOptimizer>(optimizer_spec(s),
                                                                          std::move(parameters));
@@ -145,15 +149,14 @@ NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
   return values;
 }
 
-// Loads the latest checkpoint in `dir` into the stages and the optimizer, and `progress` with
-// where it was saved. Tensors are found by name, so the checkpoint may come from another cut;
-// the optimizer's state is per parameter in the whole model's order, which no cut changes.
+// Loads the latest checkpoint in `dir` into replica 0 (read once; the other replicas get its
+// tensors) and the optimizer, and `progress` with where it was saved. Tensors are found by name,
+// so the checkpoint may come from another cut; the optimizer's state is per parameter in the
+// whole model's order, which no cut changes.
 void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
              Progress& progress) {
-  NamedValues extra;
-  for (Replica& replica : job.replicas) {
-    extra = load_checkpoint_by_tensor_name(dir, replica.split.named());
-  }
+  NamedValues extra = load_checkpoint_by_tensor_name(dir, job.split().named());
+  align_replicas(job);
   job.optimizer->load_state_dict(extra.at("optimizer"));
   progress.epoch = static_cast<int>(extra.at("epoch").toInt());
   // Checkpoints written before schedules counted no steps: a step per batch then.

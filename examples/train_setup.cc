@@ -11,10 +11,6 @@
 
 namespace ferry::examples {
 
-void fail_setting(const std::string& message) {
-  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
-}
-
 // The training and validation views of the data: the same images, augmented only for training.
 std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> datasets_of(
     const TrainSettings& s) {

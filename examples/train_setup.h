@@ -22,9 +22,6 @@
 
 namespace ferry::examples {
 
-// Throws rpc::Error(InvalidArgument) with `message`.
-[[noreturn]] void fail_setting(const std::string& message);
-
 // The training and validation views of the data: the same images, augmented only for training.
 std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> datasets_of(
     const TrainSettings& s);

@@ -105,7 +105,9 @@ class DistributedOptimizer {
       const std::function<std::vector<c10::IValue>(const Owner&)>& extra, int replica = -1) const;
   // Owners from `first` on (replica `replica`'s) hold what replica 0's do, in the same order.
   void check_lines_up(std::size_t first, int replica) const;
-  void check_contexts(const std::vector<std::int64_t>& context_ids, const char* what) const;
+  // `function` on every owner with its replica's context (one per replica, else InvalidArgument).
+  void on_contexts(const std::string& what, const std::string& function,
+                   const std::vector<std::int64_t>& context_ids) const;
 
   OptimizerSpec spec_;
   int replica_count_ = 1;

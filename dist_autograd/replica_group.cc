@@ -45,11 +45,9 @@ ReplicaGroup::~ReplicaGroup() = default;
 
 void ReplicaGroup::average(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return;
-  std::vector<at::Tensor> flat{at::cat([&] {
-    std::vector<at::Tensor> views;
-    for (const at::Tensor& t : tensors) views.push_back(t.reshape({-1}));
-    return views;
-  }())};
+  std::vector<at::Tensor> views;
+  for (const at::Tensor& t : tensors) views.push_back(t.reshape({-1}));
+  std::vector<at::Tensor> flat{at::cat(views)};
   try {
     state_->group->allreduce(flat)->wait();
   } catch (const std::exception& e) {

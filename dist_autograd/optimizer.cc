@@ -18,8 +18,8 @@
 #include "dist_autograd/context_store.h"
 #include "dist_autograd/install.h"
 #include "dist_autograd/owned_value.h"
-#include "dist_autograd/replica_group.h"
 #include "dist_autograd/when_all.h"
+#include "ferry/rpc/collective_group.h"
 #include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
@@ -139,7 +139,7 @@ struct LocalOptimizer : torch::CustomClassHolder {
   std::vector<at::Tensor> accumulated;
   // The same parameters' owners in the other replicas, when data parallel: each step averages
   // the gradients over them first.
-  std::unique_ptr<ReplicaGroup> replicas;
+  std::unique_ptr<rpc::CollectiveGroup> replicas;
   OptimizerFactory factory;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
@@ -219,7 +219,8 @@ void average_over_replicas(LocalOptimizer& local) {
 void join_replicas(const c10::IValue& ref, const std::string& key, std::int64_t rank,
                    std::int64_t size) {
   auto local = local_of(ref);
-  auto group = std::make_unique<ReplicaGroup>(key, static_cast<int>(rank), static_cast<int>(size));
+  auto group =
+      std::make_unique<rpc::CollectiveGroup>(key, static_cast<int>(rank), static_cast<int>(size));
   std::lock_guard<std::mutex> lock(local->mutex);
   local->replicas = std::move(group);
 }

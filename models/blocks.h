@@ -8,6 +8,8 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 
+#include "ferry/models/sync_batch_norm.h"
+
 #include <cstdint>
 #include <functional>
 
@@ -30,7 +32,7 @@ class ResidualBlockImpl : public torch::nn::Module {
  private:
   bool bottleneck_;
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
+  SyncBatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
   torch::nn::Sequential downsample_{nullptr};
 };
 TORCH_MODULE(ResidualBlock);

@@ -17,7 +17,7 @@ namespace {
 
 nn::Sequential conv_bn_relu(int64_t in, int64_t out) {
   return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).bias(false)),
-                        nn::BatchNorm2d(out), nn::ReLU(nn::ReLUOptions(true)));
+                        SyncBatchNorm2d(out), nn::ReLU(nn::ReLUOptions(true)));
 }
 
 }  // namespace

@@ -46,20 +46,20 @@ ResidualBlockImpl::ResidualBlockImpl(bool bottleneck, int64_t in, int64_t planes
   int64_t out = planes * (bottleneck ? 4 : 1);
   if (bottleneck) {
     conv1_ = register_module("conv1", conv(in, planes, 1, 1));
-    bn1_ = register_module("bn1", nn::BatchNorm2d(planes));
+    bn1_ = register_module("bn1", SyncBatchNorm2d(planes));
     conv2_ = register_module("conv2", conv(planes, planes, 3, stride));
-    bn2_ = register_module("bn2", nn::BatchNorm2d(planes));
+    bn2_ = register_module("bn2", SyncBatchNorm2d(planes));
     conv3_ = register_module("conv3", conv(planes, out, 1, 1));
-    bn3_ = register_module("bn3", nn::BatchNorm2d(out));
+    bn3_ = register_module("bn3", SyncBatchNorm2d(out));
   } else {
     conv1_ = register_module("conv1", conv(in, planes, 3, stride));
-    bn1_ = register_module("bn1", nn::BatchNorm2d(planes));
+    bn1_ = register_module("bn1", SyncBatchNorm2d(planes));
     conv2_ = register_module("conv2", conv(planes, planes, 3, 1));
-    bn2_ = register_module("bn2", nn::BatchNorm2d(planes));
+    bn2_ = register_module("bn2", SyncBatchNorm2d(planes));
   }
   if (stride != 1 || in != out) {
     downsample_ = register_module("downsample",
-                                  nn::Sequential(conv(in, out, 1, stride), nn::BatchNorm2d(out)));
+                                  nn::Sequential(conv(in, out, 1, stride), SyncBatchNorm2d(out)));
   }
 }
 
@@ -91,7 +91,7 @@ ResNetEncoderImpl::ResNetEncoderImpl(int64_t depth, int64_t in_channels)
   detail::ResNetLayout layout = detail::resnet_layout(depth);
   conv1_ = register_module(
       "conv1", nn::Conv2d(nn::Conv2dOptions(in_channels, 64, 7).stride(2).padding(3).bias(false)));
-  bn1_ = register_module("bn1", nn::BatchNorm2d(64));
+  bn1_ = register_module("bn1", SyncBatchNorm2d(64));
   int64_t in = 64;
   const int64_t planes[4] = {64, 128, 256, 512};
   for (int l = 0; l < 4; ++l) {

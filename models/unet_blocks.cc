@@ -109,7 +109,7 @@ UnetBlocksImpl::UnetBlocksImpl(int64_t depth, int64_t classes, int64_t first, in
     auto conv1 = encoder->register_module(
         "conv1",
         nn::Conv2d(nn::Conv2dOptions(in_channels, 64, 7).stride(2).padding(3).bias(false)));
-    auto bn1 = encoder->register_module("bn1", nn::BatchNorm2d(64));
+    auto bn1 = encoder->register_module("bn1", SyncBatchNorm2d(64));
     detail::init_encoder_convolutions(*conv1);
     runs_.push_back([conv1, bn1](std::vector<at::Tensor> carry) {
       carry.back() = torch::relu(bn1->forward(conv1->forward(carry.back())));
@@ -225,7 +225,7 @@ std::vector<at::Tensor> UnetBlocksImpl::block_parameters(int64_t block) const {
 void UnetBlocksImpl::freeze_batchnorm() {
   batchnorm_frozen_ = true;
   for (const auto& module : modules(/*include_self=*/false)) {
-    if (!dynamic_cast<nn::BatchNorm2dImpl*>(module.get())) continue;
+    if (!dynamic_cast<SyncBatchNorm2dImpl*>(module.get())) continue;
     for (at::Tensor& p : module->parameters()) p.requires_grad_(false);
   }
   train(is_training());
@@ -235,7 +235,7 @@ void UnetBlocksImpl::train(bool on) {
   nn::Module::train(on);
   if (!batchnorm_frozen_) return;
   for (const auto& module : modules(/*include_self=*/false)) {
-    if (dynamic_cast<nn::BatchNorm2dImpl*>(module.get())) module->train(false);
+    if (dynamic_cast<SyncBatchNorm2dImpl*>(module.get())) module->train(false);
   }
 }
 

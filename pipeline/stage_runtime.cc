@@ -20,6 +20,7 @@
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/stage_host.h"
+#include "ferry/remote_module/step_statistics.h"
 #include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/process_memory.h"
@@ -294,6 +295,7 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
       inputs = std::move(gathered.inputs);
     }
     c10::IValue output;
+    ForwardPassScope pass({context, /*recompute=*/false});
     if (slot->checkpoint) {
       saved.rng_state = rng_state();
       saved.inputs = inputs;
@@ -368,6 +370,7 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     c10::IValue output = saved.output;
     if (slot->checkpoint) {
       RngStateGuard same_randomness(saved.rng_state);
+      ForwardPassScope pass({context, /*recompute=*/true});
       output = forward_stage_here(slot->module, saved.inputs);
       if (routes_output(*slot)) {
         output =

@@ -136,6 +136,33 @@ void RemoteModule::load_state_dict(const c10::Dict<std::string, at::Tensor>& sta
 
 void RemoteModule::to(const std::string& device) const { call("to", "ferry.stage.to", {device}); }
 
+int64_t RemoteModule::take_step_statistics(const std::vector<RemoteModule>& replicas,
+                                           const std::string& key) {
+  // Every copy joins the group at once: each call returns only when all have joined.
+  std::vector<rpc::FuturePtr> calls;
+  for (size_t r = 0; r < replicas.size(); ++r) {
+    calls.push_back(rpc::rpc_async(replicas[r].worker_, "ferry.stage.take_step_statistics",
+                                   {as_ivalue(replicas[r].module_), key, static_cast<int64_t>(r),
+                                    static_cast<int64_t>(replicas.size())}));
+  }
+  int64_t layers = 0;
+  for (size_t r = 0; r < replicas.size(); ++r) {
+    calls[r]->wait();
+    if (calls[r]->hasError()) {
+      try {
+        std::rethrow_exception(calls[r]->exception_ptr());
+      } catch (const rpc::Error& e) {
+        throw rpc::Error(e.kind(),
+                         fmt::format("step statistics of stage \"{}\" on worker \"{}\" failed: {}",
+                                     replicas[r].type_, replicas[r].worker_, reason(e)),
+                         e.cause());
+      }
+    }
+    layers = calls[r]->value().toInt();
+  }
+  return layers;
+}
+
 void RemoteModule::set_precision(Precision precision) const {
   call("set_precision", "ferry.stage.precision", {static_cast<int64_t>(precision)});
 }

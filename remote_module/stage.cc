@@ -54,6 +54,17 @@ void ModuleStage::train(bool on) { module_->train(on); }
 bool ModuleStage::is_training() { return module_->is_training(); }
 void ModuleStage::to(const c10::Device& device) { module_->to(device); }
 
+int64_t ModuleStage::take_step_statistics(const SumOverReplicas& sum) {
+  int64_t layers = 0;
+  for (const auto& module : module_->modules()) {
+    if (auto* layer = dynamic_cast<StepStatistics*>(module.get())) {
+      layer->take_step_statistics(sum);
+      ++layers;
+    }
+  }
+  return layers;
+}
+
 void register_stage(const std::string& type, StageFactory factory) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

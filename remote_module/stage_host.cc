@@ -17,6 +17,7 @@
 #include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/precision.h"
 #include "ferry/remote_module/stage.h"
+#include "ferry/rpc/collective_group.h"
 #include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
@@ -388,6 +389,27 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
     std::lock_guard<std::mutex> lock(holder->mutex);
     holder->precision = static_cast<Precision>(precision);
   });
+  registry.add("ferry.stage.take_step_statistics",
+               [](rpc::RRefPtr module, std::string key, int64_t rank, int64_t size) {
+                 auto holder = holder_of(module);
+                 SumOverReplicas sum;
+                 if (size > 1) {
+                   // Formed here, not on the compute thread: it waits for every replica to join.
+                   auto group = std::make_shared<rpc::CollectiveGroup>(key, static_cast<int>(rank),
+                                                                       static_cast<int>(size));
+                   auto one_at_a_time = std::make_shared<std::mutex>();
+                   sum = [group, one_at_a_time](std::vector<at::Tensor>& tensors) {
+                     std::lock_guard<std::mutex> lock(*one_at_a_time);
+                     group->sum(tensors);
+                   };
+                 }
+                 int64_t layers = 0;
+                 rpc::run_on_compute_thread([&] {
+                   std::lock_guard<std::mutex> lock(holder->mutex);
+                   layers = holder->stage->take_step_statistics(sum);
+                 });
+                 return layers;
+               });
   registry.add("ferry.stage.to", [](rpc::RRefPtr module, std::string device) {
     auto holder = holder_of(module);
     rpc::run_on_compute_thread([&] {

@@ -57,7 +57,7 @@ class DistributedOptimizer {
   // Data parallel beside model parallel: replicas[r] holds replica r's parameters, in the same
   // order for every replica, each replica's on workers of its own and placed alike (its i-th
   // owner holds the parameters replica 0's i-th holds). Each set of owners of the same parameters
-  // joins a Gloo group (ReplicaGroup), and every step averages their gradients first, so the
+  // joins a Gloo group (rpc::CollectiveGroup), and every step averages their gradients first, so the
   // replicas stay identical. Throws rpc::Error(InvalidArgument) for replicas that differ.
   DistributedOptimizer(OptimizerSpec spec, std::vector<std::vector<rpc::RRefPtr>> replicas);
 

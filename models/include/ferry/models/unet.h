@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ferry/models/sync_batch_norm.h"
+
 namespace ferry::models {
 
 // Output channels of each feature of a ResNet encoder of `depth` (strides 1, 2, 4, 8, 16, 32;
@@ -31,7 +33,7 @@ class ResNetEncoderImpl : public torch::nn::Module {
  private:
   std::vector<int64_t> channels_;
   torch::nn::Conv2d conv1_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr};
+  SyncBatchNorm2d bn1_{nullptr};
   torch::nn::Sequential layers_[4];
 };
 TORCH_MODULE(ResNetEncoder);

@@ -72,6 +72,12 @@ class RemoteModule {
   void to(const std::string& device) const;
   // The precision its forward computes in from now on (precision.h).
   void set_precision(Precision precision) const;
+  // Makes the batch statistics of every copy of one stage in `replicas` (one per data-parallel
+  // replica, each on its own worker) cover the whole step from now on: summed over the copies
+  // in a collective group named `key`, unique in the world, and over a pipelined step's
+  // micro-batches (step_statistics.h). Returns how many layers of the stage take them.
+  static int64_t take_step_statistics(const std::vector<RemoteModule>& replicas,
+                                      const std::string& key);
 
   const std::string& worker() const { return worker_; }
   const std::string& type() const { return type_; }

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/remote_module/step_statistics.h"
+
 namespace torch::nn {
 class Module;
 }
@@ -37,6 +39,9 @@ class Stage {
   virtual void train(bool on) = 0;
   virtual bool is_training() = 0;
   virtual void to(const c10::Device& device) = 0;
+  // Hands `sum` to each of its layers that can take statistics over a whole step
+  // (step_statistics.h); returns how many did.
+  virtual int64_t take_step_statistics(const SumOverReplicas& /*sum*/) { return 0; }
 };
 
 // A stage made of a torch::nn::Module and the function that runs it on IValues.
@@ -51,6 +56,7 @@ class ModuleStage final : public Stage {
   void train(bool on) override;
   bool is_training() override;
   void to(const c10::Device& device) override;
+  int64_t take_step_statistics(const SumOverReplicas& sum) override;
 
  private:
   std::shared_ptr<torch::nn::Module> module_;

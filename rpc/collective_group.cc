@@ -1,4 +1,4 @@
-#include "dist_autograd/replica_group.h"
+#include "ferry/rpc/collective_group.h"
 
 #include <fmt/format.h>
 
@@ -10,17 +10,17 @@
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 
-namespace ferry::dist_autograd {
+namespace ferry::rpc {
 
-struct ReplicaGroup::State {
+struct CollectiveGroup::State {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
 };
 
-ReplicaGroup::ReplicaGroup(const std::string& key, int rank, int size)
+CollectiveGroup::CollectiveGroup(const std::string& key, int rank, int size)
     : state_(std::make_unique<State>()), key_(key), rank_(rank), size_(size) {
-  const rpc::Options& options = rpc::agent().options();
+  const Options& options = agent().options();
   c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<std::uint16_t>(rpc::agent().master_port());
+  store_options.port = static_cast<std::uint16_t>(agent().master_port());
   store_options.isServer = false;
   store_options.waitWorkers = false;
   store_options.timeout = options.rpc_timeout;
@@ -30,20 +30,24 @@ ReplicaGroup::ReplicaGroup(const std::string& key, int rank, int size)
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key, store);
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.rpc_timeout);
     // The interface this worker's agent listens on: the one its peers reach it by.
-    gloo_options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname(rpc::self().host));
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(self().host));
     gloo_options->threads = 1;
     state_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, gloo_options);
   } catch (const std::exception& e) {
-    throw rpc::Error(rpc::ErrorKind::Timeout,
-                     fmt::format("replica group \"{}\" (member {} of {}) could not form: {}", key,
-                                 rank, size, e.what()));
+    throw Error(ErrorKind::Timeout,
+                fmt::format("collective group \"{}\" (member {} of {}) could not form: {}", key,
+                            rank, size, e.what()));
   }
 }
 
-ReplicaGroup::~ReplicaGroup() = default;
+CollectiveGroup::~CollectiveGroup() = default;
 
-void ReplicaGroup::average(std::vector<at::Tensor>& tensors) {
+void CollectiveGroup::average(std::vector<at::Tensor>& tensors) {
+  sum(tensors);
+  for (at::Tensor& t : tensors) t.div_(size_);
+}
+
+void CollectiveGroup::sum(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return;
   std::vector<at::Tensor> views;
   for (const at::Tensor& t : tensors) views.push_back(t.reshape({-1}));
@@ -51,12 +55,11 @@ void ReplicaGroup::average(std::vector<at::Tensor>& tensors) {
   try {
     state_->group->allreduce(flat)->wait();
   } catch (const std::exception& e) {
-    throw rpc::Error(rpc::ErrorKind::RemoteException,
-                     fmt::format("replica group \"{}\" (member {} of {}): the all-reduce failed, "
-                                 "a replica is gone or silent: {}",
-                                 key_, rank_, size_, e.what()));
+    throw Error(ErrorKind::RemoteException,
+                fmt::format("collective group \"{}\" (member {} of {}): the all-reduce failed, "
+                            "a member is gone or silent: {}",
+                            key_, rank_, size_, e.what()));
   }
-  flat[0].div_(size_);
   int64_t offset = 0;
   for (at::Tensor& t : tensors) {
     t = flat[0].narrow(0, offset, t.numel()).view(t.sizes());
@@ -64,4 +67,4 @@ void ReplicaGroup::average(std::vector<at::Tensor>& tensors) {
   }
 }
 
-}  // namespace ferry::dist_autograd
+}  // namespace ferry::rpc

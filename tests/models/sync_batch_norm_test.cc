@@ -1,0 +1,182 @@
+// The batch norm of a stage's step statistics: plain BatchNorm2d until a stage hands it the
+// step's statistics; then two replicas on halves of a batch normalise, backpropagate and move
+// their running statistics as one batch norm on the whole batch, and a step's micro-batches move
+// the running statistics once, as their concatenation would, and a recomputation not at all.
+#include "ferry/models/sync_batch_norm.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "ferry/remote_module/step_statistics.h"
+
+namespace ferry::models {
+namespace {
+
+using ::testing::ElementsAreArray;
+
+constexpr int64_t kChannels = 3;
+
+// Two threads' sums meet here: each gets the sum of both. A partner that does not come within
+// ten seconds is an error, not a hang.
+class TwoThreadSum {
+ public:
+  void operator()(std::vector<at::Tensor>& tensors) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t round = round_;
+    if (waiting_.empty()) {
+      waiting_ = tensors;
+      if (!changed_.wait_for(lock, std::chrono::seconds(10), [&] { return round_ != round; })) {
+        throw std::runtime_error("the other replica never summed");
+      }
+      tensors = result_;
+      return;
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i] = tensors[i] + waiting_[i];
+    result_ = tensors;
+    waiting_.clear();
+    ++round_;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<at::Tensor> waiting_, result_;
+  int64_t round_ = 0;
+};
+
+// Weight and bias away from 1 and 0, so that a wrong gradient through them shows.
+SyncBatchNorm2d made(uint64_t seed) {
+  torch::manual_seed(seed);
+  SyncBatchNorm2d bn(kChannels);
+  torch::NoGradGuard no_grad;
+  bn->weight.uniform_(0.5, 1.5);
+  bn->bias.uniform_(-0.5, 0.5);
+  return bn;
+}
+
+at::Tensor batch(int64_t n, uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::randn({n, kChannels, 5, 4}) * 2 + 3;
+}
+
+void expect_close(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-5))
+      << what << ": largest difference " << (a - b).abs().max().item<double>();
+}
+
+std::vector<std::string> names(const torch::nn::Module& module) {
+  std::vector<std::string> out;
+  for (const auto& p : module.named_parameters()) out.push_back(p.key());
+  for (const auto& b : module.named_buffers()) out.push_back(b.key());
+  return out;
+}
+
+TEST(SyncBatchNorm2d, UntilGivenStepStatisticsItIsBatchNorm2d) {
+  SyncBatchNorm2d ours = made(1);
+  torch::nn::BatchNorm2d plain(kChannels);
+  EXPECT_THAT(names(*ours), ElementsAreArray(names(*plain)));
+  {
+    torch::NoGradGuard no_grad;
+    plain->weight.copy_(ours->weight);
+    plain->bias.copy_(ours->bias);
+  }
+  at::Tensor x = batch(4, 2);
+  expect_close(ours(x), plain(x), "output");
+  expect_close(ours->running_mean, plain->running_mean, "running mean");
+  expect_close(ours->running_var, plain->running_var, "running variance");
+}
+
+TEST(SyncBatchNorm2d, TwoReplicasOnHalvesOfABatchAreOneBatchNormOnTheWholeBatch) {
+  const at::Tensor whole = batch(8, 3);
+  // A loss whose gradient differs per element, so that the backward's sums matter.
+  const at::Tensor weights = batch(8, 4);
+  SyncBatchNorm2d one = made(5);
+  at::Tensor x = whole.clone().requires_grad_();
+  at::Tensor y = one(x);
+  (y * weights).sum().backward();
+
+  TwoThreadSum sum;
+  std::vector<SyncBatchNorm2d> replicas{made(5), made(5)};
+  std::vector<at::Tensor> inputs(2), outputs(2);
+  std::vector<std::string> failures(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        replicas[r]->take_step_statistics([&sum](std::vector<at::Tensor>& t) { sum(t); });
+        inputs[r] = whole.narrow(0, 4 * r, 4).clone().requires_grad_();
+        outputs[r] = replicas[r](inputs[r]);
+        (outputs[r] * weights.narrow(0, 4 * r, 4)).sum().backward();
+      } catch (const std::exception& e) {
+        failures[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_EQ(failures[0], "");
+  ASSERT_EQ(failures[1], "");
+  expect_close(at::cat({outputs[0], outputs[1]}), y, "output");
+  expect_close(at::cat({inputs[0].grad(), inputs[1].grad()}), x.grad(), "input gradient");
+  // Each replica's parameter gradient is its own part of the whole loss's: they add up.
+  expect_close(replicas[0]->weight.grad() + replicas[1]->weight.grad(), one->weight.grad(),
+               "weight gradient");
+  expect_close(replicas[0]->bias.grad() + replicas[1]->bias.grad(), one->bias.grad(),
+               "bias gradient");
+  for (const SyncBatchNorm2d& replica : replicas) {
+    expect_close(replica->running_mean, one->running_mean, "running mean");
+    expect_close(replica->running_var, one->running_var, "running variance");
+  }
+}
+
+TEST(SyncBatchNorm2d, AStepsMicroBatchesMoveTheRunningStatisticsOnceAsTheirConcatenation) {
+  const at::Tensor whole = batch(8, 6);
+  SyncBatchNorm2d one = made(7);
+  one(whole);
+  SyncBatchNorm2d micro = made(7);
+  micro->take_step_statistics({});
+  {
+    ForwardPassScope step({/*step=*/11, /*recompute=*/false});
+    at::Tensor first = micro(whole.narrow(0, 0, 3));
+    // The micro-batch is normalised by its own statistics, as a batch norm on it alone would.
+    expect_close(
+        first,
+        torch::nn::functional::batch_norm(whole.narrow(0, 0, 3), at::Tensor(), at::Tensor(),
+                                          torch::nn::functional::BatchNormFuncOptions()
+                                              .weight(micro->weight)
+                                              .bias(micro->bias)
+                                              .training(true)),
+        "micro-batch output");
+    micro(whole.narrow(0, 3, 5));
+  }
+  expect_close(micro->running_mean, one->running_mean, "running mean");
+  expect_close(micro->running_var, one->running_var, "running variance");
+  EXPECT_EQ(micro->num_batches_tracked.item<int64_t>(), 1);
+
+  const at::Tensor mean = micro->running_mean.clone();
+  {
+    ForwardPassScope recompute({/*step=*/11, /*recompute=*/true});
+    micro(whole.narrow(0, 0, 3));
+  }
+  EXPECT_TRUE(torch::equal(micro->running_mean, mean)) << "a recomputation moved them";
+
+  const at::Tensor next = batch(4, 8);
+  one(next);
+  {
+    ForwardPassScope step({/*step=*/12, /*recompute=*/false});
+    micro(next);
+  }
+  expect_close(micro->running_mean, one->running_mean, "running mean after the next step");
+  expect_close(micro->running_var, one->running_var, "running variance after the next step");
+  EXPECT_EQ(micro->num_batches_tracked.item<int64_t>(), 2);
+}
+
+}  // namespace
+}  // namespace ferry::models

@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--freeze-batchnorm", train.freeze_batchnorm,
                       "keep every batch norm's running statistics and affine parameters as "
                       "loaded (for small batches, fine-tuning from pretrained weights)");
+  train_cmd->add_flag("--sync-batchnorm", train.sync_batchnorm,
+                      "batch norms take their statistics over the whole step: every replica's "
+                      "batch together, and all micro-batches for the running statistics");
   train_cmd->add_option("--loss", train.loss, "bce|dice|bce+dice");
   train_cmd->add_flag("--via-master", train.via_master,
                       "send activations through the master between stages (naive model "

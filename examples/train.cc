@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -96,6 +97,24 @@ void load_weights(RemoteUnet& split, const TrainSettings& s) {
   }
 }
 
+// --sync-batchnorm: the copies of each stage join a collective group of their own.
+void take_step_statistics(const StagesOnWorkers& job) {
+  static std::atomic<std::int64_t> builds{0};
+  const std::int64_t build = builds.fetch_add(1);
+  const std::vector<RemoteModule> first = job.replicas.front().split.modules();
+  std::int64_t layers = 0;
+  for (std::size_t k = 0; k < first.size(); ++k) {
+    std::vector<RemoteModule> copies;
+    for (const Replica& replica : job.replicas) copies.push_back(replica.split.modules()[k]);
+    layers += RemoteModule::take_step_statistics(
+        copies, fmt::format("ferry/batchnorm/{}/{}/{}/", rpc::self().rank, build, k));
+  }
+  if (layers == 0) fail_setting("--sync-batchnorm: no stage of the model has a batch norm");
+  log::info("batch norms: statistics of the whole step ({} layers{})", layers,
+            job.replicas.size() > 1 ? fmt::format(", summed over {} replicas", job.replicas.size())
+                                    : std::string());
+}
+
 // `workers` holds every replica's places, replica by replica (place_stages).
 std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const StagePlan& plan,
                                               const std::vector<std::string>& workers) {
@@ -118,6 +137,7 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
     replica.pipe = pipeline_of(s, replica.split);
     parameters.push_back(replica.split.parameters());
   }
+  if (s.sync_batchnorm) take_step_statistics(*job);
   // The file is read once; the other replicas get replica 0's tensors.
   if (!s.weights.empty()) {
     load_weights(job->split(), s);
@@ -285,6 +305,7 @@ int train_as_master(const TrainSettings& s) {
     fail_setting(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
   if (s.replicas < 1) fail_setting(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
   precision_of(s);
+  check_sync_batchnorm(s);
   // The data first: a wrong folder is found before any worker builds a stage.
   auto [train_set, validation_set] = datasets_of(s);
   auto [train_indices, validation_indices] =

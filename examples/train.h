@@ -58,6 +58,9 @@ struct TrainSettings {
   bool save_best = false;
   int early_stop_patience = 0;
   bool freeze_batchnorm = false;  // batch norms keep their statistics and affine parameters
+  // Batch norms normalise by the statistics of every replica's batch together, and move their
+  // running statistics once per step over all micro-batches (ferry/models/sync_batch_norm.h).
+  bool sync_batchnorm = false;
   // "32" or "bf16-mixed": each stage computes under autocast and sends bfloat16 activations
   // and gradients; parameters and optimizer state stay float32 (ferry/remote_module/precision.h).
   std::string precision = "32";

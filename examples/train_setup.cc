@@ -36,10 +36,36 @@ dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
   fail_setting(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.optimizer));
 }
 
+void check_sync_batchnorm(const TrainSettings& s) {
+  if (!s.sync_batchnorm) return;
+  if (s.freeze_batchnorm) {
+    fail_setting(
+        "--sync-batchnorm with --freeze-batchnorm: frozen batch norms take no batch statistics "
+        "to synchronise");
+  }
+  if (s.via_master) {
+    fail_setting("--sync-batchnorm needs pipelined steps; --via-master (the naive split) is not");
+  }
+  bool one_f_one_b = false;
+  try {
+    one_f_one_b = !s.pipeline.empty() && parse_schedule(s.pipeline) == Schedule::OneFOneB;
+  } catch (const std::invalid_argument&) {
+    // pipeline_of says what is wrong with it.
+  }
+  if (s.replicas > 1 && one_f_one_b) {
+    fail_setting(
+        "--sync-batchnorm with --replicas and --pipeline 1f1b: under 1f1b a stage's forwards "
+        "and backwards interleave differently in each replica, and the replicas' batch norms "
+        "must sum their statistics in the same order; use --pipeline gpipe");
+  }
+}
+
 // The pipeline the settings ask for, or none for plain steps.
 std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const models::RemoteUnet& split) {
+  // --sync-batchnorm: a pipelined stage runs each micro-batch's backward at once, in order, on
+  // one thread, so every replica's batch norms sum in the same order.
   bool wanted = !s.pipeline.empty() || s.microbatches > 1 || s.checkpoint_activations ||
-                !s.trace_file.empty();
+                !s.trace_file.empty() || s.sync_batchnorm;
   if (!wanted) return nullptr;
   if (s.via_master) fail_setting("--via-master is the naive split; it cannot be pipelined");
   PipelineOptions options;

@@ -38,6 +38,8 @@ StagePlan plan_of(const TrainSettings& s);
 dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total_steps);
 
 Precision precision_of(const TrainSettings& s);
+// Fails on --sync-batchnorm with settings it cannot work with.
+void check_sync_batchnorm(const TrainSettings& s);
 
 // The monitor the settings ask for, if any; fails on settings that cannot work together.
 std::optional<EpochMonitor> monitor_of(const TrainSettings& s);

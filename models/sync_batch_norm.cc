@@ -11,10 +11,9 @@
 namespace ferry::models {
 namespace {
 
-struct SumHolder : torch::CustomClassHolder {
-  explicit SumHolder(SumOverReplicas s) : sum(std::move(s)) {}
-  SumOverReplicas sum;
-};
+const std::vector<int64_t> kReduced{0, 2, 3};  // every dimension but the channels'
+
+at::Tensor per_channel(const at::Tensor& t) { return t.view({1, -1, 1, 1}); }
 
 at::Tensor summed(const SumOverReplicas& sum, const at::Tensor& t) {
   std::vector<at::Tensor> tensors{t.contiguous()};
@@ -22,18 +21,73 @@ at::Tensor summed(const SumOverReplicas& sum, const at::Tensor& t) {
   return tensors[0].view(t.sizes());
 }
 
-// The sum over the replicas, differentiable: every replica's output is the same sum, so the
-// gradient of each replica's input is the sum of every replica's output gradient.
-struct SumOverReplicasFunction : torch::autograd::Function<SumOverReplicasFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& local,
+// BatchStatistics of one forward's batch: count, mean and sum of squared deviations per channel, in
+// float64. Two passes (the mean, then the deviations from it), as batch norm's own: a sum of
+// squares less the squared mean would lose the variance of a channel whose mean is large.
+BatchStatistics statistics_of(const at::Tensor& x, const SumOverReplicas& sum) {
+  BatchStatistics s;
+  const double local = static_cast<double>(x.numel() / x.size(1));
+  at::Tensor count_and_sum = at::cat({at::full({1}, local, x.options().dtype(at::kDouble)),
+                                      at::sum(x, kReduced, /*keepdim=*/false, at::kDouble)});
+  if (sum) count_and_sum = summed(sum, count_and_sum);
+  s.count = count_and_sum[0].item<double>();
+  s.mean = count_and_sum.narrow(0, 1, x.size(1)) / s.count;
+  const at::Tensor centre = s.mean.to(x.scalar_type());
+  s.m2 = at::sum((x - per_channel(centre)).square(), kReduced, /*keepdim=*/false, at::kDouble);
+  if (sum) s.m2 = summed(sum, s.m2);
+  // The deviations were from the mean rounded to the input's precision.
+  s.m2 = (s.m2 - s.count * (s.mean - centre.to(at::kDouble)).square()).clamp_min(0);
+  return s;
+}
+
+struct SumHolder : torch::CustomClassHolder {
+  explicit SumHolder(SumOverReplicas s) : sum(std::move(s)) {}
+  SumOverReplicas sum;
+};
+
+// Normalising by statistics taken over every replica. Its backward is batch norm's own, with the
+// gradient's two sums per channel taken over every replica too, so that each replica's input
+// gets its share of the gradient of the whole step's loss: (dy - mean(dy) - x_hat *
+// mean(dy * x_hat)) * weight / std, the means over the whole step. The weight's and bias's
+// gradients are this replica's part; the optimizer sums the parts over the replicas.
+struct SyncNormalise : torch::autograd::Function<SyncNormalise> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& mean, const at::Tensor& invstd, double count,
                             const SumOverReplicas& sum) {
+    ctx->save_for_backward({x, weight, mean, invstd});
+    ctx->saved_data["count"] = count;
     ctx->saved_data["sum"] = c10::IValue::make_capsule(c10::make_intrusive<SumHolder>(sum));
-    return summed(sum, local);
+    at::Tensor y = (x - per_channel(mean)) * per_channel(invstd);
+    if (weight.defined()) y = y * per_channel(weight) + per_channel(bias);
+    return y;
   }
+
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto holder = c10::static_intrusive_pointer_cast<SumHolder>(ctx->saved_data["sum"].toCapsule());
-    return {summed(holder->sum, grads[0]), at::Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& invstd = saved[3];
+    const double count = ctx->saved_data["count"].toDouble();
+    const auto holder =
+        c10::static_intrusive_pointer_cast<SumHolder>(ctx->saved_data["sum"].toCapsule());
+    const at::Tensor dy = grads[0].contiguous();
+    const at::Tensor x_hat = (x - per_channel(saved[2])) * per_channel(invstd);
+    const at::Tensor local = at::stack({at::sum(dy, kReduced, false, at::kDouble),
+                                        at::sum(dy * x_hat, kReduced, false, at::kDouble)});
+    const at::Tensor all = summed(holder->sum, local);
+    const at::Tensor mean_dy = (all[0] / count).to(x.scalar_type());
+    const at::Tensor mean_dy_x_hat = (all[1] / count).to(x.scalar_type());
+    at::Tensor scale = weight.defined() ? invstd * weight : invstd;
+    at::Tensor dx =
+        (dy - per_channel(mean_dy) - x_hat * per_channel(mean_dy_x_hat)) * per_channel(scale);
+    at::Tensor dweight, dbias;
+    if (weight.defined()) {
+      dweight = local[1].to(weight.scalar_type());
+      dbias = local[0].to(weight.scalar_type());
+    }
+    return {dx, dweight, dbias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -103,64 +157,57 @@ at::Tensor SyncBatchNorm2dImpl::forward(const at::Tensor& input) {
 
 at::Tensor SyncBatchNorm2dImpl::forward_over_step(const at::Tensor& input) {
   const ForwardPass& pass = current_forward_pass();
-  const int64_t channels = input.size(1);
-  const std::vector<int64_t> shape{1, channels, 1, 1};
-  const double count = static_cast<double>(input.numel() / std::max<int64_t>(channels, 1));
-  // Sums of this forward's batch, centred on its own mean first so that the float64 sum of
-  // squares keeps the float32 precision of the variance.
-  auto local_sums = [&](const at::Tensor& x) {
-    at::Tensor mean = x.mean({0, 2, 3}).to(at::kDouble);
-    at::Tensor m2 =
-        (x - mean.to(x.scalar_type()).view(shape)).square().sum({0, 2, 3}).to(at::kDouble);
-    return at::stack({at::full_like(mean, count), mean * count, m2 + mean.square() * count});
-  };
+  // Under autocast a reduced-precision input is normalised in float32, as batch norm is.
   const at::Tensor x = input.scalar_type() == at::kDouble ? input : input.to(at::kFloat);
-  if (!sum_) {
-    // One replica: normalising is batch norm's own; only the running statistics are the step's.
-    if (!pass.recompute && running_mean.defined()) {
-      at::NoGradGuard no_grad;
-      update_running_statistics(local_sums(x), pass.step);
-    }
-    return at::batch_norm(input, weight, bias, at::Tensor(), at::Tensor(), /*training=*/true,
-                          /*momentum=*/0.0, options.eps(), at::globalContext().userEnabledCuDNN());
+  BatchStatistics stats;
+  {
+    at::NoGradGuard no_grad;
+    stats = statistics_of(x.detach(), sum_);
   }
-  at::Tensor sums = SumOverReplicasFunction::apply(local_sums(x), sum_);
-  if (sums[0][0].item<double>() <= 1) {
-    throw std::invalid_argument(fmt::format(
-        "batch norm of {} channels: a step's replicas together need more than one value per "
-        "channel to train",
-        channels));
+  if (stats.count <= 1) {
+    throw std::invalid_argument(
+        fmt::format("batch norm of {} channels: a step's {} together need more than one value "
+                    "per channel to train",
+                    input.size(1), sum_ ? "replicas" : "micro-batch"));
   }
   if (!pass.recompute && running_mean.defined()) {
     at::NoGradGuard no_grad;
-    update_running_statistics(sums.detach(), pass.step);
+    update_running_statistics(stats, pass.step);
   }
-  at::Tensor mean = sums[1] / sums[0];
-  at::Tensor var = (sums[2] / sums[0] - mean.square()).clamp_min(0);
-  at::Tensor scale = (var + options.eps()).rsqrt();
-  at::Tensor y = (x - mean.to(x.scalar_type()).view(shape)) * scale.to(x.scalar_type()).view(shape);
-  if (weight.defined()) y = y * weight.view(shape) + bias.view(shape);
+  if (!sum_) {
+    // One replica: normalising is batch norm's own; only the running statistics are the step's.
+    return at::batch_norm(input, weight, bias, at::Tensor(), at::Tensor(), /*training=*/true,
+                          /*momentum=*/0.0, options.eps(), at::globalContext().userEnabledCuDNN());
+  }
+  const at::Tensor invstd = (stats.m2 / stats.count + options.eps()).rsqrt();
+  at::Tensor y = SyncNormalise::apply(x, weight, bias, stats.mean.to(x.scalar_type()),
+                                      invstd.to(x.scalar_type()), stats.count, sum_);
   return y.to(input.scalar_type());
 }
 
-void SyncBatchNorm2dImpl::update_running_statistics(const at::Tensor& sums, std::int64_t step) {
+void SyncBatchNorm2dImpl::update_running_statistics(const BatchStatistics& batch,
+                                                    std::int64_t step) {
   if (step == 0 || step != step_) {
     step_ = step;
-    step_sums_ = sums.clone();
+    step_stats_ = BatchStatistics{batch.count, batch.mean.clone(), batch.m2.clone()};
     mean_before_ = running_mean.clone();
     var_before_ = running_var.clone();
     num_batches_tracked += 1;
   } else {
-    step_sums_ += sums;
+    // Chan et al.'s pairwise update: the step so far and this batch as one.
+    BatchStatistics& s = step_stats_;
+    const double n = s.count + batch.count;
+    const at::Tensor delta = batch.mean - s.mean;
+    s.mean = s.mean + delta * (batch.count / n);
+    s.m2 = s.m2 + batch.m2 + delta.square() * (s.count * batch.count / n);
+    s.count = n;
   }
-  const at::Tensor n = step_sums_[0];
-  const at::Tensor mean = step_sums_[1] / n;
-  const at::Tensor unbiased =
-      (step_sums_[2] - n * mean.square()).clamp_min(0) / (n - 1).clamp_min(1);
+  const BatchStatistics& s = step_stats_;
+  const at::Tensor unbiased = s.m2 / std::max(s.count - 1, 1.0);
   const double factor = options.momentum().has_value()
                             ? *options.momentum()
                             : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
-  running_mean.copy_(mean_before_ * (1 - factor) + mean.to(running_mean.scalar_type()) * factor);
+  running_mean.copy_(mean_before_ * (1 - factor) + s.mean.to(running_mean.scalar_type()) * factor);
   running_var.copy_(var_before_ * (1 - factor) + unbiased.to(running_var.scalar_type()) * factor);
 }
 

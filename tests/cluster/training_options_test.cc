@@ -89,6 +89,74 @@ TEST(TrainingJob, TwoReplicasOfTwoStagesStepAsOneCopyOnBothShares) {
   }
 }
 
+// The batch norms' running statistics alone.
+SavedCheckpoint running_statistics(SavedCheckpoint saved) {
+  for (auto it = saved.tensors.begin(); it != saved.tensors.end();) {
+    it = it->first.find(".running_") == std::string::npos ? saved.tensors.erase(it) : std::next(it);
+  }
+  return saved;
+}
+
+// Batch norms that train, one optimizer step on eight images (the 10 samples leave 8 for
+// training).
+std::string batchnorm_job(int processes) {
+  return std::string(FERRY_LAUNCH) + " --nproc " + std::to_string(processes) + " -- " +
+         FERRY_MASTER +
+         " train --model unet-resnet18 --image-size 32 --samples 10 --epochs 1 --optimizer sgd"
+         " --lr 0.05 --loss bce --seed 5 --partition decoder.0";
+}
+
+// --sync-batchnorm: two replicas of two stages on four images each normalise by the statistics
+// of all eight, so they step as one copy on the eight; without it they do not. The bound is
+// float32's: a batch norm's gradients here are within 1e-5 of float64's.
+TEST(TrainingJob, TwoReplicasWithSyncBatchnormStepAsOneCopyOnBothShares) {
+  const std::string base = "/tmp/ferry-syncbn-" + std::to_string(getpid());
+  SavedCheckpoint one = train_into(base, batchnorm_job(3) + " --batch-size 8");
+  CommandResult r = run(batchnorm_job(5) + " --batch-size 4 --replicas 2 --sync-batchnorm" +
+                        " --checkpoint-dir " + base);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("batch norms: statistics of the whole step (30 layers, summed "
+                                  "over 2 replicas)"))
+      << r.output;
+  SavedCheckpoint synced = read_checkpoint(latest_checkpoint(base));
+  std::filesystem::remove_all(base);
+  SavedCheckpoint apart =
+      train_into(base, batchnorm_job(5) + " --batch-size 4 --replicas 2 --pipeline gpipe");
+  ASSERT_GT(one.tensors.size(), 100u);
+  EXPECT_EQ(synced.values.at("step").toInt(), 1);
+  EXPECT_LE(largest_relative_difference(one, synced), 1e-4);
+  EXPECT_LE(largest_relative_difference(running_statistics(one), running_statistics(synced)), 1e-5);
+  EXPECT_GT(largest_relative_difference(running_statistics(one), running_statistics(apart)), 1e-3);
+}
+
+// --sync-batchnorm in a pipeline: each micro-batch is normalised by its own statistics, as
+// torchgpipe's deferred batch norm does, but the running statistics move once per step, by all
+// micro-batches together, and a recomputed forward does not move them again. The first batch
+// norm sees the same images either way, so its statistics are the whole batch's.
+TEST(TrainingJob, SyncBatchnormMovesRunningStatisticsOncePerPipelinedStep) {
+  const std::string base = "/tmp/ferry-syncbn-micro-" + std::to_string(getpid());
+  const std::string pipelined =
+      batchnorm_job(3) + " --batch-size 8 --pipeline 1f1b --microbatches 4";
+  SavedCheckpoint whole =
+      running_statistics(train_into(base, batchnorm_job(3) + " --batch-size 8"));
+  SavedCheckpoint synced = train_into(base, pipelined + " --sync-batchnorm");
+  SavedCheckpoint recomputed =
+      train_into(base, pipelined + " --sync-batchnorm --checkpoint-activations");
+  SavedCheckpoint apart = train_into(base, pipelined);
+  ASSERT_GT(whole.tensors.size(), 50u);
+  ASSERT_EQ(synced.tensors.count("encoder.bn1.num_batches_tracked"), 1u);
+  EXPECT_EQ(synced.tensors.at("encoder.bn1.num_batches_tracked").item<double>(), 1);
+  EXPECT_EQ(apart.tensors.at("encoder.bn1.num_batches_tracked").item<double>(), 4);
+  for (const char* name : {"encoder.bn1.running_mean", "encoder.bn1.running_var"}) {
+    const at::Tensor& truth = whole.tensors.at(name);
+    EXPECT_LE((synced.tensors.at(name) - truth).norm().item<double>() / truth.norm().item<double>(),
+              1e-5)
+        << name;
+  }
+  EXPECT_LE(largest_relative_difference(running_statistics(synced), running_statistics(recomputed)),
+            1e-5);
+}
+
 // A run that stops after epoch 1 and resumes goes on along the same learning-rate curve and
 // ends where the uninterrupted run ends.
 TEST(TrainingJob, AScheduleResumesOnTheSameCurve) {
@@ -140,6 +208,11 @@ TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
       {" --replicas 2",
        "--replicas 2 needs a worker of its own for each replica at least; the "
        "world has 0 besides the master"},
+      {" --sync-batchnorm --freeze-batchnorm",
+       "--sync-batchnorm with --freeze-batchnorm: frozen batch norms take no batch statistics"},
+      {" --sync-batchnorm --via-master", "--sync-batchnorm needs pipelined steps"},
+      {" --sync-batchnorm --replicas 2 --pipeline 1f1b",
+       "--sync-batchnorm with --replicas and --pipeline 1f1b"},
   };
   for (const auto& [flags, message] : cases) {
     CommandResult r = run(job + flags);

@@ -6,9 +6,9 @@
 //
 // With step statistics, in training:
 // - each forward normalises by the mean and variance of the batches of every replica together
-//   (their counts, sums and sums of squares summed over the replicas), and its backward sums the
-//   gradient's own two sums over the replicas, so each replica gets its share of the gradient of
-//   the whole step's loss;
+//   (their counts and sums, then their squared deviations from the mean, summed over the
+//   replicas), and its backward sums the gradient's own two sums over the replicas, so each
+//   replica gets its share of the gradient of the whole step's loss;
 // - the running statistics move once per step (ForwardPass::step), by the step's micro-batches
 //   together, and not at all in a recomputation.
 // Every replica must run the same layers in the same order, forwards and backwards alike.
@@ -25,6 +25,13 @@
 #include "ferry/remote_module/step_statistics.h"
 
 namespace ferry::models {
+
+// Per channel, float64: how many values, their mean, and the sum of their squared deviations
+// from it.
+struct BatchStatistics {
+  double count = 0;
+  at::Tensor mean, m2;
+};
 
 class SyncBatchNorm2dImpl : public torch::nn::Cloneable<SyncBatchNorm2dImpl>,
                             public StepStatistics {
@@ -44,13 +51,12 @@ class SyncBatchNorm2dImpl : public torch::nn::Cloneable<SyncBatchNorm2dImpl>,
 
  private:
   at::Tensor forward_over_step(const at::Tensor& input);
-  // `sums`: count, sum and sum of squares per channel (float64, 3 x C) of one forward.
-  void update_running_statistics(const at::Tensor& sums, std::int64_t step);
+  void update_running_statistics(const BatchStatistics& batch, std::int64_t step);
 
   bool step_statistics_ = false;
   SumOverReplicas sum_;
-  std::int64_t step_ = 0;                // the step `step_sums_` is of; 0: none
-  at::Tensor step_sums_;                 // summed over the step's forwards so far
+  std::int64_t step_ = 0;                // the step `step_stats_` is of; 0: none
+  BatchStatistics step_stats_;           // over the step's forwards so far
   at::Tensor mean_before_, var_before_;  // the running statistics before the step
 };
 TORCH_MODULE(SyncBatchNorm2d);

@@ -25,6 +25,7 @@
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
+#include "pipeline/in_order.h"
 #include "pipeline/wire.h"
 
 namespace ferry::pipeline {
@@ -49,17 +50,6 @@ struct Parked {
   FuturePtr done;
 };
 
-// Forwards, and backwards, start here in micro-batch order whatever order their requests arrive
-// in (handlers run on several pool threads): a BatchNorm's running statistics, and a sum of
-// gradients over more than two micro-batches, come out different in another order, and a run
-// would then not repeat itself.
-struct InOrder {
-  std::int64_t context = 0;              // the step being ordered; older ones were abandoned
-  std::int64_t next = 0;                 // the micro-batch that may start next
-  std::map<std::int64_t, Parked> early;  // arrived before an earlier micro-batch
-  bool abandoned = false;                // the step was discarded
-};
-
 // One stage of one pipeline on this worker.
 struct Slot {
   std::int64_t pipeline = 0;
@@ -77,10 +67,10 @@ struct Slot {
   std::map<std::pair<std::int64_t, std::int64_t>, Saved> saved;  // (context, micro-batch)
   std::int64_t in_flight = 0;
   std::deque<Parked> parked;
-  InOrder forwards, backwards;
-  std::vector<std::int64_t> events;   // kEventFields per event
-  std::int64_t activation_bytes = 0;  // held by the micro-batches in `saved`
-  std::int64_t activation_peak = 0;   // the most since the last reset
+  InOrder<Parked> forwards, backwards;  // micro-batch order
+  std::vector<std::int64_t> events;     // kEventFields per event
+  std::int64_t activation_bytes = 0;    // held by the micro-batches in `saved`
+  std::int64_t activation_peak = 0;     // the most since the last reset
 };
 using SlotPtr = std::shared_ptr<Slot>;
 
@@ -111,39 +101,6 @@ void record(Slot& slot, EventKind kind, std::int64_t microbatch, std::int64_t st
             std::int64_t end) {
   std::lock_guard<std::mutex> lock(slot.mutex);
   slot.events.insert(slot.events.end(), {kind, microbatch, start, end});
-}
-
-// `request`, micro-batch `microbatch` of step `context`, joins `order`. Returns the requests that
-// may start now, in micro-batch order (none while an earlier micro-batch has not arrived). A
-// request of an older or discarded step, and those still waiting from one when a newer step
-// begins, go to `abandoned`. Called under the slot's mutex.
-std::vector<Parked> take_in_order(InOrder& order, std::int64_t context, std::int64_t microbatch,
-                                  Parked request, std::vector<Parked>* abandoned) {
-  if (context < order.context || (context == order.context && order.abandoned)) {
-    abandoned->push_back(std::move(request));
-    return {};
-  }
-  if (context > order.context) {
-    for (auto& [m, waiting] : order.early) abandoned->push_back(std::move(waiting));
-    order = InOrder{context, 0, {}, false};
-  }
-  if (microbatch < 0) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("micro-batch {}: micro-batches count from 0", microbatch));
-  }
-  if (microbatch < order.next || order.early.count(microbatch) > 0) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("micro-batch {} of this step came a second time", microbatch));
-  }
-  order.early[microbatch] = std::move(request);
-  std::vector<Parked> ready;
-  for (auto it = order.early.find(order.next); it != order.early.end();
-       it = order.early.find(order.next)) {
-    ready.push_back(std::move(it->second));
-    order.early.erase(it);
-    ++order.next;
-  }
-  return ready;
 }
 
 void fail_abandoned(std::vector<Parked>& abandoned) {
@@ -498,8 +455,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
       // Posted under the mutex, so that the compute thread gets them in the order decided here.
       std::lock_guard<std::mutex> lock(slot->mutex);
       slot->events.insert(slot->events.end(), {kArriveForwardEvent, microbatch, arrived, arrived});
-      for (Parked& ready :
-           take_in_order(slot->forwards, context, microbatch, {work, done}, &abandoned)) {
+      for (Parked& ready : slot->forwards.take(context, microbatch, {work, done}, &abandoned)) {
         if (slot->in_flight < slot->limit) {
           ++slot->in_flight;
           rpc::post_to_compute_thread(std::move(ready.work));
@@ -526,8 +482,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
     {
       std::lock_guard<std::mutex> lock(slot->mutex);
       slot->events.insert(slot->events.end(), {kArriveBackwardEvent, microbatch, arrived, arrived});
-      for (Parked& ready :
-           take_in_order(slot->backwards, context, microbatch, {work, done}, &abandoned)) {
+      for (Parked& ready : slot->backwards.take(context, microbatch, {work, done}, &abandoned)) {
         rpc::post_to_compute_thread(std::move(ready.work));
       }
     }
@@ -556,11 +511,9 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
         slot->in_flight = 0;
         for (Parked& p : slot->parked) abandoned.push_back(std::move(p));
         slot->parked.clear();
-        for (InOrder* order : {&slot->forwards, &slot->backwards}) {
-          for (auto& [m, waiting] : order->early) abandoned.push_back(std::move(waiting));
-          order->early.clear();
-          order->abandoned = true;  // a late request of this step fails at once
-        }
+        // A late request of this step fails at once.
+        slot->forwards.abandon(&abandoned);
+        slot->backwards.abandon(&abandoned);
       }
       fail_abandoned(abandoned);
     }
@@ -577,7 +530,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
     for (const SlotPtr& slot : all) {
       std::lock_guard<std::mutex> lock(slot->mutex);
       kept += static_cast<std::int64_t>(slot->saved.size() + slot->parked.size() +
-                                        slot->forwards.early.size());
+                                        slot->forwards.waiting());
     }
     return kept;
   });

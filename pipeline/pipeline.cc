@@ -204,14 +204,11 @@ Pipeline::Pipeline(std::vector<RemoteModule> stages, PipelineOptions options)
   }
   for (size_t s = 0; s < calls.size(); ++s) {
     calls[s]->wait();
+    // A lost worker stays PeerDied (a spare may take over), a bad stage InvalidArgument.
     if (calls[s]->hasError()) {
-      try {
-        std::rethrow_exception(calls[s]->exception_ptr());
-      } catch (const std::exception& e) {
-        throw Error(ErrorKind::InvalidArgument,
-                    fmt::format("pipeline stage {} (\"{}\") on worker \"{}\" cannot take part: {}",
-                                s, stages_[s].type(), stages_[s].worker(), e.what()));
-      }
+      rpc::rethrow_as(calls[s]->exception_ptr(),
+                      fmt::format("pipeline stage {} (\"{}\") on worker \"{}\" cannot take part", s,
+                                  stages_[s].type(), stages_[s].worker()));
     }
   }
   std::map<std::string, std::int64_t> offsets;

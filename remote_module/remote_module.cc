@@ -33,12 +33,8 @@ RemoteModule RemoteModule::made(const std::string& worker, const std::string& ty
   rpc::FuturePtr ready = module->ready();
   ready->wait();
   if (ready->hasError()) {
-    try {
-      std::rethrow_exception(ready->exception_ptr());
-    } catch (const rpc::Error& e) {
-      throw rpc::Error(e.kind(), fmt::format("cannot create stage \"{}\" on worker \"{}\": {}",
-                                             type, worker, reason(e)));
-    }
+    rpc::rethrow_as(ready->exception_ptr(),
+                    fmt::format("cannot create stage \"{}\" on worker \"{}\"", type, worker));
   }
   return RemoteModule(worker, type, std::move(module));
 }
@@ -149,14 +145,9 @@ int64_t RemoteModule::take_step_statistics(const std::vector<RemoteModule>& repl
   for (size_t r = 0; r < replicas.size(); ++r) {
     calls[r]->wait();
     if (calls[r]->hasError()) {
-      try {
-        std::rethrow_exception(calls[r]->exception_ptr());
-      } catch (const rpc::Error& e) {
-        throw rpc::Error(e.kind(),
-                         fmt::format("step statistics of stage \"{}\" on worker \"{}\" failed: {}",
-                                     replicas[r].type_, replicas[r].worker_, reason(e)),
-                         e.cause());
-      }
+      rpc::rethrow_as(calls[r]->exception_ptr(),
+                      fmt::format("step statistics of stage \"{}\" on worker \"{}\"",
+                                  replicas[r].type_, replicas[r].worker_));
     }
     layers = calls[r]->value().toInt();
   }

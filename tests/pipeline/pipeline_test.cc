@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -253,6 +254,24 @@ TEST(Pipeline, FailuresAreNamedAndTheNextStepStartsClean) {
             std::string::npos)
       << error;
   EXPECT_EQ(kept_on("b"), 0);
+}
+
+// A worker lost before the pipeline is set up is a lost worker (PeerDied, which a training job
+// answers with a spare), not a misuse of the API.
+TEST(Pipeline, AWorkerLostBeforeSetUpStaysALostWorker) {
+  LocalWorld world(three_workers());
+  Chain chain(6, 8);
+  world.peer(2).kill(SIGKILL);
+  ASSERT_TRUE(world.peer(2).wait(std::chrono::seconds(10)).has_value());
+  try {
+    Pipeline pipe(chain.stages, options(Schedule::GPipe, 2));
+    ADD_FAILURE() << "a pipeline was set up on a dead worker";
+  } catch (const rpc::Error& e) {
+    EXPECT_EQ(e.kind(), rpc::ErrorKind::PeerDied) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pipeline stage 2 (\"test.mlp\") on worker \"c\""),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Pipeline, MisuseIsAClearError) {

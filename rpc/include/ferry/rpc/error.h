@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -33,5 +34,11 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
   std::string cause_;
 };
+
+// Rethrows `error` (a failed future's, a caught exception's) as an Error saying
+// "<what>: <reason>": the same kind, RemoteException for anything that is not an Error, and the
+// same cause. The reason is the worker's own words when it raised the error there, else the
+// whole message. So a lost worker stays PeerDied, whatever was being done with it.
+[[noreturn]] void rethrow_as(std::exception_ptr error, const std::string& what);
 
 }  // namespace ferry::rpc

@@ -21,8 +21,8 @@ at::Tensor summed(const SumOverReplicas& sum, const at::Tensor& t) {
   return tensors[0].view(t.sizes());
 }
 
-// BatchStatistics of one forward's batch: count, mean and sum of squared deviations per channel, in
-// float64. Two passes (the mean, then the deviations from it), as batch norm's own: a sum of
+// The statistics of one forward's batch: count, mean and sum of squared deviations per channel,
+// in float64. Two passes (the mean, then the deviations from it), as batch norm's own: a sum of
 // squares less the squared mean would lose the variance of a channel whose mean is large.
 BatchStatistics statistics_of(const at::Tensor& x, const SumOverReplicas& sum) {
   BatchStatistics s;
@@ -166,9 +166,8 @@ at::Tensor SyncBatchNorm2dImpl::forward_over_step(const at::Tensor& input) {
   }
   if (stats.count <= 1) {
     throw std::invalid_argument(
-        fmt::format("batch norm of {} channels: a step's {} together need more than one value "
-                    "per channel to train",
-                    input.size(1), sum_ ? "replicas" : "micro-batch"));
+        fmt::format("batch norm of {} channels: {} more than one value per channel to train",
+                    input.size(1), sum_ ? "the replicas' batches together need" : "a batch needs"));
   }
   if (!pass.recompute && running_mean.defined()) {
     at::NoGradGuard no_grad;

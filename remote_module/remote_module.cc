@@ -13,9 +13,6 @@ c10::IValue as_ivalue(const rpc::RRefPtr& rref) {
   return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
 }
 
-// The worker's own words when it raised the error, else the whole message.
-std::string reason(const rpc::Error& e) { return e.cause().empty() ? e.what() : e.cause(); }
-
 }  // namespace
 
 RemoteModule RemoteModule::create(const std::string& worker, const std::string& type,
@@ -44,11 +41,10 @@ c10::IValue RemoteModule::call(const std::string& what, const std::string& funct
   args.insert(args.begin(), as_ivalue(module_));
   try {
     return rpc::rpc_sync(worker_, function, std::move(args));
-  } catch (const rpc::Error& e) {
-    throw rpc::Error(e.kind(),
-                     fmt::format("{} of stage \"{}\" on worker \"{}\" failed: {}", what, type_,
-                                 worker_, reason(e)),
-                     e.cause());
+  } catch (const rpc::Error&) {
+    rpc::rethrow_as(
+        std::current_exception(),
+        fmt::format("{} of stage \"{}\" on worker \"{}\" failed", what, type_, worker_));
   }
 }
 
@@ -84,11 +80,9 @@ c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
   }
   try {
     return rpc::rpc_sync(stages.front().worker_, "ferry.stage.forward_chain", std::move(args));
-  } catch (const rpc::Error& e) {
-    throw rpc::Error(
-        e.kind(),
-        fmt::format("forward through stages {} failed: {}", fmt::join(names, ", "), reason(e)),
-        e.cause());
+  } catch (const rpc::Error&) {
+    rpc::rethrow_as(std::current_exception(),
+                    fmt::format("forward through stages {} failed", fmt::join(names, ", ")));
   }
 }
 

@@ -51,11 +51,14 @@ sanitize: deps
 bench: build
 	$(BUILD_DIR)/bin/ferry-bench rpc
 
-# A master and three workers on this machine train the U-Net-ResNet-34 on the synthetic set.
-demo: build
+# A master and three workers on this machine train the U-Net-ResNet-34 on the synthetic set. Only
+# the three binaries it runs are built first (the tests and benchmarks build with `make test`).
+DEMO_LOG_DIR ?= $(BUILD_DIR)/demo
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target ferry-master ferry-worker ferry-launch
 	$(BUILD_DIR)/bin/ferry-launch --nproc 4 -- $(BUILD_DIR)/bin/ferry-master train \
 	  --model unet-resnet34 --data synthetic --image-size 64 --samples 384 --epochs 5 \
-	  --batch-size 8 --optimizer adam --lr 0.003
+	  --batch-size 8 --optimizer adam --lr 0.003 --log-dir $(DEMO_LOG_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
                         "file holding the cluster secret (default: FERRY_SECRET, "
                         "FERRY_SECRET_FILE); every rank needs the same");
   train_cmd->add_option("--metrics-file", train.metrics_file, "write per-epoch figures as JSON");
+  train_cmd->add_option("--log-dir", train.log_dir,
+                        "write DIR/metrics.csv after every epoch (losses, IoU, Dice, learning "
+                        "rate, images per second, each stage's busy share) and DIR/metrics.svg, "
+                        "the loss and IoU curves");
   train_cmd->add_flag("--compare-single-process", train.compare_single_process,
                       "at the end, measure one step of the whole model in one process");
 

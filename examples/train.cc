@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "examples/epoch_monitor.h"
+#include "examples/metrics_log.h"
 #include "examples/model_tools.h"
 #include "examples/placement.h"
 #include "examples/replicas.h"
@@ -292,6 +293,15 @@ EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoc
   return times;
 }
 
+// --log-dir's file: the figures of each epoch and each stage's busy share.
+std::optional<MetricsLog> metrics_log_of(const TrainSettings& s, const StagePlan& plan) {
+  if (s.log_dir.empty()) return std::nullopt;
+  std::vector<std::string> columns = {"train_loss", "val_loss", "val_iou",     "val_dice",
+                                      "lr",         "train_s",  "images_per_s"};
+  for (const auto& stage : plan.stages) columns.push_back("busy_" + stage.name);
+  return MetricsLog(s.log_dir, columns);
+}
+
 std::string best_dir(const TrainSettings& s) {
   return (std::filesystem::path(s.checkpoint_dir) / "best").string();
 }
@@ -361,6 +371,13 @@ int train_as_master(const TrainSettings& s) {
     log::info("resumed from {} after epoch {} (optimizer step {})", s.checkpoint_dir,
               progress.epoch, progress.step);
   }
+  std::optional<MetricsLog> metrics_log = metrics_log_of(s, plan);
+  if (metrics_log && s.resume) {
+    const std::string why = metrics_log->resume_after(progress.epoch);
+    if (!why.empty()) log::warn("--log-dir: {}", why);
+  }
+  const std::string plot_title = fmt::format("{}, {} stages, {} x {}: loss and IoU by epoch",
+                                             s.model, stage_count, s.image_size, s.image_size);
   if (schedule.kind != dist_autograd::LrSchedule::Kind::Constant || schedule.warmup_steps > 0) {
     log::info("learning rate: {}", schedule.describe());
   }
@@ -373,11 +390,23 @@ int train_as_master(const TrainSettings& s) {
   for (;;) {
     try {
       for (int epoch = progress.epoch + 1; epoch <= s.epochs; ++epoch) {
+        const std::vector<double> busy_before = busy_seconds(job->replicas.front());
         const EpochTimes times = train_epoch(*job, train_loader, epoch, s, schedule, progress.step);
+        const std::vector<double> busy_after = busy_seconds(job->replicas.front());
         train_s += times.train_s;
         align_replicas(*job);
         Validation v = validate(job->replicas, validation_loader, s.loss, !s.via_master);
         const double lr = job->optimizer->spec().options.at("lr");
+        if (metrics_log) {
+          EpochFigures row{epoch,
+                           {job->last_train_loss, v.loss, v.iou, v.dice, lr, times.train_s,
+                            times.images / times.train_s}};
+          for (size_t k = 0; k < busy_after.size(); ++k) {
+            row.values.push_back((busy_after[k] - busy_before[k]) / times.train_s);
+          }
+          metrics_log->add(row);
+          metrics_log->write_plot(plot_title);
+        }
         metrics["epochs"].push_back({{"epoch", epoch},
                                      {"train_loss", job->last_train_loss},
                                      {"val_loss", v.loss},
@@ -437,6 +466,7 @@ int train_as_master(const TrainSettings& s) {
       if (saved) restore(*job, s.checkpoint_dir, epoch_steps, progress);
       log::warn("training goes on from epoch {}{}", progress.epoch + 1,
                 saved ? fmt::format(" (the checkpoint in {})", s.checkpoint_dir) : "");
+      if (metrics_log) metrics_log->truncate_after(progress.epoch);
       auto& done = metrics["epochs"];
       while (!done.empty() && done.back()["epoch"].get<int>() > progress.epoch) {
         done.erase(done.size() - 1);
@@ -496,6 +526,10 @@ int train_as_master(const TrainSettings& s) {
     metrics["single_process_peak_mib"] = whole;
   }
   metrics["train_s"] = train_s;
+  if (metrics_log) {
+    std::cerr << fmt::format("per-epoch figures in {}, their curves in {}\n",
+                             metrics_log->csv_path(), metrics_log->plot_path());
+  }
   if (!s.metrics_file.empty()) {
     std::ofstream(s.metrics_file) << metrics.dump(2) << "\n";
   }

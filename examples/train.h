@@ -73,6 +73,8 @@ struct TrainSettings {
   std::uint64_t seed = 0;
   std::string secret_file;   // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE
   std::string metrics_file;  // the final figures as JSON, if set
+  // DIR/metrics.csv (a row per epoch) and DIR/metrics.svg (loss and IoU curves), if set.
+  std::string log_dir;
   bool compare_single_process = false;  // also measure the whole model's step in one process
 };
 

@@ -86,6 +86,25 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
                "RSS are the worker's peaks (tensor memory as its allocator counts it).\n";
 }
 
+std::vector<double> busy_seconds(const Replica& replica) {
+  std::vector<double> busy;
+  if (replica.pipe) {
+    for (const pipeline::StageReport& stage : replica.pipe->timeline().report().per_stage) {
+      busy.push_back(stage.forward_s + stage.backward_s + stage.send_s);
+    }
+    return busy;
+  }
+  std::map<std::string, double> by_worker;
+  for (const RemoteUnet::Stage& stage : replica.split.stages()) {
+    by_worker[stage.module.worker()] += stage.module.stats().forward_s;
+  }
+  for (auto& [worker, seconds] : by_worker) seconds += dist_autograd::backward_seconds(worker);
+  for (const RemoteUnet::Stage& stage : replica.split.stages()) {
+    busy.push_back(by_worker.at(stage.module.worker()));
+  }
+  return busy;
+}
+
 void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
                  nlohmann::ordered_json& metrics) {
   if (monitor.best_epoch() == 0) return;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "examples/epoch_monitor.h"
+#include "examples/replicas.h"
 #include "ferry/models/remote_unet.h"
 
 namespace ferry::examples {
@@ -30,6 +31,12 @@ class ProgressBar {
 // its worker idled over `train_s` seconds of training, and its worker's peaks. `direct`: the
 // activations went stage to stage.
 void print_stage_table(const models::RemoteUnet& split, double train_s, bool direct);
+
+// Seconds each stage's worker has computed so far, per stage of `replica`: in pipelined steps its
+// stage's forward, backward and sends (the timeline); otherwise the forward of every stage its
+// worker hosts and that worker's backward. The difference over an epoch, divided by its training
+// time, is the worker's busy share.
+std::vector<double> busy_seconds(const Replica& replica);
 
 // The end of a run by the monitored metric: which epoch was best, where its checkpoint is (the
 // latest in `best_dir`; empty: none was kept), whether the run stopped early after epoch

@@ -36,10 +36,11 @@ bool contains(const std::string& text, const std::string& part) {
 
 TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
   std::string metrics = "/tmp/ferry-train-test-" + std::to_string(getpid()) + ".json";
+  std::string logs = "/tmp/ferry-train-logs-" + std::to_string(getpid());
   CommandResult r = run(std::string(FERRY_LAUNCH) + " --nproc 4 -- " + FERRY_MASTER +
                         " train --model unet-resnet18 --image-size 64 --samples 320 --epochs 3"
                         " --batch-size 8 --optimizer adam --lr 0.003 --metrics-file " +
-                        metrics);
+                        metrics + " --log-dir " + logs);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 0] epoch 3/3")) << r.output;
   EXPECT_TRUE(contains(r.output, "encoder  worker1")) << r.output;
@@ -53,7 +54,24 @@ TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
   EXPECT_LT(epochs.back()["train_loss"].get<double>(),
             0.6 * epochs.front()["train_loss"].get<double>())
       << r.output;
+
+  // --log-dir: the same figures, a row per epoch, and each worker busy for part of the time.
+  auto rows = ferry::testing::read_metrics_csv(logs + "/metrics.csv");
+  ASSERT_EQ(rows.size(), 3u) << r.output;
+  for (size_t e = 0; e < rows.size(); ++e) {
+    EXPECT_EQ(rows[e]["epoch"], e + 1.0);
+    for (const char* name : {"train_loss", "val_loss", "val_iou", "val_dice", "lr"}) {
+      EXPECT_EQ(rows[e][name], epochs[e][name].get<double>()) << name << " of epoch " << e + 1;
+    }
+    for (const char* stage : {"busy_encoder", "busy_decoder", "busy_head"}) {
+      EXPECT_GT(rows[e][stage], 0.0) << stage;
+      EXPECT_LE(rows[e][stage], 1.01) << stage;
+    }
+  }
+  EXPECT_TRUE(ferry::testing::parses_as_svg(logs + "/metrics.svg"));
+  EXPECT_TRUE(contains(r.output, "their curves in " + logs + "/metrics.svg")) << r.output;
   std::remove(metrics.c_str());
+  std::filesystem::remove_all(logs);
 }
 
 // A folder of red squares on noise with their masks, as a user's data set would be laid out.
@@ -149,7 +167,7 @@ TEST(TrainingJob, PipelinedJobLearnsAndWritesATrace) {
                         " train --model unet-resnet18 --image-size 64 --samples 200 --epochs 2"
                         " --batch-size 8 --optimizer adam --lr 0.003 --pipeline 1f1b"
                         " --microbatches 4 --checkpoint-activations --trace " +
-                        base + ".trace.json --metrics-file " + base + ".json");
+                        base + ".trace.json --metrics-file " + base + ".json --log-dir " + base);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output,
                        "pipelined steps: 1f1b, 4 micro-batches of 2 images, "
@@ -176,6 +194,16 @@ TEST(TrainingJob, PipelinedJobLearnsAndWritesATrace) {
   EXPECT_EQ(stage_tracks, 3);
   // 160 training images: 20 steps of 4 micro-batches an epoch, each through 3 stages.
   EXPECT_EQ(backwards, 2 * 20 * 4 * 3);
+  // Each stage's busy share per epoch, from the timeline.
+  auto rows = ferry::testing::read_metrics_csv(base + "/metrics.csv");
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) {
+    for (const char* stage : {"busy_encoder", "busy_decoder", "busy_head"}) {
+      EXPECT_GT(row.at(stage), 0.0) << stage;
+      EXPECT_LE(row.at(stage), 1.01) << stage;
+    }
+  }
+  std::filesystem::remove_all(base);
   std::remove((base + ".json").c_str());
   std::remove((base + ".trace.json").c_str());
 }

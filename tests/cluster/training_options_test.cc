@@ -165,7 +165,7 @@ TEST(TrainingJob, AScheduleResumesOnTheSameCurve) {
                           " train --model unet-resnet18 --image-size 32 --samples 40"
                           " --batch-size 8 --epochs 2 --optimizer adam --lr 0.01"
                           " --lr-schedule cosine --warmup-steps 2 --seed 2 --checkpoint-dir " +
-                          base;
+                          base + " --log-dir " + base + "-logs";
   CommandResult full = run(job + " --metrics-file " + base + "-full.json");
   ASSERT_EQ(full.status, 0) << full.output;
   EXPECT_THAT(full.output, HasSubstr("learning rate: cosine from 0.01 over 8 steps, 2 warm-up"))
@@ -184,10 +184,16 @@ TEST(TrainingJob, AScheduleResumesOnTheSameCurve) {
   ASSERT_EQ(resumed_epochs.size(), 1u);
   EXPECT_EQ(resumed_epochs[0]["lr"].get<double>(), full_epochs[1]["lr"].get<double>());
   EXPECT_LT(full_epochs[1]["lr"].get<double>(), full_epochs[0]["lr"].get<double>());
+  // The resumed run's log keeps the first run's row of epoch 1 and replaces epoch 2's.
+  auto rows = ferry::testing::read_metrics_csv(base + "-logs/metrics.csv");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0]["train_loss"], full_epochs[0]["train_loss"].get<double>());
+  EXPECT_EQ(rows[1]["train_s"], resumed_epochs[0]["train_s"].get<double>());
   SavedCheckpoint after = read_checkpoint(latest_checkpoint(base));
   EXPECT_EQ(after.values.at("step").toInt(), 8);
   EXPECT_LE(largest_relative_difference(after, uninterrupted), 1e-5);
   std::filesystem::remove_all(base);
+  std::filesystem::remove_all(base + "-logs");
   std::remove((base + "-full.json").c_str());
   std::remove((base + "-resumed.json").c_str());
 }

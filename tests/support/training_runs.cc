@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 
 #include "tests/support/sanitizer_allowance.h"
 
@@ -29,6 +30,34 @@ CommandResult run(const std::string& command) {
 std::vector<char> file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<std::map<std::string, double>> read_metrics_csv(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::vector<std::string> columns;
+  if (!std::getline(in, line)) return {};
+  for (std::istringstream header(line); std::getline(header, line, ',');) columns.push_back(line);
+  std::vector<std::map<std::string, double>> rows;
+  while (std::getline(in, line)) {
+    std::map<std::string, double> row;
+    std::istringstream cells(line + ",");
+    std::string cell;
+    for (const std::string& column : columns) {
+      if (!std::getline(cells, cell, ',')) return {};
+      row[column] = cell.empty() ? std::numeric_limits<double>::quiet_NaN() : std::stod(cell);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+bool parses_as_svg(const std::string& path) {
+  return run("/usr/bin/python3 -c \"import sys, xml.etree.ElementTree as E; "
+             "sys.exit(E.parse(sys.argv[1]).getroot().tag != "
+             "'{http://www.w3.org/2000/svg}svg')\" " +
+             path)
+             .status == 0;
 }
 
 std::string latest_checkpoint(const std::string& dir) {

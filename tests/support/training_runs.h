@@ -37,6 +37,13 @@ struct SavedCheckpoint {
 };
 SavedCheckpoint read_checkpoint(const std::string& folder);
 
+// The rows of a --log-dir metrics.csv, each by column name (empty cells are NaN). Empty when the
+// file is missing or malformed.
+std::vector<std::map<std::string, double>> read_metrics_csv(const std::string& path);
+
+// Whether `path` is well-formed XML whose root is an <svg> element (read by Python's parser).
+bool parses_as_svg(const std::string& path);
+
 // The largest difference between same-named tensors, relative to the tensor's norm; infinite
 // when the names differ.
 double largest_relative_difference(const SavedCheckpoint& a, const SavedCheckpoint& b);

@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
     env.push_back("WORLD_SIZE=" + std::to_string(nproc));
     env.push_back("MASTER_ADDR=127.0.0.1");
     env.push_back("MASTER_PORT=" + std::to_string(port));
-    if (set_spin) env.push_back(std::string("GOMP_SPINCOUNT=") + ferry::rpc::kSharedMachineSpinCount);
+    if (set_spin)
+      env.push_back(std::string("GOMP_SPINCOUNT=") + ferry::rpc::kSharedMachineSpinCount);
     children[rank].rank = rank;
     children[rank].pid = spawn(command, env, fds[1]);
     close(fds[1]);
@@ -195,8 +196,8 @@ int main(int argc, char** argv) {
           continue;
         }
         if (failed && !stopping) {
-          std::fprintf(stderr, "ferry-launch: rank %d (pid %d) %s; stopping the others\n",
-                       c.rank, static_cast<int>(pid), describe_status(status).c_str());
+          std::fprintf(stderr, "ferry-launch: rank %d (pid %d) %s; stopping the others\n", c.rank,
+                       static_cast<int>(pid), describe_status(status).c_str());
           for (auto& other : children) {
             if (other.running) kill(other.pid, SIGTERM);
           }

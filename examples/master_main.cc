@@ -1,9 +1,12 @@
-// ferry-master: the training job (`train`) and a look at a model's stages (`describe`). Under a
-// launcher (ferry-launch, torchrun, srun) every rank runs the same command: rank 0 is the master,
-// every other rank serves as a worker.
+// ferry-master: the training job (`train`), a look at a model's stages (`describe`, `footprint`),
+// and the trained model out of Ferry (`export`, `predict`). Under a launcher (ferry-launch,
+// torchrun, srun) every rank runs the same command: rank 0 is the master, every other rank serves
+// as a worker.
 #include <CLI/CLI.hpp>
 
+#include "examples/export_weights.h"
 #include "examples/model_tools.h"
+#include "examples/predict.h"
 #include "examples/train.h"
 
 int main(int argc, char** argv) {
@@ -139,10 +142,51 @@ int main(int argc, char** argv) {
   int64_t footprint_budget_mib = 0;
   footprint_cmd->add_option("--memory-budget-mib", footprint_budget_mib,
                             "fail as a device of this many MiB would");
+
+  ferry::examples::ExportSettings export_settings;
+  auto* export_cmd =
+      app.add_subcommand("export",
+                         "write a checkpoint's whole model as one state dict (torch.save's format, "
+                         "segmentation_models_pytorch's names)");
+  export_cmd
+      ->add_option("--checkpoint-dir", export_settings.checkpoint_dir,
+                   "the training run's --checkpoint-dir")
+      ->required();
+  export_cmd->add_option("--epoch", export_settings.epoch,
+                         "the checkpoint of this epoch (kept in the directory or its best/; "
+                         "default: the latest)");
+  export_cmd->add_option("--out", export_settings.out, "the file to write (model.pt)")->required();
+
+  ferry::examples::PredictSettings predict;
+  auto* predict_cmd = app.add_subcommand(
+      "predict", "write a mask for every image of a folder, with IoU and Dice where it has masks");
+  predict_cmd->add_option("--model", predict.model, "unet-resnet18|34|50|101|152");
+  auto* weights_opt = predict_cmd->add_option(
+      "--weights", predict.weights, "weights to use: an exported state dict or any --weights file");
+  predict_cmd
+      ->add_option("--checkpoint-dir", predict.checkpoint_dir,
+                   "or a training run's checkpoints (see --epoch)")
+      ->excludes(weights_opt);
+  predict_cmd->add_option("--epoch", predict.epoch, "with --checkpoint-dir: that epoch's");
+  predict_cmd
+      ->add_option("--data", predict.data,
+                   "DIR/images/* (with DIR/masks/* to score against), or the images in DIR")
+      ->required();
+  predict_cmd->add_option("--out", predict.out, "where the masks go, OUT/NAME.png")->required();
+  predict_cmd->add_option("--threshold", predict.threshold,
+                          "foreground where the predicted probability is above it");
+  predict_cmd->add_option("--image-size", predict.image_size,
+                          "the size the model was trained at; each image is resized to it and "
+                          "its mask back to the image's size");
+  predict_cmd->add_option("--batch-size", predict.batch_size, "images per forward pass");
+  predict_cmd->add_option("--secret-file", predict.secret_file,
+                          "file holding the cluster secret, as for train");
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (*train_cmd) return ferry::examples::run_training(train);
+    if (*export_cmd) return ferry::examples::export_weights(export_settings);
+    if (*predict_cmd) return ferry::examples::run_prediction(predict);
     if (*footprint_cmd) {
       return ferry::examples::measure_single_process(model, classes, image_size, batch_size,
                                                      optimizer, footprint_budget_mib);

@@ -237,7 +237,7 @@ EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoc
     return loss_of(s.loss, out, target) * scale;
   };
   loader.start_epoch(epoch);
-  ProgressBar bar(epoch, s.epochs, loader.batches());
+  ProgressBar bar(fmt::format("epoch {}/{}", epoch, s.epochs), loader.batches());
   double loss_sum = 0, rate = 0;
   EpochTimes times;
   const std::uint64_t bytes_before = bytes_sent_by_job(job);
@@ -285,7 +285,7 @@ EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoc
     double images_per_s = batch->images.size(0) / seconds;
     rate = index == 1 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
     loss_sum += loss_value;
-    bar.update(index, loss_sum / index, rate);
+    bar.update(index, fmt::format("loss {:.4f} {:.1f} img/s", loss_sum / index, rate));
   }
   job.last_train_loss = loss_sum / std::max<std::size_t>(index, 1);
   times.batches = index;

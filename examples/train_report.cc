@@ -25,22 +25,17 @@ std::string clock_text(double seconds) {
 
 }  // namespace
 
-ProgressBar::ProgressBar(int epoch, int epochs, std::size_t steps)
-    : epoch_(epoch),
-      epochs_(epochs),
-      steps_(steps),
-      tty_(isatty(STDERR_FILENO)),
-      start_(Clock::now()) {}
+ProgressBar::ProgressBar(std::string title, std::size_t steps)
+    : title_(std::move(title)), steps_(steps), tty_(isatty(STDERR_FILENO)), start_(Clock::now()) {}
 
-void ProgressBar::update(std::size_t step, double loss, double images_per_s) {
+void ProgressBar::update(std::size_t step, const std::string& figures) {
   double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
   double eta = step == 0 ? 0 : elapsed / step * (steps_ - step);
   constexpr int kWidth = 24;
   int filled = static_cast<int>(kWidth * step / std::max<std::size_t>(steps_, 1));
   std::string line =
-      fmt::format("epoch {}/{} [{}{}] {}/{} loss {:.4f} {:.1f} img/s ETA {}", epoch_, epochs_,
-                  std::string(filled, '#'), std::string(kWidth - filled, '.'), step, steps_, loss,
-                  images_per_s, clock_text(eta));
+      fmt::format("{} [{}{}] {}/{} {} ETA {}", title_, std::string(filled, '#'),
+                  std::string(kWidth - filled, '.'), step, steps_, figures, clock_text(eta));
   bool last = step == steps_;
   if (tty_) {
     std::cerr << "\r" << line << (last ? "\n" : "") << std::flush;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "examples/epoch_monitor.h"
 #include "examples/replicas.h"
@@ -13,15 +14,16 @@
 
 namespace ferry::examples {
 
-// One line per epoch, redrawn in place on a terminal and printed every tenth otherwise.
+// One line per pass ("epoch 2/5", "predict"), redrawn in place on a terminal and printed every
+// tenth otherwise: the bar, the steps done, `figures` ("loss 0.31 20.5 img/s") and the time left.
 class ProgressBar {
  public:
   using Clock = std::chrono::steady_clock;
-  ProgressBar(int epoch, int epochs, std::size_t steps);
-  void update(std::size_t step, double loss, double images_per_s);
+  ProgressBar(std::string title, std::size_t steps);
+  void update(std::size_t step, const std::string& figures);
 
  private:
-  int epoch_, epochs_;
+  std::string title_;
   std::size_t steps_;
   bool tty_;
   Clock::time_point start_;

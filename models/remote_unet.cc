@@ -185,7 +185,10 @@ Unet RemoteUnet::local_from(const std::vector<c10::Dict<std::string, at::Tensor>
 }
 
 LoadReport RemoteUnet::load_weights(const std::string& path) {
-  c10::Dict<std::string, at::Tensor> state = read_weights(path);
+  return load_state(read_weights(path));
+}
+
+LoadReport RemoteUnet::load_state(const c10::Dict<std::string, at::Tensor>& state) {
   bool whole = false;
   for (const auto& entry : state) {
     for (const char* prefix : {"encoder.", "decoder.", "segmentation_head."}) {

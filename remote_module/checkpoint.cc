@@ -142,24 +142,29 @@ std::string save_checkpoint(const std::string& dir, const NamedStages& stages, i
 
 namespace {
 
+nlohmann::json read_manifest(const fs::path& folder) {
+  try {
+    return nlohmann::json::parse(read_file(folder / "manifest.json"));
+  } catch (const nlohmann::json::exception& e) {
+    fail(fmt::format("\"{}\" is not a checkpoint manifest: {}", (folder / "manifest.json").string(),
+                     e.what()));
+  }
+}
+
 // The newest complete checkpoint of `dir` and its manifest.
 std::pair<fs::path, nlohmann::json> latest_checkpoint(const std::string& dir) {
-  fs::path root(dir);
-  if (!fs::exists(root / "LATEST")) {
-    fail(fmt::format("no checkpoint in \"{}\" (it has no LATEST file)", dir));
-  }
-  std::vector<char> bytes = read_file(root / "LATEST");
-  std::string latest(bytes.begin(), bytes.end());
-  // A LATEST edited by hand (to go back to an older checkpoint) usually ends with a newline.
-  while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) {
-    latest.pop_back();
-  }
-  fs::path folder = root / latest;
-  return {folder, nlohmann::json::parse(read_file(folder / "manifest.json"))};
+  fs::path folder = latest_checkpoint_folder(dir);
+  return {folder, read_manifest(folder)};
 }
 
 c10::Dict<std::string, at::Tensor> read_state(const fs::path& file) {
-  return torch::pickle_load(read_file(file)).to<c10::Dict<std::string, at::Tensor>>();
+  std::vector<char> bytes = read_file(file);
+  try {
+    return torch::pickle_load(bytes).to<c10::Dict<std::string, at::Tensor>>();
+  } catch (const c10::Error& e) {
+    fail(fmt::format("\"{}\" is not a state dict of tensors: {}", file.string(),
+                     e.what_without_backtrace()));
+  }
 }
 
 void restore_stage(const std::string& name, const RemoteModule& module,
@@ -192,6 +197,71 @@ std::string first_names(const std::vector<std::string>& names) {
 }
 
 }  // namespace
+
+std::string latest_checkpoint_folder(const std::string& dir) {
+  fs::path root(dir);
+  if (!fs::exists(root / "LATEST")) {
+    fail(fmt::format("no checkpoint in \"{}\" (it has no LATEST file)", dir));
+  }
+  std::vector<char> bytes = read_file(root / "LATEST");
+  std::string latest(bytes.begin(), bytes.end());
+  // A LATEST edited by hand (to go back to an older checkpoint) usually ends with a newline.
+  while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) {
+    latest.pop_back();
+  }
+  return (root / latest).string();
+}
+
+std::vector<std::string> checkpoint_folders(const std::string& dir) {
+  std::vector<std::string> folders;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return folders;
+  for (int n : existing(dir)) {
+    fs::path folder = fs::path(dir) / fmt::format("ckpt-{}", n);
+    if (fs::exists(folder / "manifest.json")) folders.push_back(folder.string());
+  }
+  return folders;
+}
+
+SavedCheckpoint read_checkpoint(const std::string& folder) {
+  nlohmann::json manifest = read_manifest(folder);
+  SavedCheckpoint out{folder, {}, read_extra(folder, manifest)};
+  for (const auto& entry : manifest.at("stages")) {
+    out.stages.emplace_back(entry.at("name").get<std::string>(),
+                            read_state(fs::path(folder) / entry.at("file").get<std::string>()));
+  }
+  return out;
+}
+
+c10::IValue read_checkpoint_value(const std::string& folder, const std::string& name) {
+  nlohmann::json manifest = read_manifest(folder);
+  for (const auto& entry : manifest.value("extra", nlohmann::json::array())) {
+    if (entry.at("name") == name) {
+      return torch::pickle_load(read_file(fs::path(folder) / entry.at("file").get<std::string>()));
+    }
+  }
+  fail(fmt::format("checkpoint \"{}\" saved no value \"{}\"", folder, name));
+}
+
+c10::Dict<std::string, at::Tensor> merged_state(const SavedCheckpoint& checkpoint) {
+  c10::Dict<std::string, at::Tensor> whole;
+  std::map<std::string, std::string> stage_of;
+  for (const auto& [stage, state] : checkpoint.stages) {
+    for (const auto& item : state) {
+      auto [it, fresh] = stage_of.emplace(item.key(), stage);
+      if (!fresh) {
+        fail(fmt::format("checkpoint \"{}\": stages \"{}\" and \"{}\" both have tensor \"{}\"",
+                         checkpoint.folder, it->second, stage, item.key()));
+      }
+      whole.insert(item.key(), item.value());
+    }
+  }
+  return whole;
+}
+
+void save_state_dict(const c10::Dict<std::string, at::Tensor>& state, const std::string& path) {
+  write_atomically(path, torch::pickle_save(c10::IValue(state)));
+}
 
 NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
   auto [folder, manifest] = latest_checkpoint(dir);

@@ -1,7 +1,6 @@
 #include "ferry/rpc/options.h"
 
 #include <fmt/format.h>
-
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -33,12 +32,16 @@ int parse_int(const std::string& text, const char* what) {
   throw Error(ErrorKind::Init, fmt::format("{}={:?} is not an integer", what, text));
 }
 
+// Where launchers put the size of the world: torchrun, srun, mpirun, other PMI launchers.
+const std::vector<std::string> kWorldSizeVariables = {"WORLD_SIZE", "SLURM_NTASKS",
+                                                      "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+
 // The first environment variable of `keys` that is set, parsed as an integer.
 bool int_from_env(const std::map<std::string, std::string>& env,
-                  std::initializer_list<const char*> keys, int* out) {
-  for (const char* key : keys) {
-    if (const std::string* value = find(env, key)) {
-      *out = parse_int(*value, key);
+                  const std::vector<std::string>& keys, int* out) {
+  for (const std::string& key : keys) {
+    if (const std::string* value = find(env, key.c_str())) {
+      *out = parse_int(*value, key.c_str());
       return true;
     }
   }
@@ -90,8 +93,7 @@ Options resolve_options(Options options, const std::map<std::string, std::string
     int_from_env(env, {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}, &options.rank);
   }
   if (options.world_size < 0) {
-    int_from_env(env, {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"},
-                 &options.world_size);
+    int_from_env(env, kWorldSizeVariables, &options.world_size);
   }
   if (options.master_addr.empty()) {
     if (const std::string* addr = find(env, "MASTER_ADDR")) {
@@ -160,14 +162,29 @@ Options resolve_options(Options options, const std::map<std::string, std::string
   return options;
 }
 
-Options resolve_options(Options options) {
+namespace {
+
+std::map<std::string, std::string> process_environment() {
   std::map<std::string, std::string> env;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     std::string kv(*entry);
     size_t eq = kv.find('=');
     if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
   }
-  return resolve_options(std::move(options), env);
+  return env;
 }
+
+}  // namespace
+
+Options resolve_options(Options options) {
+  return resolve_options(std::move(options), process_environment());
+}
+
+bool world_in_environment(const std::map<std::string, std::string>& env) {
+  int size = 0;
+  return int_from_env(env, kWorldSizeVariables, &size);
+}
+
+bool world_in_environment() { return world_in_environment(process_environment()); }
 
 }  // namespace ferry::rpc

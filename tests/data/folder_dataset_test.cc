@@ -141,8 +141,37 @@ TEST_F(FolderData, ALoaderThreadsFailureComesOutOfNextNamingTheFile) {
   EXPECT_NE(error.find("images/3.png"), std::string::npos) << error;
   EXPECT_FALSE(loader.next().has_value());  // the epoch ends; nothing hangs
   EXPECT_EQ(loader.batches(), 2u);          // sample 4 alone would be a batch of one
-  loader.start_epoch(1);                     // and the next one starts afresh
+  loader.start_epoch(1);                    // and the next one starts afresh
   EXPECT_TRUE(loader.next().has_value());
+}
+
+// What predict reads and writes: one image as training resizes it, with its own size; a mask at
+// its own size; a written mask read back.
+TEST_F(FolderData, SingleImagesAndMasksReadAsTheDataSetReadsThemAndMasksWriteBack) {
+  write_pair("a.png", "a.png", 12, 8, 6, 1);
+  ImageFile image = read_image(file("images/a.png"), 4);
+  EXPECT_EQ(image.height, 8);
+  EXPECT_EQ(image.width, 12);
+  FolderDataset set(dir(), sized(4));
+  EXPECT_TRUE(image.pixels.equal(set.get(0).image));
+
+  at::Tensor mask = read_mask(file("masks/a.png"));
+  ASSERT_EQ(mask.sizes(), (std::vector<int64_t>{8, 12}));
+  EXPECT_EQ(mask.sum().item<double>(), 6 * 8);  // a 0/1 mask: 1 is foreground
+  write_mask(mask, file("written.png"));
+  EXPECT_TRUE(read_mask(file("written.png")).equal(mask));
+  cv::Mat grey = cv::imread(file("written.png"), cv::IMREAD_GRAYSCALE);
+  EXPECT_EQ(grey.at<uchar>(0, 0), 255);
+  EXPECT_EQ(grey.at<uchar>(0, 11), 0);
+
+  EXPECT_NE(error_of([&] {
+              read_image(file("images/none.png"), 4);
+            }).find("cannot read \"" + file("images/none.png") + "\""),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              write_mask(mask, file("no/such/folder/m.png"));
+            }).find("cannot write mask \"" + file("no/such/folder/m.png") + "\""),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "ferry/remote_module/checkpoint.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -101,6 +102,56 @@ TEST(Checkpoint, MissingCheckpointsAndStagesAreNamed) {
     EXPECT_NE(std::string(e.what()).find("has no stage \"decoder\" (it has: encoder)"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// What export reads: a checkpoint's files without stages to load them into.
+TEST(Checkpoint, ReadsBackWithoutStagesAndMergesItsStagesIntoOneStateDict) {
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b"};
+  LocalWorld world(settings);
+  TempDir dir;
+  NamedStages one = {{"encoder", RemoteModule::create("a", "test.mlp", mlp(1))}};
+  EXPECT_TRUE(checkpoint_folders(dir.path).empty());
+  const std::string first = save_checkpoint(dir.path, one, 2, {{"epoch", int64_t{1}}});
+  const std::string second = save_checkpoint(dir.path, one, 2, {{"epoch", int64_t{2}}});
+  EXPECT_EQ(checkpoint_folders(dir.path), (std::vector<std::string>{first, second}));
+  EXPECT_EQ(latest_checkpoint_folder(dir.path), second);
+  EXPECT_EQ(read_checkpoint_value(first, "epoch").toInt(), 1);
+  try {
+    read_checkpoint_value(first, "step");
+    FAIL() << "a value that was not saved was read";
+  } catch (const rpc::Error& e) {
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr("checkpoint \"" + first + "\" saved no value \"step\""));
+  }
+
+  const SavedCheckpoint saved = read_checkpoint(second);
+  ASSERT_EQ(saved.stages.size(), 1u);
+  EXPECT_EQ(saved.stages[0].first, "encoder");
+  EXPECT_EQ(saved.extra.at("epoch").toInt(), 2);
+  const c10::Dict<std::string, at::Tensor> state = one[0].second.state_dict();
+  const c10::Dict<std::string, at::Tensor> merged = merged_state(saved);
+  ASSERT_EQ(merged.size(), state.size());
+  for (const auto& item : state) EXPECT_TRUE(merged.at(item.key()).equal(item.value()));
+
+  // Written as one file, it reads back as the same tensors.
+  save_state_dict(merged, dir.path + "/whole.pt");
+  std::ifstream in(dir.path + "/whole.pt", std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+  auto back = torch::pickle_load(bytes).to<c10::Dict<std::string, at::Tensor>>();
+  ASSERT_EQ(back.size(), state.size());
+  for (const auto& item : state) EXPECT_TRUE(back.at(item.key()).equal(item.value()));
+
+  // Two stages of one type hold tensors of the same names: not one model.
+  NamedStages two = {{"left", one[0].second},
+                     {"right", RemoteModule::create("b", "test.mlp", mlp(2))}};
+  const std::string both = save_checkpoint(dir.path, two);
+  try {
+    merged_state(read_checkpoint(both));
+    FAIL() << "stages of the same tensor names were merged";
+  } catch (const rpc::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("stages \"left\" and \"right\" both have tensor"));
   }
 }
 

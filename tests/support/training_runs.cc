@@ -11,6 +11,7 @@
 #include <limits>
 #include <sstream>
 
+#include "ferry/remote_module/checkpoint.h"
 #include "tests/support/sanitizer_allowance.h"
 
 namespace ferry::testing {
@@ -89,18 +90,13 @@ std::string rewind_checkpoint(const std::string& dir) {
 }
 
 SavedCheckpoint read_checkpoint(const std::string& folder) {
+  ferry::SavedCheckpoint saved = ferry::read_checkpoint(folder);
   SavedCheckpoint out;
-  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
-    if (entry.path().extension() != ".pt") continue;
-    c10::IValue value = torch::pickle_load(file_bytes(entry.path().string()));
-    if (!value.isGenericDict()) {
-      out.values[entry.path().stem().string()] = value;
-      continue;
-    }
-    for (const auto& item : value.toGenericDict()) {
-      const at::Tensor& t = item.value().toTensor();
-      out.tensors[item.key().toStringRef()] = t.to(at::kDouble);
-      out.dtypes[item.key().toStringRef()] = t.scalar_type();
+  out.values = saved.extra;
+  for (const auto& [stage, state] : saved.stages) {
+    for (const auto& item : state) {
+      out.tensors[item.key()] = item.value().to(at::kDouble);
+      out.dtypes[item.key()] = item.value().scalar_type();
     }
   }
   return out;

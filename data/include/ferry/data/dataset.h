@@ -4,12 +4,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -70,6 +71,26 @@ class FolderDataset final : public Dataset {
   mutable std::atomic<std::uint64_t> draws_{0};  // each get() draws its own augmentation
 };
 
+// The image files (PNG, JPEG) directly in `dir`, by name (the file's stem). Throws
+// std::invalid_argument naming the folder if it is none, or two files of one name.
+std::map<std::string, std::string> image_files(const std::string& dir);
+
+// An image file as the model takes it, at image_size x image_size as FolderDataset resizes it
+// (area averaging; RGB in [0, 1], [3, S, S]), with the size it had. Throws std::invalid_argument
+// naming the file.
+struct ImageFile {
+  at::Tensor pixels;
+  int64_t height = 0, width = 0;
+};
+ImageFile read_image(const std::string& path, int64_t image_size);
+
+// A mask file at its own size as FolderDataset reads it: [H, W] of 0 and 1 (float). Throws
+// std::invalid_argument naming the file.
+at::Tensor read_mask(const std::string& path);
+// Writes a mask [H, W] of 0 and 1 (any dtype) as a grey image of 0 and 255, in the format the
+// extension of `path` names (PNG for .png). Throws std::invalid_argument naming the file.
+void write_mask(const at::Tensor& mask, const std::string& path);
+
 // A batch: images [B, 3, H, W], masks [B, 1, H, W].
 struct Batch {
   at::Tensor images;
@@ -84,8 +105,8 @@ struct Batch {
 class BatchLoader {
  public:
   BatchLoader(std::shared_ptr<const Dataset> dataset, std::vector<std::size_t> indices,
-              int64_t batch_size, std::optional<std::uint64_t> shuffle_seed,
-              bool drop_last = false, int threads = 2);
+              int64_t batch_size, std::optional<std::uint64_t> shuffle_seed, bool drop_last = false,
+              int threads = 2);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;

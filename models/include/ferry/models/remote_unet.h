@@ -69,6 +69,8 @@ class RemoteUnet {
   // ("encoder.", "decoder.", "segmentation_head.") or, if none has those, of the encoder alone
   // (a torchvision ResNet). What did not fit is reported; what did is loaded.
   LoadReport load_weights(const std::string& path);
+  // The same for tensors already read (a weights file, a checkpoint's merged stages).
+  LoadReport load_state(const c10::Dict<std::string, at::Tensor>& state);
 
   // Where each element of each stage's output goes (portal.h): the activation to the next stage,
   // each skip feature to the stage whose blocks use it. Pipelines over modules() take them too.

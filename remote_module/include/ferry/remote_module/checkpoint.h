@@ -35,4 +35,29 @@ NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages);
 // tensor must find a stage; errors name the directory, the stage and the tensors.
 NamedValues load_checkpoint_by_tensor_name(const std::string& dir, const NamedStages& stages);
 
+// A checkpoint as its files hold it, without stages to load it into: to export it or look at it.
+struct SavedCheckpoint {
+  std::string folder;
+  // Each stage's tensors, in the order the stages were saved.
+  std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> stages;
+  NamedValues extra;
+};
+// The complete checkpoints of `dir` (those with a manifest), oldest first; none when `dir` is
+// not there.
+std::vector<std::string> checkpoint_folders(const std::string& dir);
+// The folder that `dir`'s LATEST names; rpc::Error(InvalidArgument) naming `dir` if none.
+std::string latest_checkpoint_folder(const std::string& dir);
+// Reads a checkpoint folder; rpc::Error(InvalidArgument) naming the folder or file if a file is
+// missing or unreadable.
+SavedCheckpoint read_checkpoint(const std::string& folder);
+// One of the values saved beside the stages (see save_checkpoint's `extra`), without reading the
+// rest; rpc::Error(InvalidArgument) naming the folder and the value if it has none such.
+c10::IValue read_checkpoint_value(const std::string& folder, const std::string& name);
+// Every stage's tensors of `checkpoint` as one state dict, in stage order: what one model holding
+// all the stages would save. Two stages with a tensor of the same name are an error naming both.
+c10::Dict<std::string, at::Tensor> merged_state(const SavedCheckpoint& checkpoint);
+// Writes `state` to `path` in torch.save's format (Python's torch.load reads it as a dict of
+// tensors), so that `path` holds either its old content or all of the new.
+void save_state_dict(const c10::Dict<std::string, at::Tensor>& state, const std::string& path);
+
 }  // namespace ferry

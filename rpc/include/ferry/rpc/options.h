@@ -41,6 +41,11 @@ struct Options {
 Options resolve_options(Options options, const std::map<std::string, std::string>& env);
 Options resolve_options(Options options);
 
+// Whether `env` (normally the process environment) holds a world's size, as a launcher sets it:
+// whether this process is one rank of a world rather than a program run on its own.
+bool world_in_environment(const std::map<std::string, std::string>& env);
+bool world_in_environment();
+
 // A TCP port that is free on `host` right now (bound, then released): what a launcher hands out
 // as MASTER_PORT. Throws Error(Init) if none can be had.
 int pick_free_port(const std::string& host = "127.0.0.1");

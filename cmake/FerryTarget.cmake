@@ -8,5 +8,14 @@ endfunction()
 function(ferry_target target)
   ferry_warnings(${target})
   target_precompile_headers(${target} REUSE_FROM ferry_pch)
-  target_link_libraries(${target} PRIVATE ferry_pch)
+  # Only while building: an installed library needs no precompiled header.
+  target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:ferry_pch>)
+endfunction()
+
+# Plugins (ferry/remote_module/stage_plugin.h) call the rpc and remote_module functions of the
+# program that loads them: a program that loads plugins exports all of them.
+function(ferry_plugin_host target)
+  set_target_properties(${target} PROPERTIES ENABLE_EXPORTS ON)
+  target_link_options(${target} PRIVATE "LINKER:--whole-archive" $<TARGET_FILE:ferry_remote_module>
+    $<TARGET_FILE:ferry_rpc> "LINKER:--no-whole-archive")
 endfunction()

@@ -110,6 +110,9 @@ int main(int argc, char** argv) {
                         "write DIR/metrics.csv after every epoch (losses, IoU, Dice, learning "
                         "rate, images per second, each stage's busy share) and DIR/metrics.svg, "
                         "the loss and IoU curves");
+  train_cmd->add_option("--plugin", train.plugins,
+                        "a shared library of stage types every rank loads (as ferry-worker "
+                        "--plugin); repeatable");
   train_cmd->add_flag("--compare-single-process", train.compare_single_process,
                       "at the end, measure one step of the whole model in one process");
 

@@ -550,6 +550,7 @@ int run_training(const TrainSettings& settings) {
   if (settings.memory_budget_mib > 0) {
     rpc::set_tensor_memory_budget(settings.memory_budget_mib << 20);
   }
+  if (!load_plugins(settings.plugins)) return 2;
   if (options.rank != 0) return serve_as_worker(options);
   install_worker_functions();
   options.name = "master";

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <vector>
 
 namespace ferry::examples {
 
@@ -71,8 +72,9 @@ struct TrainSettings {
   bool resume = false;
   int spares = 0;  // the last ranks wait as spares; one takes over the stages of a lost worker
   std::uint64_t seed = 0;
-  std::string secret_file;   // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE
-  std::string metrics_file;  // the final figures as JSON, if set
+  std::string secret_file;           // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE
+  std::vector<std::string> plugins;  // shared libraries of stage types every rank loads
+  std::string metrics_file;          // the final figures as JSON, if set
   // DIR/metrics.csv (a row per epoch) and DIR/metrics.svg (loss and IoU curves), if set.
   std::string log_dir;
   bool compare_single_process = false;  // also measure the whole model's step in one process

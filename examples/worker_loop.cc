@@ -1,9 +1,12 @@
 #include "examples/worker_loop.h"
 
+#include <fmt/ranges.h>
+
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/stage_host.h"
+#include "ferry/remote_module/stage_plugin.h"
 #include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
 
@@ -18,6 +21,18 @@ void install_worker_functions() {
     return true;
   }();
   (void)done;
+}
+
+bool load_plugins(const std::vector<std::string>& paths) {
+  for (const std::string& path : paths) {
+    try {
+      log::info("plugin {}: stage types {}", path, fmt::join(load_stage_plugin(path), ", "));
+    } catch (const rpc::Error& e) {
+      log::error("{}", e.what());
+      return false;
+    }
+  }
+  return true;
 }
 
 int serve_as_worker(const rpc::Options& options) {

@@ -1,6 +1,7 @@
 // ferry-worker: joins the cluster and hosts whichever stages the master creates on it, until the
 // world shuts down or the master is gone. Rank, world size and master come from the environment
-// (torchrun's, Slurm's or Open MPI's variables) or from flags.
+// (torchrun's, Slurm's or Open MPI's variables) or from flags. Stage types beyond Ferry's own come
+// from plugins (--plugin).
 #include <CLI/CLI.hpp>
 
 #include "examples/worker_loop.h"
@@ -21,8 +22,12 @@ int main(int argc, char** argv) {
   app.add_option("--memory-budget-mib", memory_budget_mib,
                  "tensor memory bound of this process, as a device's (default: "
                  "FERRY_MEMORY_BUDGET_MIB, else none)");
+  std::vector<std::string> plugins;
+  app.add_option("--plugin", plugins,
+                 "a shared library of stage types to host (FERRY_REGISTER_STAGE); repeatable");
   CLI11_PARSE(app, argc, argv);
   if (memory_budget_mib > 0) ferry::rpc::set_tensor_memory_budget(memory_budget_mib << 20);
+  if (!ferry::examples::load_plugins(plugins)) return 2;
 
   return ferry::examples::serve_as_worker(options);
 }

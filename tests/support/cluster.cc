@@ -123,12 +123,14 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
     env["WORLD_SIZE"] = std::to_string(world);
     env["MASTER_ADDR"] = "127.0.0.1";
     env["MASTER_PORT"] = std::to_string(port_);
+    std::vector<std::string> args = {"--name", settings_.peer_names[i]};
+    if (settings_.use_ferry_worker) {
+      args.insert(args.end(), settings_.worker_args.begin(), settings_.worker_args.end());
+    } else {
+      args.insert(args.end(), {"--init-timeout-ms", "20000"});
+    }
     peers_.push_back(std::make_unique<Process>(
-        settings_.use_ferry_worker ? worker_binary() : peer_binary(),
-        settings_.use_ferry_worker ? std::vector<std::string>{"--name", settings_.peer_names[i]}
-                                   : std::vector<std::string>{"--name", settings_.peer_names[i],
-                                                              "--init-timeout-ms", "20000"},
-        env));
+        settings_.use_ferry_worker ? worker_binary() : peer_binary(), args, env));
   }
   rpc::Options options;
   options.name = "master";

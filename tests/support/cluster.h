@@ -60,6 +60,8 @@ class LocalWorld {
     int threads = 4;
     // Peers are ferry-worker processes (stage functions, no test functions) instead.
     bool use_ferry_worker = false;
+    // Extra arguments of every ferry-worker peer ("--plugin", path).
+    std::vector<std::string> worker_args;
     // Extra environment of every peer.
     std::map<std::string, std::string> env;
     // Extra environment of one peer, by name, over `env`.

@@ -84,16 +84,21 @@ double config_double(const StageConfig& config, const std::string& stage, const 
                      double fallback);
 
 namespace detail {
+// At a program's start-up a name registered twice ends the process (the exception leaves a
+// static initializer); while a plugin loads (stage_plugin.h), it is recorded for the loader to
+// report instead, since an exception must not cross dlopen.
+void register_stage_at_load(const std::string& type, StageFactory factory);
 struct StageRegistration {
   StageRegistration(const std::string& type, StageFactory factory) {
-    register_stage(type, std::move(factory));
+    register_stage_at_load(type, std::move(factory));
   }
 };
 }  // namespace detail
 
 }  // namespace ferry
 
-// Registers a stage type at start-up: FERRY_REGISTER_STAGE("unet.encoder", make_encoder);
+// Registers a stage type at start-up, or when the plugin holding it loads:
+// FERRY_REGISTER_STAGE("unet.encoder", make_encoder);
 #define FERRY_REGISTER_STAGE(type, factory)                                                  \
   static ::ferry::detail::StageRegistration FERRY_STAGE_CONCAT(ferry_stage_, __LINE__)(type, \
                                                                                        factory)

@@ -1,0 +1,35 @@
+// A stage plugin as a user writes one: Ferry's headers and LibTorch, none of Ferry's libraries.
+// "test.plugin.scale" {factor} multiplies its input by a trainable scale that starts at factor.
+#include <ATen/ATen.h>
+
+#include "ferry/remote_module/stage.h"
+
+namespace {
+
+class ScaleStage final : public ferry::Stage {
+ public:
+  explicit ScaleStage(double factor) : scale_(at::full({1}, factor).set_requires_grad(true)) {}
+  c10::IValue forward(std::vector<c10::IValue> inputs) override {
+    return inputs.at(0).toTensor() * scale_;
+  }
+  ferry::NamedTensors named_parameters() override { return {{"scale", scale_}}; }
+  ferry::NamedTensors named_buffers() override { return {}; }
+  void train(bool on) override { training_ = on; }
+  bool is_training() override { return training_; }
+  void to(const c10::Device& device) override {
+    scale_ = scale_.detach().to(device).set_requires_grad(true);
+  }
+
+ private:
+  at::Tensor scale_;
+  bool training_ = true;
+};
+
+std::unique_ptr<ferry::Stage> make_scale(const ferry::StageConfig& config) {
+  return std::make_unique<ScaleStage>(
+      ferry::config_double(config, "test.plugin.scale", "factor", 1.0));
+}
+
+FERRY_REGISTER_STAGE("test.plugin.scale", make_scale);
+
+}  // namespace

@@ -3,16 +3,17 @@
 
     /usr/bin/python3 examples/export_torchscript_stages.py OUT_DIR
 
-Writes encoder.pt (image -> tuple of feature maps), decoder.pt (features -> decoder output),
-head.pt (decoder output -> mask logits) and full.pt (the whole model, for comparison). With
+Writes encoder.pt (image -> its feature maps, a tuple or list), decoder.pt (the features as
+separate arguments -> decoder output), head.pt (decoder output -> mask logits) and full.pt (the
+whole model, for comparison; its parts are named encoder, decoder and segmentation_head). With
 segmentation_models_pytorch installed the model is smp.Unet("resnet34", classes=1); without it, a
 small U-Net of the same shape of parts, so the example runs on Debian's python3-torch alone.
-Each part is traced in eval mode; load them with RemoteModule::from_torchscript.
+Each part is traced in eval mode, as it is, without wrappers: Ferry passes the elements of a
+stage's tuple or list output to the next stage as its arguments. Load them with
+RemoteModule::from_torchscript.
 """
 import os
 import sys
-from typing import List, Tuple
-
 import torch
 from torch import nn
 
@@ -36,36 +37,37 @@ class SmallEncoder(nn.Module):
 
 
 class SmallDecoder(nn.Module):
+    """Takes the features as separate arguments, as smp's decoder does."""
+
     def __init__(self):
         super().__init__()
         self.up1 = conv_block(64 + 32, 32)
         self.up2 = conv_block(32 + 16, 16)
 
-    def forward(self, features: Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]):
+    def forward(self, *features):
         x = features[3]
         x = self.up1(torch.cat([nn.functional.interpolate(x, scale_factor=2.0), features[2]], 1))
         return self.up2(torch.cat([nn.functional.interpolate(x, scale_factor=2.0), features[1]], 1))
 
 
-class SmpDecoder(nn.Module):
-    """smp's decoder takes the features as separate arguments; Ferry passes one tuple."""
-
-    def __init__(self, decoder):
+class SmallUnet(nn.Module):
+    def __init__(self):
         super().__init__()
-        self.decoder = decoder
+        self.encoder = SmallEncoder()
+        self.decoder = SmallDecoder()
+        self.segmentation_head = nn.Conv2d(16, 1, 3, padding=1)
 
-    def forward(self, features: List[torch.Tensor]):
-        return self.decoder(*features)
+    def forward(self, x):
+        return self.segmentation_head(self.decoder(*self.encoder(x)))
 
 
 def build():
     try:
         import segmentation_models_pytorch as smp
         model = smp.Unet("resnet34", encoder_weights=None, classes=1)
-        return model.encoder, SmpDecoder(model.decoder), model.segmentation_head, model
     except ImportError:
-        encoder, decoder, head = SmallEncoder(), SmallDecoder(), nn.Conv2d(16, 1, 3, padding=1)
-        return encoder, decoder, head, nn.Sequential(encoder, decoder, head)
+        model = SmallUnet()
+    return model.encoder, model.decoder, model.segmentation_head, model
 
 
 def main():
@@ -78,9 +80,10 @@ def main():
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         features = tuple(encoder(x))
-        decoded = decoder(features)
-        torch.jit.trace(encoder, x).save(os.path.join(out, "encoder.pt"))
-        torch.jit.trace(decoder, (features,)).save(os.path.join(out, "decoder.pt"))
+        decoded = decoder(*features)
+        # strict=False: smp's encoder returns a list, which strict tracing refuses.
+        torch.jit.trace(encoder, x, strict=False).save(os.path.join(out, "encoder.pt"))
+        torch.jit.trace(decoder, features).save(os.path.join(out, "decoder.pt"))
         torch.jit.trace(head, decoded).save(os.path.join(out, "head.pt"))
         torch.jit.trace(full, x).save(os.path.join(out, "full.pt"))
     print(f"wrote encoder.pt, decoder.pt, head.pt and full.pt to {out}")

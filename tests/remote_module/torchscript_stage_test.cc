@@ -5,8 +5,11 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
+#include "ferry/dist_autograd/context.h"
 #include "ferry/remote_module/remote_module.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
@@ -99,6 +102,81 @@ TEST(TorchScriptStage, GradientsFlowThroughTheLoadedStageAsThroughTheModule) {
     EXPECT_TRUE(torch::equal(p.grad(), reference.attr(name).toTensor().grad())) << name;
   }
   std::remove(path.c_str());
+}
+
+// The largest difference between two tensors, relative to the larger of their largest values.
+double relative_difference(const at::Tensor& a, const at::Tensor& b) {
+  const double scale =
+      std::max({a.abs().max().item<double>(), b.abs().max().item<double>(), 1e-12});
+  return (a - b).abs().max().item<double>() / scale;
+}
+
+// A U-Net exported from Python in three traced parts, as they are: the encoder returns its
+// features as a tuple, the decoder takes them as separate arguments. Chained worker to worker,
+// they give the whole exported model's output and gradients. Needs Python with torch (Debian's
+// python3-torch, which `make test` installs); without it the test says so, and fails under CI.
+TEST(TorchScriptStage, PartsExportedFromPythonChainAsTracedAndMatchTheWholeModel) {
+  const std::string dir = temp_path("parts");
+  std::filesystem::create_directories(dir);
+  const std::string command = std::string("/usr/bin/python3 ") + FERRY_SOURCE_DIR +
+                              "/examples/export_torchscript_stages.py " + dir + " > /dev/null 2>&1";
+  if (std::system(command.c_str()) != 0) {
+    std::filesystem::remove_all(dir);
+    if (std::getenv("CI") != nullptr) FAIL() << "no Python with torch to export the parts";
+    GTEST_SKIP() << "no Python with torch to export the parts";
+  }
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b", "c"};
+  LocalWorld world(settings);
+  const std::vector<RemoteModule> parts = {RemoteModule::from_torchscript("a", dir + "/encoder.pt"),
+                                           RemoteModule::from_torchscript("b", dir + "/decoder.pt"),
+                                           RemoteModule::from_torchscript("c", dir + "/head.pt")};
+  for (const RemoteModule& part : parts) part.eval();
+  torch::jit::Module whole = torch::jit::load(dir + "/full.pt");
+  whole.eval();
+  for (auto p : whole.parameters()) p.set_requires_grad(true);
+
+  torch::manual_seed(3);
+  const at::Tensor image = torch::randn({2, 3, 32, 32});
+  const at::Tensor weights = torch::randn({2, 1, 32, 32});
+  at::Tensor x = image.clone().requires_grad_(true);
+  dist_autograd::Context context;
+  const at::Tensor out = RemoteModule::forward_chain(parts, {x}).toTensor();
+  dist_autograd::backward(context.id(), {(out * weights).sum()});
+
+  at::Tensor x_whole = image.clone().requires_grad_(true);
+  const at::Tensor expected = whole.forward({x_whole}).toTensor();
+  (expected * weights).sum().backward();
+  EXPECT_LE(relative_difference(out, expected), 1e-5);
+  EXPECT_LE(relative_difference(dist_autograd::get_gradients(context.id()).at(x), x_whole.grad()),
+            1e-5);
+
+  // Each part's parameters are the whole model's under its part's name, in the same order.
+  const std::vector<std::string> prefixes = {"encoder.", "decoder.", "segmentation_head."};
+  for (size_t k = 0; k < parts.size(); ++k) {
+    std::vector<at::Tensor> reference;
+    for (const auto& p : whole.named_parameters()) {
+      if (p.name.rfind(prefixes[k], 0) == 0) reference.push_back(p.value.grad());
+    }
+    const std::vector<at::Tensor> grads =
+        dist_autograd::get_gradients(context.id(), parts[k].remote_parameters());
+    ASSERT_EQ(grads.size(), reference.size()) << prefixes[k];
+    ASSERT_FALSE(grads.empty()) << prefixes[k];
+    for (size_t i = 0; i < grads.size(); ++i) {
+      ASSERT_TRUE(grads[i].defined()) << prefixes[k] << i;
+      EXPECT_LE(relative_difference(grads[i], reference[i]), 1e-5) << prefixes[k] << i;
+    }
+  }
+
+  // The decoder's four arguments from a tuple of three: an error saying what it takes.
+  const std::string wrong = error_of([&] {
+    parts[1].forward({c10::ivalue::Tuple::create({image, image, image})});
+  });
+  EXPECT_NE(wrong.find("TorchScript stage \"" + dir + "/decoder.pt\" takes forward(Tensor "),
+            std::string::npos)
+      << wrong;
+  EXPECT_NE(wrong.find("but got 3 inputs (Tensor, Tensor, Tensor)"), std::string::npos) << wrong;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

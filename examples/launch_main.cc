@@ -2,7 +2,9 @@
 // torchrun: each gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT; every
 // line it prints comes out prefixed with its rank; SIGINT and SIGTERM are passed on; and if one
 // copy dies the others are stopped and the launcher exits non-zero, saying which one and how
-// (with --tolerate-lost-workers, only if it is rank 0: a master with spares carries on).
+// (with --tolerate-lost-workers, only if it is rank 0: a master with spares carries on). When a
+// rank other than 0 dies, rank 0 first gets --grace-s seconds to end by itself: it is the one that
+// can say what the loss means (which stages were lost, which checkpoint is intact).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -113,6 +115,11 @@ int main(int argc, char** argv) {
   app.add_flag("--tolerate-lost-workers", tolerate_lost_workers,
                "a rank other than 0 that dies does not stop the others (ferry-master train "
                "--spares rebuilds its stages)");
+  double grace_s = 30;
+  app.add_option("--grace-s", grace_s,
+                 "when a rank other than 0 dies, how long rank 0 may take to end by itself (and "
+                 "explain) before the others are stopped")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("command", command, "the command, after --")->required();
   CLI11_PARSE(app, argc, argv);
   if (port == 0) port = ferry::rpc::pick_free_port();
@@ -159,6 +166,17 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   bool stopping = false;
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  // A rank other than 0 died: rank 0 may still explain before the world is stopped.
+  bool waiting_for_master = false;
+  auto grace_deadline = std::chrono::steady_clock::time_point::max();
+  auto stop_all = [&] {
+    for (auto& other : children) {
+      if (other.running) kill(other.pid, SIGTERM);
+    }
+    stopping = true;
+    exit_code = 1;
+    stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  };
   int running = nproc;
   while (running > 0) {
     std::vector<pollfd> fds;
@@ -195,17 +213,37 @@ int main(int argc, char** argv) {
                        static_cast<int>(pid), describe_status(status).c_str());
           continue;
         }
-        if (failed && !stopping) {
+        if (failed && !stopping && !waiting_for_master && c.rank != 0 && children[0].running &&
+            grace_s > 0) {
+          std::fprintf(stderr,
+                       "ferry-launch: rank %d (pid %d) %s; rank 0 has %g s to end by itself "
+                       "before the others are stopped\n",
+                       c.rank, static_cast<int>(pid), describe_status(status).c_str(), grace_s);
+          waiting_for_master = true;
+          exit_code = 1;
+          grace_deadline = std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+          continue;
+        }
+        if (waiting_for_master && !stopping && c.rank != 0) {
+          // Most likely a consequence of the first loss; rank 0 is still the one to hear.
+          if (failed) {
+            std::fprintf(stderr, "ferry-launch: rank %d (pid %d) %s too\n", c.rank,
+                         static_cast<int>(pid), describe_status(status).c_str());
+          }
+          continue;
+        }
+        if ((failed || waiting_for_master) && !stopping) {
           std::fprintf(stderr, "ferry-launch: rank %d (pid %d) %s; stopping the others\n", c.rank,
                        static_cast<int>(pid), describe_status(status).c_str());
-          for (auto& other : children) {
-            if (other.running) kill(other.pid, SIGTERM);
-          }
-          stopping = true;
-          exit_code = 1;
-          stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+          stop_all();
         }
       }
+    }
+    if (waiting_for_master && !stopping && std::chrono::steady_clock::now() > grace_deadline) {
+      std::fprintf(stderr, "ferry-launch: rank 0 did not end within %g s; stopping the others\n",
+                   grace_s);
+      stop_all();
     }
     if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
       for (auto& c : children) {

@@ -141,13 +141,49 @@ TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
 TEST(TrainingJob, LauncherStopsTheWorldWhenARankDiesAndSaysWhich) {
   auto start = std::chrono::steady_clock::now();
   CommandResult r = run(std::string(FERRY_LAUNCH) +
-                        " --nproc 3 -- sh -c 'echo hello from $RANK of $WORLD_SIZE; "
+                        " --nproc 3 --grace-s 1 -- sh -c 'echo hello from $RANK of $WORLD_SIZE; "
                         "if [ $RANK = 1 ]; then sleep 1; exit 3; fi; sleep 60'");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 2] hello from 2 of 3")) << r.output;
   EXPECT_TRUE(contains(r.output, "rank 1 (pid")) << r.output;
-  EXPECT_TRUE(contains(r.output, "exited with status 3; stopping the others")) << r.output;
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_TRUE(contains(r.output, "exited with status 3; rank 0 has 1 s to end by itself"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "rank 0 did not end within 1 s; stopping the others")) << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
+}
+
+// A worker killed in the middle of a run: the master's own explanation (the stages it held, the
+// checkpoint to resume from) still reaches the user before the launcher stops the world.
+TEST(TrainingJob, UnderTheLauncherTheMasterExplainsALostWorker) {
+  const std::string dir = "/tmp/ferry-lost-under-launch-" + std::to_string(getpid());
+  const std::string train = std::string(FERRY_MASTER) +
+                            " train --model unet-resnet18 --image-size 32 --samples 40"
+                            " --batch-size 8 --epochs 40 --checkpoint-dir " +
+                            dir;
+  // Rank 2 is killed once the first checkpoint is there (bounded: a minute at most).
+  CommandResult r = run(std::string(FERRY_LAUNCH) + " --nproc 3 -- sh -c 'if [ $RANK = 2 ]; then " +
+                        train + " & p=$!; i=0; while [ ! -e " + dir +
+                        "/LATEST ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+                        "kill -9 $p; wait $p; exit 9; else exec " +
+                        train + "; fi'");
+  EXPECT_EQ(r.status, 1) << r.output;
+  const size_t lost = r.output.find("exited with status 9; rank 0 has 30 s to end by itself");
+  const size_t explained = r.output.find("worker \"worker2\" held stage");
+  const size_t intact =
+      r.output.find("the last checkpoint in " + dir + " is intact: --resume continues from it");
+  const size_t stopped = r.output.find("stopping the others");
+  EXPECT_NE(lost, std::string::npos) << r.output;
+  EXPECT_NE(explained, std::string::npos) << r.output;
+  EXPECT_NE(intact, std::string::npos) << r.output;
+  ASSERT_NE(stopped, std::string::npos) << r.output;
+  EXPECT_LT(explained, stopped) << r.output;
+  // The master ended by itself, and only then were the others stopped.
+  const size_t master_ended = r.output.find("ferry-launch: rank 0 (pid ");
+  ASSERT_NE(master_ended, std::string::npos) << r.output;
+  const std::string by_itself = ") exited with status 1; stopping the others\n";
+  EXPECT_EQ(r.output.substr(r.output.find(')', master_ended), by_itself.size()), by_itself)
+      << r.output;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainingJob, DescribeGivesEveryStageAndTheTotal) {

@@ -104,14 +104,23 @@ Options resolve_options(Options options, const std::map<std::string, std::string
       options.master_addr = first_slurm_host(*nodes);
     } else if (options.world_size == 1 || options.rank == 0) {
       options.master_addr = "127.0.0.1";
+    } else if (const std::string* local = find(env, "OMPI_COMM_WORLD_LOCAL_SIZE")) {
+      // mpirun on one host: every rank is local, so the master is too.
+      if (parse_int(*local, "OMPI_COMM_WORLD_LOCAL_SIZE") == options.world_size) {
+        options.master_addr = "127.0.0.1";
+      }
     }
   }
   if (options.master_port < 0) {
     if (!int_from_env(env, {"MASTER_PORT"}, &options.master_port)) {
-      // Slurm gives no port: derive one from the job id so every task of a job agrees.
-      if (const std::string* job = find(env, "SLURM_JOB_ID")) {
-        options.master_port =
-            20000 + static_cast<int>(std::strtoul(job->c_str(), nullptr, 10) % 20000);
+      // Slurm and Open MPI give no port: derive one from the job id so every task of a job
+      // agrees.
+      for (const char* key : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"}) {
+        if (const std::string* job = find(env, key)) {
+          options.master_port =
+              20000 + static_cast<int>(std::strtoul(job->c_str(), nullptr, 10) % 20000);
+          break;
+        }
       }
     }
   }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package that Ferry's build, benchmarks and demo need; with --tests, also
-# what only tests need (Python with torch, for the tests that read files Python wrote).
+# what only tests need (Python with torch, for the tests that read files Python wrote; Open MPI and
+# Slurm with munge, for the tests that run Ferry under those launchers).
 # Idempotent: when everything is present it only checks dpkg's database and returns.
 set -euo pipefail
 
@@ -16,7 +17,9 @@ packages=(
   clang-14 libclang-rt-14-dev
   iproute2 procps
 )
-if [ "${1:-}" = "--tests" ]; then packages+=(python3-torch); fi
+if [ "${1:-}" = "--tests" ]; then
+  packages+=(python3-torch openmpi-bin slurmctld slurmd slurm-client munge)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

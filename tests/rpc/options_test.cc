@@ -53,6 +53,24 @@ TEST(Options, TakesOpenMpiVariables) {
   EXPECT_EQ(o.world_size, 2);
 }
 
+// `mpirun -np 4 ferry-master train ...` on one host needs no MASTER_ADDR or MASTER_PORT: every
+// rank is local, and the port comes from the job id every rank shares.
+TEST(Options, OpenMpiOnOneHostNeedsNoMasterSettings) {
+  Options o = resolve_options({}, {{"OMPI_COMM_WORLD_RANK", "3"},
+                                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                                   {"OMPI_MCA_ess_base_jobid", "1374093313"}});
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 20000 + 1374093313 % 20000);
+  // Over several hosts the master's is not known.
+  EXPECT_NE(init_error({{"OMPI_COMM_WORLD_RANK", "3"},
+                        {"OMPI_COMM_WORLD_SIZE", "4"},
+                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                        {"OMPI_MCA_ess_base_jobid", "1374093313"}})
+                .find("master address is not set"),
+            std::string::npos);
+}
+
 TEST(Options, ExplicitOptionsWinOverTheEnvironment) {
   Options given;
   given.rank = 0;

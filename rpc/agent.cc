@@ -1,7 +1,7 @@
 // Thread map: start(), call_*, shutdown() and wait_for_shutdown() run on user threads; every
 // libuv callback (connections, accept, wake-up, deadline timer) runs on the loop thread; user
 // functions and the completion of call_async futures run on pool threads. Shared state between
-// them is the outgoing queue (queue_mutex) and the table of pending calls (pending_mutex).
+// them is the outgoing queue (queue_mutex) and the table of pending calls (PendingCalls).
 #include "ferry/rpc/agent.h"
 
 #include <fmt/format.h>
@@ -24,6 +24,7 @@
 #include "ferry/rpc/thread_pool.h"
 #include "rpc/auth.h"
 #include "rpc/connection.h"
+#include "rpc/pending_calls.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rref_context.h"
 #include "rpc/tensor_cache.h"
@@ -40,19 +41,6 @@ constexpr auto kSyncSpin = std::chrono::microseconds(200);
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-// A call waiting for its answer.
-struct PendingCall {
-  FuturePtr future;
-  int to_rank = -1;
-  std::string function;
-  Clock::time_point start;
-  Clock::time_point deadline;
-  std::uint64_t connection_id = 0;  // set once the frame is handed to a connection
-  // call_sync's future has no callbacks, so it may complete on the loop thread and save a
-  // thread hop; call_async's futures complete on the pool so user callbacks never block the loop.
-  bool complete_inline = false;
-};
 
 // A call waiting for the loop thread to open a connection to its callee.
 struct Outgoing {
@@ -117,17 +105,13 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   std::unordered_map<std::uint64_t, std::shared_ptr<SocketWriter>> writers_by_id;
   std::unordered_map<int, std::shared_ptr<SocketWriter>> writers_by_rank;
 
-  std::mutex pending_mutex;
-  std::condition_variable pending_changed;
-  std::unordered_map<std::uint64_t, PendingCall> pending;
-  std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines;
-  std::set<int> lost_ranks;  // peers whose connection dropped: the barrier does not wait for them
-  std::map<int, std::string> lost_reasons;  // why, for later calls to them, which fail at once
+  // With the peers lost: the barrier does not wait for them, and later calls to them fail at once.
+  PendingCalls calls;
   std::atomic<std::uint64_t> next_call_id{1};
 
   std::unique_ptr<ThreadPool> pool;
   std::atomic<std::uint64_t> payload_sent{0};  // bytes of requests and replies, frames included
-  std::atomic<std::uint64_t> bytes_read{0};     // every byte read from a peer's connection
+  std::atomic<std::uint64_t> bytes_read{0};    // every byte read from a peer's connection
   enum class Phase { Starting, Running, Stopped };
   std::mutex start_mutex;
   std::condition_variable start_changed;
@@ -203,10 +187,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   }
 
   Connection* new_connection(int outbound_rank) {
-    auto connection = std::make_unique<Connection>(&loop, next_connection_id++, outbound_rank,
-                                                   limits(), options.max_queued_bytes,
-                                                   rrefs.get(), this,
-                                                   [this](std::uint64_t id) { request_flush(id); });
+    auto connection = std::make_unique<Connection>(
+        &loop, next_connection_id++, outbound_rank, limits(), options.max_queued_bytes, rrefs.get(),
+        this, [this](std::uint64_t id) { request_flush(id); });
     Connection* raw = connection.get();
     connections.emplace(raw->id(), std::move(connection));
     return raw;
@@ -284,16 +267,12 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     const WorkerInfo& callee = workers.at(rank);
     // A peer whose connection dropped is gone for this world: a new connection to a host behind
     // a cut link would only wait out the deadline.
-    {
-      std::lock_guard<std::mutex> lock(pending_mutex);
-      auto lost = lost_reasons.find(rank);
-      if (lost != lost_reasons.end()) {
-        auto failed = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-        failed->setError(std::make_exception_ptr(
-            Error(ErrorKind::PeerDied, fmt::format("{} was lost ({}); call \"{}\" not sent",
-                                                   callee.describe(), lost->second, function))));
-        return failed;
-      }
+    if (std::optional<std::string> why = calls.lost_reason(rank)) {
+      auto failed = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+      failed->setError(std::make_exception_ptr(
+          Error(ErrorKind::PeerDied, fmt::format("{} was lost ({}); call \"{}\" not sent",
+                                                 callee.describe(), *why, function))));
+      return failed;
     }
 
     Message request;
@@ -329,15 +308,11 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     Clock::time_point deadline = call.deadline;
     std::shared_ptr<SocketWriter> writer = writer_for_rank(callee.rank);
     call.connection_id = writer ? writer->id() : 0;
-    {
-      std::lock_guard<std::mutex> lock(pending_mutex);
-      deadlines.emplace(call.deadline, request.id);
-      pending.emplace(request.id, std::move(call));
-    }
+    calls.add(request.id, std::move(call));
     if (writer) {
       SocketWriter::Result sent = writer->send(frame, send_deadline(deadline));
       if (sent == SocketWriter::Result::Full) {
-        if (std::optional<PendingCall> waited = take_pending(request.id)) {
+        if (std::optional<PendingCall> waited = calls.take(request.id)) {
           fail(std::move(*waited),
                Error(ErrorKind::Timeout,
                      fmt::format("call \"{}\" to {} could not be sent within its deadline: "
@@ -349,9 +324,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       }
       if (sent != SocketWriter::Result::Closed) return future;
       // That connection is going away; the loop opens a new one.
-      std::lock_guard<std::mutex> lock(pending_mutex);
-      auto it = pending.find(request.id);
-      if (it != pending.end()) it->second.connection_id = 0;
+      calls.assign(request.id, 0);
     }
     Outgoing outgoing;
     outgoing.to_rank = callee.rank;
@@ -374,17 +347,6 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   }
 
   // ---- completing calls (loop thread) ---------------------------------------------------------
-
-  std::optional<PendingCall> take_pending(std::uint64_t id) {
-    std::lock_guard<std::mutex> lock(pending_mutex);
-    auto it = pending.find(id);
-    if (it == pending.end()) return std::nullopt;
-    PendingCall call = std::move(it->second);
-    pending.erase(it);
-    deadlines.erase({call.deadline, id});
-    pending_changed.notify_all();
-    return call;
-  }
 
   void complete(PendingCall call, c10::IValue value) {
     if (call.complete_inline) {
@@ -431,13 +393,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   void send(Outgoing outgoing) {
     Connection* connection = outbound_to(outgoing.to_rank);
-    {
-      // Record which connection carries the call, so that losing it fails the call.
-      std::lock_guard<std::mutex> lock(pending_mutex);
-      auto it = pending.find(outgoing.call_id);
-      if (it == pending.end()) return;  // timed out while queued
-      it->second.connection_id = connection->id();
-    }
+    // Record which connection carries the call, so that losing it fails the call.
+    if (!calls.assign(outgoing.call_id, connection->id())) return;  // timed out while queued
     connection->write(std::move(outgoing.frame));
   }
 
@@ -495,9 +452,9 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
         hello.kind = MessageKind::Control;
         hello.peer_name = self.name;
         hello.peer_rank = self.rank;
-        hello.handshake = {HandshakeStep::Hello, state.challenge, state.nonce,
-                           auth::hello_proof(secret, state.challenge, state.nonce, self.rank,
-                                             self.name)};
+        hello.handshake = {
+            HandshakeStep::Hello, state.challenge, state.nonce,
+            auth::hello_proof(secret, state.challenge, state.nonce, self.rank, self.name)};
         connection.write_now(encode_frame(hello));
         return;
       }
@@ -507,9 +464,10 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
                                 step.proof)) {
           std::string who = workers.empty() ? fmt::format("rank {}", connection.outbound_rank())
                                             : workers[connection.outbound_rank()].describe();
-          log::warn("closing the connection to {} at {}: it did not prove that it holds the "
-                    "cluster secret",
-                    who, connection.remote_address());
+          log::warn(
+              "closing the connection to {} at {}: it did not prove that it holds the "
+              "cluster secret",
+              who, connection.remote_address());
           connection.close("it did not prove that it holds the cluster secret (FERRY_SECRET)");
           return;
         }
@@ -520,8 +478,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       }
     } else if (step.step == HandshakeStep::Hello && !connection.identified()) {
       const char* fault =
-          auth::hello_fault(secret, state.challenge, options.world_size, step.challenge,
-                            step.nonce, step.proof, message.peer_rank, message.peer_name);
+          auth::hello_fault(secret, state.challenge, options.world_size, step.challenge, step.nonce,
+                            step.proof, message.peer_rank, message.peer_name);
       if (fault != nullptr) {
         log::warn("rejected a connection from {} claiming to be \"{}\" (rank {}): {}",
                   connection.remote_address(), message.peer_name, message.peer_rank, fault);
@@ -547,10 +505,10 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   void close_stalled_handshakes() {
     auto limit = Clock::now() - options.handshake_timeout;
     for (auto& [id, connection] : connections) {
-      if (connection->outbound_rank() < 0 && !connection->identified() &&
-          !connection->closing() && connection->handshake().opened_at < limit) {
-        log::warn("closing connection from {}: no hello within {} ms",
-                  connection->remote_address(), options.handshake_timeout.count());
+      if (connection->outbound_rank() < 0 && !connection->identified() && !connection->closing() &&
+          connection->handshake().opened_at < limit) {
+        log::warn("closing connection from {}: no hello within {} ms", connection->remote_address(),
+                  options.handshake_timeout.count());
         connection->close("no hello");
       }
     }
@@ -563,21 +521,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   }
 
   void expire_deadlines() {
-    auto now = Clock::now();
-    std::vector<std::pair<std::uint64_t, PendingCall>> expired;
-    {
-      std::lock_guard<std::mutex> lock(pending_mutex);
-      while (!deadlines.empty() && deadlines.begin()->first <= now) {
-        std::uint64_t id = deadlines.begin()->second;
-        deadlines.erase(deadlines.begin());
-        auto it = pending.find(id);
-        if (it == pending.end()) continue;
-        expired.emplace_back(id, std::move(it->second));
-        pending.erase(it);
-      }
-      if (!expired.empty()) pending_changed.notify_all();
-    }
-    for (auto& [id, call] : expired) {
+    for (PendingCall& call : calls.take_expired(Clock::now())) {
       const WorkerInfo& callee = workers[call.to_rank];
       fail(std::move(call),
            Error(ErrorKind::Timeout,
@@ -614,7 +558,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   }
 
   void answer(Message message) {
-    std::optional<PendingCall> call = take_pending(message.id);
+    std::optional<PendingCall> call = calls.take(message.id);
     if (!call) {
       log::debug("late reply to call {} ignored (timed out or cancelled)", message.id);
       return;
@@ -649,9 +593,10 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     // A peer that requires another secret closes the connection on our hello; say so.
     const HandshakeState& handshake = connection.handshake();
     std::string reason = connection.outbound_rank() >= 0 && handshake.hello_sent && !handshake.done
-                             ? fmt::format("{} during the handshake: it rejected this agent's "
-                                           "hello (is FERRY_SECRET the same on both?)",
-                                           why)
+                             ? fmt::format(
+                                   "{} during the handshake: it rejected this agent's "
+                                   "hello (is FERRY_SECRET the same on both?)",
+                                   why)
                              : why;
     int rank =
         connection.outbound_rank() >= 0 ? connection.outbound_rank() : connection.peer_rank();
@@ -671,25 +616,8 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
       if (it != writers_by_rank.end() && it->second == connection.writer())
         writers_by_rank.erase(it);
     }
-    std::vector<PendingCall> lost;
-    {
-      std::lock_guard<std::mutex> lock(pending_mutex);
-      if (rank >= 0 && !stopping) {
-        lost_ranks.insert(rank);
-        lost_reasons.emplace(rank, reason);
-      }
-      for (auto it = pending.begin(); it != pending.end();) {
-        if (it->second.connection_id == id) {
-          deadlines.erase({it->second.deadline, it->first});
-          lost.push_back(std::move(it->second));
-          it = pending.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      if (!lost.empty()) pending_changed.notify_all();
-    }
-    for (auto& call : lost) {
+    if (rank >= 0 && !stopping) calls.mark_lost(rank, reason);
+    for (PendingCall& call : calls.take_on_connection(id)) {
       const WorkerInfo& callee = workers[call.to_rank];
       if (stopping) {
         fail(std::move(call),
@@ -792,9 +720,10 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     if (sent == SocketWriter::Result::Closed) {
       log::debug("dropping the reply to call {}: its connection is gone", id);
     } else if (sent == SocketWriter::Result::Full) {
-      log::warn("dropping the reply to call {} (\"{}\") from {}: its connection's queue stayed "
-                "full for {} ms",
-                id, function, workers[caller_rank].describe(), options.rpc_timeout.count());
+      log::warn(
+          "dropping the reply to call {} (\"{}\") from {}: its connection's queue stayed "
+          "full for {} ms",
+          id, function, workers[caller_rank].describe(), options.rpc_timeout.count());
     }
   }
 
@@ -842,17 +771,12 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   // ---- shutdown (user thread) ----------------------------------------------------------------
 
   void drain_own_calls(Clock::time_point deadline) {
-    std::unique_lock<std::mutex> lock(pending_mutex);
-    if (!pending_changed.wait_until(lock, deadline, [this] { return pending.empty(); })) {
-      log::warn("shutdown: {} calls still pending at the deadline; they will be cancelled",
-                pending.size());
+    if (std::size_t left = calls.wait_until_empty(deadline)) {
+      log::warn("shutdown: {} calls still pending at the deadline; they will be cancelled", left);
     }
   }
 
-  std::set<int> lost() {
-    std::lock_guard<std::mutex> lock(pending_mutex);
-    return lost_ranks;
-  }
+  std::set<int> lost() { return calls.lost_ranks(); }
 
   void barrier(Clock::time_point deadline) {
     rendezvous->arrive_shutdown();
@@ -893,14 +817,7 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
     set_phase(Phase::Stopped);
     if (rrefs) rrefs->stop();
     stop_loop();
-    std::vector<std::pair<std::uint64_t, PendingCall>> left;
-    {
-      std::lock_guard<std::mutex> plock(pending_mutex);
-      for (auto& entry : pending) left.emplace_back(entry.first, std::move(entry.second));
-      pending.clear();
-      deadlines.clear();
-    }
-    for (auto& [id, call] : left) {
+    for (PendingCall& call : calls.take_all()) {
       auto eptr = std::make_exception_ptr(
           Error(ErrorKind::Shutdown, fmt::format("call \"{}\" to {} was cancelled by shutdown",
                                                  call.function, workers[call.to_rank].describe())));
@@ -940,8 +857,9 @@ std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry)
   state->set_phase(State::Phase::Running);
   log::debug("joined as {} in a world of {}", state->self.describe(), options.world_size);
   if (options.secret.empty() && options.rank == 0) {
-    log::warn("the cluster is open: any process that reaches its ports may join and call "
-              "functions; set FERRY_SECRET or --secret-file to require a shared secret");
+    log::warn(
+        "the cluster is open: any process that reaches its ports may join and call "
+        "functions; set FERRY_SECRET or --secret-file to require a shared secret");
   }
   return std::unique_ptr<Agent>(new Agent(std::move(state)));
 }
@@ -989,9 +907,8 @@ std::uint64_t Agent::bytes_sent() const { return state_->payload_sent.load(); }
 std::uint64_t Agent::bytes_received() const { return state_->bytes_read.load(); }
 
 std::vector<std::string> Agent::lost_workers() const {
-  std::lock_guard<std::mutex> lock(state_->pending_mutex);
   std::vector<std::string> out;
-  for (const auto& [rank, reason] : state_->lost_reasons) out.push_back(state_->workers[rank].name);
+  for (int rank : state_->calls.lost_ranks()) out.push_back(state_->workers[rank].name);
   return out;
 }
 

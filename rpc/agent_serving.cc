@@ -1,0 +1,152 @@
+// Requests this agent serves: each runs on the pool, its reply goes back on the connection it
+// came by; and the calls of remote references. Pool threads.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ferry/rpc/log.h"
+#include "rpc/agent_state.h"
+
+namespace ferry::rpc {
+namespace {
+
+std::string describe_exception(std::exception_ptr eptr, ErrorKind* kind) {
+  *kind = ErrorKind::RemoteException;
+  try {
+    std::rethrow_exception(eptr);
+  } catch (const Error& e) {
+    *kind = e.kind();
+    return e.what();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+void Agent::State::serve(std::uint64_t connection_id, int caller_rank, Message request) {
+  std::weak_ptr<State> weak = weak_from_this();
+  pool->submit([weak, connection_id, caller_rank, request = std::move(request)]() mutable {
+    auto self = weak.lock();
+    if (!self) return;
+    FuturePtr result;
+    std::vector<c10::IValue> args;
+    GradObserver* observer = request.grad.valid() ? grad_observer() : nullptr;
+    try {
+      // A peer whose start() completed first may call before this agent knows the world;
+      // functions (and the names of workers they use) wait for it.
+      self->await_running(request.function);
+      if (!request.value.isTuple()) {
+        throw Error(ErrorKind::InvalidArgument, "the arguments of a request must be a tuple");
+      }
+      std::shared_ptr<void> in_context;
+      if (observer) {
+        observer->on_receive(request.grad, request.value, caller_rank);
+        in_context = observer->enter(request.grad);
+      }
+      args = request.value.toTupleRef().elements().vec();
+      bool internal = self->internal.contains(request.function);
+      result = (internal ? self->internal : self->registry).invoke(request.function, args);
+    } catch (...) {
+      result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+      result->setError(std::current_exception());
+    }
+    // The handler's future may complete on any thread, possibly after this agent is gone:
+    // hold the state only weakly.
+    result->addCallback([weak, connection_id, caller_rank, id = request.id,
+                         function = request.function,
+                         tag = observer ? request.grad : GradTag()](c10::ivalue::Future& done) {
+      if (auto state = weak.lock()) {
+        state->reply(connection_id, caller_rank, id, function, tag, done);
+      }
+    });
+  });
+}
+
+void Agent::State::reply(std::uint64_t connection_id, int caller_rank, std::uint64_t id,
+                         const std::string& function, const GradTag& request_tag,
+                         c10::ivalue::Future& done) {
+  Message response;
+  response.id = id;
+  response.error_worker = self.name;
+  if (done.hasError()) {
+    response.kind = MessageKind::Error;
+    response.error_message = describe_exception(done.exception_ptr(), &response.error_kind);
+  } else {
+    response.kind = MessageKind::Response;
+    response.value = done.value();
+  }
+  EncodedFrame frame;
+  try {
+    if (request_tag.valid() && response.kind == MessageKind::Response) {
+      response.grad = grad_observer()->on_send_response(request_tag, response.value, caller_rank);
+    }
+    frame = encode_frame(response, options.max_nesting_depth, rrefs.get(), caller_rank);
+  } catch (const std::exception& e) {
+    response = Message();
+    response.kind = MessageKind::Error;
+    response.id = id;
+    response.error_kind = ErrorKind::InvalidArgument;
+    response.error_message =
+        fmt::format("the result of \"{}\" cannot be sent: {}", function, e.what());
+    response.error_worker = self.name;
+    frame = encode_frame(response);
+  }
+  payload_sent += frame.size();
+  std::shared_ptr<SocketWriter> writer = writer_for_connection(connection_id);
+  SocketWriter::Result sent =
+      writer ? writer->send(frame, send_deadline(Clock::now() + options.rpc_timeout))
+             : SocketWriter::Result::Closed;
+  if (sent == SocketWriter::Result::Closed) {
+    log::debug("dropping the reply to call {}: its connection is gone", id);
+  } else if (sent == SocketWriter::Result::Full) {
+    log::warn(
+        "dropping the reply to call {} (\"{}\") from {}: its connection's queue stayed "
+        "full for {} ms",
+        id, function, workers[caller_rank].describe(), options.rpc_timeout.count());
+  }
+}
+
+void Agent::State::start_rrefs() {
+  State* s = this;  // the context belongs to this state and never outlives it
+  rrefs = std::make_shared<RRefContext>(
+      self.rank,
+      [s](int rank) {
+        return rank >= 0 && rank < static_cast<int>(s->workers.size())
+                   ? s->workers[rank].name
+                   : fmt::format("rank {}", rank);
+      },
+      [s](int rank, const std::string& function, std::vector<c10::IValue> args,
+          std::optional<std::chrono::milliseconds> timeout) {
+        return s->call_rank(rank, function, std::move(args), timeout, false);
+      },
+      [s](const std::string& function, std::vector<c10::IValue> args, FuturePtr into) {
+        s->invoke_later(function, std::move(args), std::move(into));
+      });
+  rrefs->register_functions(internal);
+}
+
+void Agent::State::invoke_later(const std::string& function, std::vector<c10::IValue> args,
+                                FuturePtr future) {
+  pool->submit([this, function, args = std::move(args), future]() mutable {
+    FuturePtr result;
+    try {
+      result = registry.invoke(function, args);
+    } catch (...) {
+      future->setError(std::current_exception());
+      return;
+    }
+    result->addCallback([future](c10::ivalue::Future& done) {
+      if (done.hasError()) {
+        future->setErrorIfNeeded(done.exception_ptr());
+      } else {
+        future->markCompleted(done.value());
+      }
+    });
+  });
+}
+
+}  // namespace ferry::rpc

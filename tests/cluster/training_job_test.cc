@@ -1,6 +1,7 @@
 // The binaries a user runs: ferry-launch starting a world of ferry-master processes that train
 // the U-Net on the synthetic set or a folder of images, ferry-launch's handling of a rank that
 // dies, and ferry-master describe.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 #include <unistd.h>
@@ -23,16 +24,14 @@
 
 namespace {
 
+using ::testing::HasSubstr;
+
 using ferry::testing::CommandResult;
 using ferry::testing::file_bytes;
 using ferry::testing::latest_checkpoint;
 using ferry::testing::read_checkpoint;
 using ferry::testing::run;
 using ferry::testing::SavedCheckpoint;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
   std::string metrics = "/tmp/ferry-train-test-" + std::to_string(getpid()) + ".json";
@@ -42,8 +41,8 @@ TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
                         " --batch-size 8 --optimizer adam --lr 0.003 --metrics-file " +
                         metrics + " --log-dir " + logs);
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "[rank 0] epoch 3/3")) << r.output;
-  EXPECT_TRUE(contains(r.output, "encoder  worker1")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[rank 0] epoch 3/3")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("encoder  worker1")) << r.output;
   std::ifstream in(metrics);
   auto epochs = nlohmann::json::parse(in)["epochs"];
   double best_iou = 0;
@@ -69,7 +68,7 @@ TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
     }
   }
   EXPECT_TRUE(ferry::testing::parses_as_svg(logs + "/metrics.svg"));
-  EXPECT_TRUE(contains(r.output, "their curves in " + logs + "/metrics.svg")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("their curves in " + logs + "/metrics.svg")) << r.output;
   std::remove(metrics.c_str());
   std::filesystem::remove_all(logs);
 }
@@ -104,8 +103,8 @@ TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
                        " --crop --image-size 32 --epochs 1 --batch-size 4";
   CommandResult first = run(common + " --checkpoint-dir " + checkpoints);
   ASSERT_EQ(first.status, 0) << first.output;
-  EXPECT_TRUE(contains(first.output, "data: 16 image/mask pairs from " + data)) << first.output;
-  EXPECT_TRUE(contains(first.output, "epoch 1/1: train loss")) << first.output;
+  EXPECT_THAT(first.output, HasSubstr("data: 16 image/mask pairs from " + data)) << first.output;
+  EXPECT_THAT(first.output, HasSubstr("epoch 1/1: train loss")) << first.output;
 
   // The encoder stage's checkpoint file, its names made those of a torchvision ResNet (a stage's
   // file has the whole U-Net's names, "encoder.conv1.weight").
@@ -119,20 +118,20 @@ TEST(TrainingJob, TrainsOnAFolderAndStartsFromSavedWeights) {
   std::ofstream(encoder, std::ios::binary).write(written.data(), written.size());
   CommandResult second = run(common + " --weights " + encoder);
   ASSERT_EQ(second.status, 0) << second.output;
-  EXPECT_TRUE(contains(second.output, "weights loaded from " + encoder)) << second.output;
+  EXPECT_THAT(second.output, HasSubstr("weights loaded from " + encoder)) << second.output;
 
   // A file that is not there stops the job before it trains, naming the file.
   CommandResult missing = run(common + " --weights " + data + "/nothing.pt");
   EXPECT_NE(missing.status, 0);
-  EXPECT_TRUE(
-      contains(missing.output, "weights file \"" + data + "/nothing.pt\": cannot be opened"))
+  EXPECT_THAT(missing.output,
+              HasSubstr("weights file \"" + data + "/nothing.pt\": cannot be opened"))
       << missing.output;
 
   // A broken image fails the epoch with the file's name.
   std::ofstream(data + "/images/sample3.jpg", std::ios::trunc) << "not a JPEG";
   CommandResult broken = run(common);
   EXPECT_NE(broken.status, 0);
-  EXPECT_TRUE(contains(broken.output, "cannot read \"" + data + "/images/sample3.jpg\""))
+  EXPECT_THAT(broken.output, HasSubstr("cannot read \"" + data + "/images/sample3.jpg\""))
       << broken.output;
   std::filesystem::remove_all(data);
   std::filesystem::remove_all(checkpoints);
@@ -144,11 +143,12 @@ TEST(TrainingJob, LauncherStopsTheWorldWhenARankDiesAndSaysWhich) {
                         " --nproc 3 --grace-s 1 -- sh -c 'echo hello from $RANK of $WORLD_SIZE; "
                         "if [ $RANK = 1 ]; then sleep 1; exit 3; fi; sleep 60'");
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "[rank 2] hello from 2 of 3")) << r.output;
-  EXPECT_TRUE(contains(r.output, "rank 1 (pid")) << r.output;
-  EXPECT_TRUE(contains(r.output, "exited with status 3; rank 0 has 1 s to end by itself"))
+  EXPECT_THAT(r.output, HasSubstr("[rank 2] hello from 2 of 3")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 1 (pid")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("exited with status 3; rank 0 has 1 s to end by itself"))
       << r.output;
-  EXPECT_TRUE(contains(r.output, "rank 0 did not end within 1 s; stopping the others")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("rank 0 did not end within 1 s; stopping the others"))
+      << r.output;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
 }
 
@@ -205,13 +205,12 @@ TEST(TrainingJob, PipelinedJobLearnsAndWritesATrace) {
                         " --microbatches 4 --checkpoint-activations --trace " +
                         base + ".trace.json --metrics-file " + base + ".json --log-dir " + base);
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_TRUE(contains(r.output,
-                       "pipelined steps: 1f1b, 4 micro-batches of 2 images, "
-                       "activations recomputed in backward"))
+  EXPECT_THAT(r.output, HasSubstr("pipelined steps: 1f1b, 4 micro-batches of 2 images, "
+                                  "activations recomputed in backward"))
       << r.output;
-  EXPECT_TRUE(contains(r.output, "stage 0: encoder on worker1")) << r.output;
-  EXPECT_TRUE(contains(r.output, "ideal (p - 1) / (M + p - 1) = 33% (p = 3, M = 4)")) << r.output;
-  EXPECT_TRUE(contains(r.output, "most activations held at once: encoder")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("stage 0: encoder on worker1")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("ideal (p - 1) / (M + p - 1) = 33% (p = 3, M = 4)")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("most activations held at once: encoder")) << r.output;
   auto metrics = nlohmann::json::parse(std::ifstream(base + ".json"));
   EXPECT_EQ(metrics["pipeline"]["schedule"], "1f1b");
   auto epochs = metrics["epochs"];
@@ -222,7 +221,7 @@ TEST(TrainingJob, PipelinedJobLearnsAndWritesATrace) {
   for (const auto& event : trace["traceEvents"]) {
     if (event["ph"] == "M" && event["name"] == "thread_name" &&
         event["args"]["name"].get<std::string>().rfind("stage ", 0) == 0 &&
-        !contains(event["args"]["name"].get<std::string>(), "receives")) {
+        event["args"]["name"].get<std::string>().find("receives") == std::string::npos) {
       ++stage_tracks;
     }
     if (event["ph"] == "X" && event["cat"] == "backward") ++backwards;
@@ -250,17 +249,16 @@ TEST(TrainingJob, BadPipelineSettingsAreClearErrors) {
                     " --model unet-resnet18";
   CommandResult r = run(job + " --pipeline zigzag");
   EXPECT_NE(r.status, 0);
-  EXPECT_TRUE(contains(r.output,
-                       "--pipeline: unknown pipeline schedule \"zigzag\" (known: "
-                       "gpipe, 1f1b)"))
+  EXPECT_THAT(r.output, HasSubstr("--pipeline: unknown pipeline schedule \"zigzag\" (known: "
+                                  "gpipe, 1f1b)"))
       << r.output;
   r = run(job + " --microbatches 8");
   EXPECT_NE(r.status, 0);
-  EXPECT_TRUE(contains(r.output, "--microbatches 8 is more than the 4 images of a batch"))
+  EXPECT_THAT(r.output, HasSubstr("--microbatches 8 is more than the 4 images of a batch"))
       << r.output;
   r = run(job + " --pipeline gpipe --via-master");
   EXPECT_NE(r.status, 0);
-  EXPECT_TRUE(contains(r.output, "--via-master is the naive split; it cannot be pipelined"))
+  EXPECT_THAT(r.output, HasSubstr("--via-master is the naive split; it cannot be pipelined"))
       << r.output;
 }
 
@@ -293,9 +291,9 @@ TEST(TrainingJob, FourBalancedStagesLearnAndDescribePrintsTheirPlan) {
     // One row per stage: its name, its worker (round robin), its blocks, its parameters.
     std::string row = stage["name"].get<std::string>();
     row += std::string(9 - row.size(), ' ') + "worker" + std::to_string(k + 1);
-    EXPECT_TRUE(contains(r.output, row)) << row << "\n" << r.output;
-    EXPECT_TRUE(contains(r.output, stage["blocks"].get<std::string>() + " ")) << r.output;
-    EXPECT_TRUE(contains(r.output, " " + std::to_string(stage["parameters"].get<int64_t>()) + " "))
+    EXPECT_THAT(r.output, HasSubstr(row)) << row << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(stage["blocks"].get<std::string>() + " ")) << r.output;
+    EXPECT_THAT(r.output, HasSubstr(" " + std::to_string(stage["parameters"].get<int64_t>()) + " "))
         << r.output;
   }
   std::ifstream in(metrics);
@@ -325,13 +323,14 @@ TEST(TrainingJob, BadStageSettingsAreClearErrors) {
   for (const auto& [flags, message] : cases) {
     CommandResult r = run(job + flags);
     EXPECT_NE(r.status, 0) << flags;
-    EXPECT_TRUE(contains(r.output, message)) << flags << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(message)) << flags << "\n" << r.output;
   }
   CommandResult budget = run("env FERRY_MEMORY_BUDGET_MIB=12x " + std::string(FERRY_MASTER) +
                              " describe --model unet-resnet18 --image-size 64");
   EXPECT_NE(budget.status, 0);
-  EXPECT_TRUE(contains(
-      budget.output, "FERRY_MEMORY_BUDGET_MIB=\"12x\" is not a whole, non-negative number of MiB"))
+  EXPECT_THAT(
+      budget.output,
+      HasSubstr("FERRY_MEMORY_BUDGET_MIB=\"12x\" is not a whole, non-negative number of MiB"))
       << budget.output;
 }
 
@@ -343,22 +342,22 @@ TEST(TrainingJob, ABatchOverTheMemoryBudgetFailsNamingWorkerAndStageAndFitsOverM
                           " --batch-size 8 --optimizer adam --memory-budget-mib 200";
   CommandResult one = run(std::string(FERRY_LAUNCH) + " --nproc 2 -- " + job + " --stages 1");
   EXPECT_NE(one.status, 0) << one.output;
-  EXPECT_TRUE(contains(one.output, "out of memory: a tensor of")) << one.output;
-  EXPECT_TRUE(contains(one.output, "over this process's tensor memory budget of 200 MiB"))
+  EXPECT_THAT(one.output, HasSubstr("out of memory: a tensor of")) << one.output;
+  EXPECT_THAT(one.output, HasSubstr("over this process's tensor memory budget of 200 MiB"))
       << one.output;
-  EXPECT_TRUE(contains(one.output, "worker \"worker1\" holds stage stage0 (blocks stem..head)"))
+  EXPECT_THAT(one.output, HasSubstr("worker \"worker1\" holds stage stage0 (blocks stem..head)"))
       << one.output;
-  EXPECT_TRUE(contains(one.output, "cut the model into more stages (--stages)")) << one.output;
+  EXPECT_THAT(one.output, HasSubstr("cut the model into more stages (--stages)")) << one.output;
 
   CommandResult four = run(std::string(FERRY_LAUNCH) + " --nproc 5 -- " + job + " --stages 4");
   EXPECT_EQ(four.status, 0) << four.output;
-  EXPECT_TRUE(contains(four.output, "epoch 1/1: train loss")) << four.output;
+  EXPECT_THAT(four.output, HasSubstr("epoch 1/1: train loss")) << four.output;
 }
 
 TEST(TrainingJob, UnknownModelIsAClearError) {
   CommandResult r = run(std::string(FERRY_MASTER) + " describe --model unet-resnet42");
   EXPECT_NE(r.status, 0);
-  EXPECT_TRUE(contains(r.output, "no ResNet of depth 42")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("no ResNet of depth 42")) << r.output;
 }
 
 // The validation masks are the inverse of what the training set teaches: the validation loss
@@ -385,11 +384,11 @@ TEST(TrainingJob, KeepsTheBestEpochAndStopsWhenTheMetricNoLongerImproves) {
   for (const auto& epoch : epochs) {
     EXPECT_GE(epoch["val_loss"].get<double>(), epochs[best - 1]["val_loss"].get<double>());
   }
-  EXPECT_TRUE(contains(r.output, "best epoch: " + std::to_string(best) + " (val_loss "))
+  EXPECT_THAT(r.output, HasSubstr("best epoch: " + std::to_string(best) + " (val_loss "))
       << r.output;
-  EXPECT_TRUE(contains(r.output, "its checkpoint: " + checkpoints + "/best/ckpt-")) << r.output;
-  EXPECT_TRUE(contains(r.output, "stopped early after epoch " + std::to_string(stopped) +
-                                     ": val_loss did not improve for 2 epochs"))
+  EXPECT_THAT(r.output, HasSubstr("its checkpoint: " + checkpoints + "/best/ckpt-")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("stopped early after epoch " + std::to_string(stopped) +
+                                  ": val_loss did not improve for 2 epochs"))
       << r.output;
   SavedCheckpoint kept = read_checkpoint(latest_checkpoint(checkpoints + "/best"));
   EXPECT_EQ(kept.values.at("epoch").toInt(), best);

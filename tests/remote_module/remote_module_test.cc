@@ -2,6 +2,7 @@
 // and "c" and compares them with the same stages built here.
 #include "ferry/remote_module/remote_module.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -13,6 +14,8 @@
 
 namespace ferry {
 namespace {
+
+using ::testing::HasSubstr;
 
 using ferry::testing::LocalWorld;
 using std::chrono::milliseconds;
@@ -40,10 +43,6 @@ std::string error_of(const std::function<void()>& f) {
     return std::string(rpc::to_string(e.kind())) + ": " + e.what();
   }
   return "no error";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 TEST(RemoteModule, ForwardMatchesTheSameStageRunLocallyBitForBit) {
@@ -132,39 +131,37 @@ TEST(RemoteModule, DroppedModulesAreFreedOnTheirWorker) {
 TEST(RemoteModule, BadRequestsAreClearErrorsAndTheWorkerKeepsServing) {
   LocalWorld world(three_workers());
   std::string unknown = error_of([] { RemoteModule::create("a", "unet.nothing"); });
-  EXPECT_TRUE(contains(unknown,
-                       "cannot create stage \"unet.nothing\" on worker \"a\": unknown "
-                       "stage type \"unet.nothing\" (registered: synthetic.mlp, test.mlp, "
-                       "test.pyramid, unet.blocks, unet.decoder, unet.encoder, unet.head)"))
+  EXPECT_THAT(unknown,
+              HasSubstr("cannot create stage \"unet.nothing\" on worker \"a\": unknown "
+                        "stage type \"unet.nothing\" (registered: synthetic.mlp, test.mlp, "
+                        "test.pyramid, unet.blocks, unet.decoder, unet.encoder, unet.head)"))
       << unknown;
 
   StageConfig missing = mlp_config(1);
   ASSERT_EQ(missing.erase(c10::IValue("hidden")), 1u);
   std::string no_field = error_of([&] { RemoteModule::create("a", "test.mlp", missing); });
-  EXPECT_TRUE(contains(no_field, "stage \"test.mlp\" needs config field \"hidden\"")) << no_field;
+  EXPECT_THAT(no_field, HasSubstr("stage \"test.mlp\" needs config field \"hidden\"")) << no_field;
 
   StageConfig wrong = mlp_config(1);
   wrong.insert_or_assign("in", std::string("eight"));
   std::string wrong_type = error_of([&] { RemoteModule::create("a", "test.mlp", wrong); });
-  EXPECT_TRUE(contains(wrong_type,
-                       "config field \"in\" of stage \"test.mlp\" must be an int but "
-                       "is String"))
+  EXPECT_THAT(wrong_type, HasSubstr("config field \"in\" of stage \"test.mlp\" must be an int but "
+                                    "is String"))
       << wrong_type;
 
   RemoteModule remote = RemoteModule::create("a", "test.mlp", mlp_config(1));
   std::string shape = error_of([&] { remote.forward({torch::randn({2, 5})}); });
-  EXPECT_TRUE(contains(shape,
-                       "RemoteException: forward of stage \"test.mlp\" on worker \"a\" "
-                       "failed: forward of stage \"test.mlp\" on worker \"a\": "))
+  EXPECT_THAT(shape, HasSubstr("RemoteException: forward of stage \"test.mlp\" on worker \"a\" "
+                               "failed: forward of stage \"test.mlp\" on worker \"a\": "))
       << shape;
-  EXPECT_TRUE(contains(shape, "mat1 and mat2 shapes cannot be multiplied")) << shape;
+  EXPECT_THAT(shape, HasSubstr("mat1 and mat2 shapes cannot be multiplied")) << shape;
 
   auto bad_state = remote.state_dict();
   bad_state.insert_or_assign("0.weight", torch::zeros({3, 3}));
   bad_state.insert("extra", torch::zeros({1}));
   std::string state = error_of([&] { remote.load_state_dict(bad_state); });
-  EXPECT_TRUE(contains(state, "mis-shaped: 0.weight (expected [16, 8], got [3, 3])")) << state;
-  EXPECT_TRUE(contains(state, "unexpected: extra")) << state;
+  EXPECT_THAT(state, HasSubstr("mis-shaped: 0.weight (expected [16, 8], got [3, 3])")) << state;
+  EXPECT_THAT(state, HasSubstr("unexpected: extra")) << state;
 
   // Still serving, the stage unharmed.
   EXPECT_EQ(remote.forward({torch::randn({2, 8})}).toTensor().sizes(),
@@ -224,7 +221,7 @@ TEST(RemoteModule, MovingToADeviceThisWorkerLacksIsANamedError) {
   remote.to("cpu");
   if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has CUDA";
   std::string error = error_of([&] { remote.to("cuda:0"); });
-  EXPECT_TRUE(contains(error, "to of stage \"test.mlp\" on worker \"a\" failed:")) << error;
+  EXPECT_THAT(error, HasSubstr("to of stage \"test.mlp\" on worker \"a\" failed:")) << error;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "ferry/rpc/agent.h"
 
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -21,6 +22,8 @@
 namespace ferry::rpc {
 namespace {
 
+using ::testing::HasSubstr;
+
 using ferry::testing::connect_raw;
 using ferry::testing::LocalWorld;
 using Clock = std::chrono::steady_clock;
@@ -37,10 +40,6 @@ std::string error_of(const FuturePtr& future) {
   } catch (const std::exception& e) {
     return std::string("other: ") + e.what();
   }
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 TEST(Agent, EveryAgentListsTheWholeWorld) {
@@ -138,15 +137,16 @@ TEST(Agent, LargeTensorsMakeTheRoundTripIntact) {
 TEST(Agent, RemoteExceptionNamesWorkerAndFunction) {
   LocalWorld world;
   std::string error = error_of(rpc_async("b", "fail", {std::string("stage exploded")}));
-  EXPECT_TRUE(contains(error, "RemoteException: call \"fail\" on worker \"b\" (rank 2, 127.0.0.1:"))
+  EXPECT_THAT(error,
+              HasSubstr("RemoteException: call \"fail\" on worker \"b\" (rank 2, 127.0.0.1:"))
       << error;
-  EXPECT_TRUE(contains(error, "raised: stage exploded")) << error;
+  EXPECT_THAT(error, HasSubstr("raised: stage exploded")) << error;
   try {
     rpc_sync("a", "fail", {std::string("sync too")});
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::RemoteException);
-    EXPECT_TRUE(contains(e.what(), "sync too"));
+    EXPECT_THAT(e.what(), HasSubstr("sync too"));
   }
   // The peer keeps serving.
   EXPECT_EQ(rpc_sync("b", "echo", {int64_t{1}}).toInt(), 1);
@@ -155,26 +155,27 @@ TEST(Agent, RemoteExceptionNamesWorkerAndFunction) {
 TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
   LocalWorld world;
   std::string error = error_of(rpc_async("a", "no_such_function", {}));
-  EXPECT_TRUE(contains(error, "UnknownFunction: call \"no_such_function\" on worker \"a\""))
+  EXPECT_THAT(error, HasSubstr("UnknownFunction: call \"no_such_function\" on worker \"a\""))
       << error;
-  EXPECT_TRUE(contains(
+  EXPECT_THAT(
       error,
-      "(registered: add, byte_count, bytes_sent, chain, double_it, echo, fail, fail_backward, "
-      "make_remote, owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, "
-      "sleep_ms, slow_backward, tensor_live_bytes, whoami)"))
+      HasSubstr(
+          "(registered: add, byte_count, bytes_sent, chain, double_it, echo, fail, fail_backward, "
+          "make_remote, owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, "
+          "sleep_ms, slow_backward, tensor_live_bytes, whoami)"))
       << error;
 }
 
 TEST(Agent, BadArgumentsAreNamed) {
   LocalWorld world;
   std::string error = error_of(rpc_async("a", "add", {torch::ones({1}), std::string("x")}));
-  EXPECT_TRUE(contains(error, "argument 1 of \"add\" must be Tensor but got str")) << error;
+  EXPECT_THAT(error, HasSubstr("argument 1 of \"add\" must be Tensor but got str")) << error;
   try {
     rpc_async("nobody", "add", {});
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
-    EXPECT_TRUE(contains(e.what(), "no worker is named \"nobody\""));
+    EXPECT_THAT(e.what(), HasSubstr("no worker is named \"nobody\""));
   }
 }
 
@@ -183,8 +184,8 @@ TEST(Agent, TimeoutReportsTheElapsedTime) {
   auto start = Clock::now();
   std::string error = error_of(rpc_async("a", "sleep_ms", {int64_t{2000}}, milliseconds(300)));
   auto elapsed = Clock::now() - start;
-  EXPECT_TRUE(contains(error, "Timeout: call \"sleep_ms\" to worker \"a\"")) << error;
-  EXPECT_TRUE(contains(error, "timed out after 0.3")) << error;
+  EXPECT_THAT(error, HasSubstr("Timeout: call \"sleep_ms\" to worker \"a\"")) << error;
+  EXPECT_THAT(error, HasSubstr("timed out after 0.3")) << error;
   EXPECT_LT(elapsed, milliseconds(1000));
 }
 
@@ -199,13 +200,13 @@ TEST(Agent, PeerKilledMidCallFailsPendingFuturesWithinASecond) {
   world.peer(1).kill(SIGKILL);
   for (auto& f : futures) {
     std::string error = error_of(f);
-    EXPECT_TRUE(contains(error, "PeerDied: worker \"b\" (rank 2, 127.0.0.1:")) << error;
-    EXPECT_TRUE(contains(error, "died during call \"sleep_ms\"")) << error;
+    EXPECT_THAT(error, HasSubstr("PeerDied: worker \"b\" (rank 2, 127.0.0.1:")) << error;
+    EXPECT_THAT(error, HasSubstr("died during call \"sleep_ms\"")) << error;
   }
   EXPECT_LT(Clock::now() - killed, milliseconds(1000));
   // A new call to the dead peer fails promptly too; the living peer still answers.
   std::string again = error_of(rpc_async("b", "echo", {int64_t{1}}));
-  EXPECT_TRUE(contains(again, "PeerDied")) << again;
+  EXPECT_THAT(again, HasSubstr("PeerDied")) << again;
   EXPECT_EQ(rpc_sync("a", "echo", {int64_t{2}}).toInt(), 2);
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The README's Slurm path, run for real: a single-node Slurm (munged, slurmctld and slurmd, each
-# started here on loopback ports with a configuration of its own and stopped at the end) runs a
-# scaled-down copy of the README's sbatch script with 4 tasks, and it must exit 0.
+# The Slurm path of docs/running.md, run for real: a single-node Slurm (munged, slurmctld and
+# slurmd, each started here on loopback ports with a configuration of its own and stopped at the
+# end) runs a scaled-down copy of that page's sbatch script with 4 tasks; it must exit 0.
 # Usage: slurm.sh FERRY_MASTER. Exits 77 (ctest: skipped) where Slurm is not installed, except
 # under CI, where it must run.
 set -euo pipefail
@@ -75,7 +75,7 @@ done
 sinfo --noheader --states=idle | grep -q idle || {
   echo "the node did not come up"; tail -20 "$work/slurmctld.log" "$work/slurmd.log"; exit 1; }
 
-# The README's script, scaled down: one node, 4 tasks, a small model. MASTER_ADDR and FERRY_IFNAME
+# The documented script, scaled down: one node, 4 tasks, a small model. MASTER_ADDR and FERRY_IFNAME
 # keep every connection on loopback (Slurm's node name may resolve to another address here).
 cat > "$work/job.sh" <<JOB
 #!/bin/bash

@@ -9,9 +9,13 @@ void PendingCalls::add(std::uint64_t id, PendingCall call) {
 }
 
 std::optional<PendingCall> PendingCalls::take(std::uint64_t id) {
-  std::vector<PendingCall> taken = take_if({id});
-  if (taken.empty()) return std::nullopt;
-  return std::move(taken.front());
+  std::optional<PendingCall> call;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    call = take_locked(id);
+  }
+  if (call) changed_.notify_all();
+  return call;
 }
 
 bool PendingCalls::assign(std::uint64_t id, std::uint64_t connection_id) {
@@ -23,48 +27,48 @@ bool PendingCalls::assign(std::uint64_t id, std::uint64_t connection_id) {
 }
 
 std::vector<PendingCall> PendingCalls::take_expired(Clock::time_point now) {
-  std::vector<std::uint64_t> ids;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = deadlines_.begin(); it != deadlines_.end() && it->first <= now; ++it) {
-      ids.push_back(it->second);
-    }
-  }
-  return take_if(ids);
-}
-
-std::vector<PendingCall> PendingCalls::take_on_connection(std::uint64_t connection_id) {
-  std::vector<std::uint64_t> ids;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [id, call] : calls_) {
-      if (call.connection_id == connection_id) ids.push_back(id);
-    }
-  }
-  return take_if(ids);
-}
-
-std::vector<PendingCall> PendingCalls::take_all() {
-  std::vector<std::uint64_t> ids;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [id, call] : calls_) ids.push_back(id);
-  }
-  return take_if(ids);
-}
-
-// Another thread may take some of `ids` between the listing and this: those are skipped, so
-// each call is taken exactly once.
-std::vector<PendingCall> PendingCalls::take_if(const std::vector<std::uint64_t>& ids) {
   std::vector<PendingCall> taken;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (std::uint64_t id : ids) {
-      auto it = calls_.find(id);
-      if (it == calls_.end()) continue;
-      deadlines_.erase({it->second.deadline, id});
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      taken.push_back(*take_locked(deadlines_.begin()->second));
+    }
+  }
+  if (!taken.empty()) changed_.notify_all();
+  return taken;
+}
+
+std::vector<PendingCall> PendingCalls::take_on_connection(std::uint64_t connection_id) {
+  return take_where(
+      [connection_id](const PendingCall& c) { return c.connection_id == connection_id; });
+}
+
+std::vector<PendingCall> PendingCalls::take_all() {
+  return take_where([](const PendingCall&) { return true; });
+}
+
+std::optional<PendingCall> PendingCalls::take_locked(std::uint64_t id) {
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return std::nullopt;
+  deadlines_.erase({it->second.deadline, id});
+  PendingCall call = std::move(it->second);
+  calls_.erase(it);
+  return call;
+}
+
+std::vector<PendingCall> PendingCalls::take_where(
+    const std::function<bool(const PendingCall&)>& wanted) {
+  std::vector<PendingCall> taken;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (!wanted(it->second)) {
+        ++it;
+        continue;
+      }
+      deadlines_.erase({it->second.deadline, it->first});
       taken.push_back(std::move(it->second));
-      calls_.erase(it);
+      it = calls_.erase(it);
     }
   }
   if (!taken.empty()) changed_.notify_all();

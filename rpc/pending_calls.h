@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -58,7 +59,9 @@ class PendingCalls {
   std::set<int> lost_ranks() const;
 
  private:
-  std::vector<PendingCall> take_if(const std::vector<std::uint64_t>& ids);
+  // Under mutex_: call `id` moved out of the table, if it is there.
+  std::optional<PendingCall> take_locked(std::uint64_t id);
+  std::vector<PendingCall> take_where(const std::function<bool(const PendingCall&)>& wanted);
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;

@@ -29,8 +29,8 @@ std::string checkpoint_of_epoch(const std::string& dir, int epoch) {
   for (const std::string& place : {dir, (fs::path(dir) / "best").string()}) {
     std::vector<int> epochs;
     for (const std::string& folder : checkpoint_folders(place)) {
-      if (epoch_of(folder) == epoch) return folder;
       epochs.push_back(epoch_of(folder));
+      if (epochs.back() == epoch) return folder;
     }
     if (!epochs.empty()) kept.push_back(fmt::format("{}: {}", place, fmt::join(epochs, ", ")));
   }

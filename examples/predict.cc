@@ -200,17 +200,7 @@ int run_prediction(const PredictSettings& s) {
   options = rpc::resolve_options(options);
   if (options.world_size == 1) return predict_in_this_process(s);
   if (options.rank != 0) return serve_as_worker(options);
-  install_worker_functions();
-  options.name = "master";
-  rpc::init(options);
-  int code = 1;
-  try {
-    code = predict_on_workers(s);
-  } catch (const std::exception& e) {
-    log::error("prediction failed: {}", message_of(e));
-  }
-  rpc::shutdown(code == 0);
-  return code;
+  return run_as_master(options, "prediction", [&] { return predict_on_workers(s); });
 }
 
 }  // namespace ferry::examples

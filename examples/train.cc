@@ -552,29 +552,17 @@ int run_training(const TrainSettings& settings) {
   }
   if (!load_plugins(settings.plugins)) return 2;
   if (options.rank != 0) return serve_as_worker(options);
-  install_worker_functions();
-  options.name = "master";
-  try {
-    rpc::init(options);
-  } catch (const rpc::Error& e) {
-    log::error("{}", e.what());
-    return 2;
-  }
-  int code = 1;
-  try {
-    code = train_as_master(settings);
-  } catch (const std::exception& e) {
-    std::string what = message_of(e);
-    if (what.find(rpc::kOverBudget) != std::string::npos) {
-      what +=
-          "; to fit, cut the model into more stages (--stages), use more micro-batches "
-          "(--pipeline 1f1b --microbatches M) or recompute activations "
-          "(--checkpoint-activations)";
-    }
-    log::error("training failed: {}", what);
-  }
-  rpc::shutdown(code == 0);
-  return code;
+  return run_as_master(
+      options, "training", [&] { return train_as_master(settings); },
+      [](std::string what) {
+        if (what.find(rpc::kOverBudget) != std::string::npos) {
+          what +=
+              "; to fit, cut the model into more stages (--stages), use more micro-batches "
+              "(--pipeline 1f1b --microbatches M) or recompute activations "
+              "(--checkpoint-activations)";
+        }
+        return what;
+      });
 }
 
 }  // namespace ferry::examples

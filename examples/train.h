@@ -2,21 +2,14 @@
 // distributed autograd and a distributed optimizer on a segmentation data set.
 #pragma once
 
-#include <c10/util/Exception.h>
-
 #include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
 
-namespace ferry::examples {
+#include "examples/worker_loop.h"  // message_of
 
-// What a failure says to a user: LibTorch's errors without the C++ backtrace they carry.
-inline std::string message_of(const std::exception& e) {
-  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e))
-    return c10_error->what_without_backtrace();
-  return e.what();
-}
+namespace ferry::examples {
 
 struct TrainSettings {
   std::string model = "unet-resnet34";

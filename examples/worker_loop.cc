@@ -50,4 +50,25 @@ int serve_as_worker(const rpc::Options& options) {
   return 0;
 }
 
+int run_as_master(rpc::Options options, const std::string& what, const std::function<int()>& job,
+                  const std::function<std::string(std::string)>& explain) {
+  install_worker_functions();
+  options.name = "master";
+  try {
+    rpc::init(options);
+  } catch (const rpc::Error& e) {
+    log::error("{}", e.what());
+    return 2;
+  }
+  int code = 1;
+  try {
+    code = job();
+  } catch (const std::exception& e) {
+    std::string message = message_of(e);
+    log::error("{} failed: {}", what, explain ? explain(std::move(message)) : message);
+  }
+  rpc::shutdown(code == 0);
+  return code;
+}
+
 }  // namespace ferry::examples

@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
   rpc_cmd->add_option("--async-calls", rpc.async_calls, "calls in the throughput run");
   rpc_cmd->add_option("--async-window", rpc.async_window, "calls in flight at once");
   rpc_cmd->add_option("--echo-mib", rpc.echo_mib, "tensor sizes of the echo measurement, MiB");
-  rpc_cmd->add_option("--repeats", rpc.repeats, "repeats of each measurement");
+  rpc_cmd->add_option("--echo-repeats", rpc.echo_repeats, "repeats of each echo size");
+  rpc_cmd->add_option("--repeats", rpc.repeats, "repeats of the throughput measurement");
   ferry::bench::AutogradBenchSettings autograd;
   autograd.self_path = rpc.self_path;
   auto add_step_options = [&autograd](CLI::App* cmd) {

@@ -12,8 +12,9 @@ struct RpcBenchSettings {
   int async_calls = 20000;
   int async_window = 500;
   std::vector<int> echo_mib = {1, 16, 64};  // tensor sizes of the echo measurement
-  int repeats = 5;        // of each bandwidth and throughput measurement; medians are reported
-  std::string self_path;  // this binary, started again as the peer
+  int echo_repeats = 21;                    // of each echo size; medians are reported
+  int repeats = 5;                          // of the throughput measurement; medians are reported
+  std::string self_path;                    // this binary, started again as the peer
 };
 
 // Runs the benchmark as rank 0 and prints one JSON object last. Returns the exit code.

@@ -2,9 +2,9 @@
 #include "rpc/connection.h"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <fmt/format.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -22,6 +22,11 @@ constexpr size_t kBufferBytes = 64 * 1024;
 // Below this, tensor bytes are read into the buffer with the frames around them and copied out:
 // a syscall per small tensor would cost more than the copy.
 constexpr size_t kDirectReadMin = 16 * 1024;
+// While a large tensor streams in, the sender fills the socket about as fast as it is read, so
+// reading again at once finds more: each such read saves a return to epoll and a thread wake-up,
+// which on a virtual machine cost more than the copy. Bounded, so that one long transfer cannot
+// keep the loop from its other connections for long.
+constexpr int kMoreDirectReads = 64;
 
 struct WriteRequest {
   uv_write_t req;
@@ -302,6 +307,7 @@ void Connection::on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf
   try {
     if (self->direct_ != nullptr && buf->base == self->direct_) {
       self->decoder_.commit_direct(static_cast<size_t>(nread), &messages);
+      self->read_more_directly(&messages);
     } else {
       self->decoder_.consume(buf->base, static_cast<size_t>(nread), &messages);
     }
@@ -314,6 +320,20 @@ void Connection::on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf
   for (auto& message : messages) {
     if (self->closing_) return;
     self->observer_->on_message(*self, std::move(message));
+  }
+}
+
+void Connection::read_more_directly(std::vector<Message>* messages) {
+  uv_os_fd_t fd;
+  if (uv_fileno(reinterpret_cast<uv_handle_t*>(&handle_), &fd) != 0) return;
+  for (int i = 0; i < kMoreDirectReads; ++i) {
+    auto [target, missing] = decoder_.direct_target();
+    if (target == nullptr || missing < kDirectReadMin) return;
+    ssize_t n = ::recv(fd, target, missing, MSG_DONTWAIT);
+    // Nothing there yet, the end of the stream or an error: libuv's next read reports the last two.
+    if (n <= 0) return;
+    observer_->on_bytes_read(static_cast<std::size_t>(n));
+    decoder_.commit_direct(static_cast<size_t>(n), messages);
   }
 }
 

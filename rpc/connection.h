@@ -64,8 +64,8 @@ class SocketWriter {
   std::mutex mutex_;
   std::condition_variable drained_;
   std::uint64_t queued_bytes_ = 0;  // in queue_ and in uv_write requests not yet completed
-  int fd_ = -1;               // set once the socket is connected
-  bool open_ = true;          // false from the moment the connection starts closing
+  int fd_ = -1;                     // set once the socket is connected
+  bool open_ = true;                // false from the moment the connection starts closing
   bool loop_busy_ = true;     // libuv holds unwritten bytes, or the socket is not connected yet
   int writes_in_flight_ = 0;  // uv_write requests whose callback has not run
   std::deque<Queued> queue_;
@@ -138,6 +138,8 @@ class Connection {
  private:
   static void on_alloc(uv_handle_t* handle, size_t suggested, uv_buf_t* buf);
   static void on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
+  // After a read into tensor memory: reads on into it while the socket has bytes at once.
+  void read_more_directly(std::vector<Message>* messages);
   static void on_connect(uv_connect_t* req, int status);
   static void on_write(uv_write_t* req, int status);
   static void on_close(uv_handle_t* handle);

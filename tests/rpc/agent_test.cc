@@ -134,6 +134,24 @@ TEST(Agent, LargeTensorsMakeTheRoundTripIntact) {
   EXPECT_TRUE(torch::equal(rpc_sync("b", "echo", {slice}).toTensor(), slice));
 }
 
+// Tensors of a frame, and frames, back to back: a read that goes on into tensor memory must stop
+// at each tensor's end, leave small tensors to the buffered path and pick up the next frame.
+TEST(Agent, FramesOfMixedLargeAndSmallTensorsStreamIntactBackToBack) {
+  LocalWorld world;
+  std::vector<at::Tensor> parts = {torch::randn({1 << 20}), torch::randn({5000}),
+                                   torch::randn({25}), torch::randn({2 << 20}),
+                                   torch::randn({4096})};
+  c10::List<at::Tensor> list(parts);
+  std::vector<FuturePtr> futures;
+  for (int i = 0; i < 6; ++i) futures.push_back(rpc_async("a", "echo", {list}));
+  for (auto& f : futures) {
+    f->wait();
+    c10::List<at::Tensor> back = f->value().toTensorList();
+    ASSERT_EQ(back.size(), parts.size());
+    for (size_t i = 0; i < parts.size(); ++i) EXPECT_TRUE(torch::equal(back[i], parts[i])) << i;
+  }
+}
+
 TEST(Agent, RemoteExceptionNamesWorkerAndFunction) {
   LocalWorld world;
   std::string error = error_of(rpc_async("b", "fail", {std::string("stage exploded")}));

@@ -313,9 +313,7 @@ std::vector<at::Tensor> get_gradients(std::int64_t context_id,
   std::vector<at::Tensor> out(tensors.size());
   for (auto& [owner, indices] : by_owner) {
     c10::impl::GenericList refs(c10::AnyType::get());
-    for (size_t i : indices) {
-      refs.push_back(c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(tensors[i])));
-    }
+    for (size_t i : indices) refs.push_back(rpc::to_ivalue(tensors[i]));
     c10::IValue grads = rpc::rpc_sync(owner, "ferry.autograd.gradients", {context_id, refs});
     auto list = grads.toTensorVector();
     for (size_t k = 0; k < indices.size(); ++k) out[indices[k]] = list.at(k);

@@ -305,10 +305,6 @@ void set_lr(const c10::IValue& ref, double lr) {
   for (auto& group : local->optimizer->param_groups()) group.options().set_lr(lr);
 }
 
-c10::IValue as_ivalue(const rpc::RRefPtr& rref) {
-  return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
-}
-
 }  // namespace
 
 OptimizerSpec OptimizerSpec::sgd(double lr, double momentum, double weight_decay) {
@@ -369,7 +365,7 @@ DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec,
   for (const auto& [key, value] : spec_.options) options.insert(key, value);
   for (Owner& owner : owners_) {
     c10::impl::GenericList refs(c10::AnyType::get());
-    for (size_t i : owner.indices) refs.push_back(as_ivalue(replicas[owner.replica][i]));
+    for (size_t i : owner.indices) refs.push_back(rpc::to_ivalue(replicas[owner.replica][i]));
     owner.optimizer = rpc::remote(owner.worker, "ferry.optim.create", {spec_.name, options, refs});
   }
   std::vector<std::string> failed;
@@ -427,7 +423,7 @@ std::vector<c10::IValue> DistributedOptimizer::on_owners(
   for (const Owner& owner : owners_) {
     if (replica >= 0 && owner.replica != replica) continue;
     called.push_back(&owner);
-    std::vector<c10::IValue> args{as_ivalue(owner.optimizer)};
+    std::vector<c10::IValue> args{rpc::to_ivalue(owner.optimizer)};
     for (auto& arg : extra(owner)) args.push_back(std::move(arg));
     calls.push_back(rpc::rpc_async(owner.worker, function, std::move(args)));
   }

@@ -94,16 +94,6 @@ void report_to(const std::shared_ptr<Inbox>& inbox, const rpc::FuturePtr& call,
   });
 }
 
-// A worker's error as the master reports it: the stage's own message when it comes from one.
-[[noreturn]] void rethrow_step_failure(std::exception_ptr error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const Error& e) {
-    if (!e.cause().empty()) throw Error(e.kind(), "pipeline step failed: " + e.cause());
-    throw Error(e.kind(), fmt::format("pipeline step failed: {}", e.what()));
-  }
-}
-
 std::atomic<std::int64_t> pipeline_counter{1};
 
 double seconds(std::int64_t ns) { return static_cast<double>(ns) * 1e-9; }
@@ -193,9 +183,9 @@ Pipeline::Pipeline(std::vector<RemoteModule> stages, PipelineOptions options)
         options_.schedule == Schedule::OneFOneB ? p - s : std::numeric_limits<std::int64_t>::max();
     calls.push_back(rpc::rpc_async(
         stage.worker(), "ferry.pipeline.setup",
-        {id_, s, p, c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(stage.module_rref())),
-         s > 0 ? stages_[s - 1].worker() : master, s + 1 < p ? stages_[s + 1].worker() : master,
-         master, limit, static_cast<bool>(checkpoint[s]), routes, workers}));
+        {id_, s, p, rpc::to_ivalue(stage.module_rref()), s > 0 ? stages_[s - 1].worker() : master,
+         s + 1 < p ? stages_[s + 1].worker() : master, master, limit,
+         static_cast<bool>(checkpoint[s]), routes, workers}));
     names.push_back(fmt::format("stage {}: {} on {}", s,
                                 static_cast<size_t>(s) < options_.stage_names.size()
                                     ? options_.stage_names[s]
@@ -342,7 +332,7 @@ Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& t
       const int m = static_cast<int>(arrival.microbatch);
       switch (arrival.kind) {
         case pipeline::Arrival::Failed:
-          pipeline::rethrow_step_failure(arrival.error);
+          rpc::rethrow_as(arrival.error, "pipeline step failed");
         case pipeline::Arrival::Output:
           take_output(m, std::move(arrival.output));
           ++outputs_in;

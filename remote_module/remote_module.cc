@@ -7,13 +7,6 @@
 #include "ferry/rpc/rpc.h"
 
 namespace ferry {
-namespace {
-
-c10::IValue as_ivalue(const rpc::RRefPtr& rref) {
-  return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
-}
-
-}  // namespace
 
 RemoteModule RemoteModule::create(const std::string& worker, const std::string& type,
                                   StageConfig config) {
@@ -38,7 +31,7 @@ RemoteModule RemoteModule::made(const std::string& worker, const std::string& ty
 
 c10::IValue RemoteModule::call(const std::string& what, const std::string& function,
                                std::vector<c10::IValue> args) const {
-  args.insert(args.begin(), as_ivalue(module_));
+  args.insert(args.begin(), rpc::to_ivalue(module_));
   try {
     return rpc::rpc_sync(worker_, function, std::move(args));
   } catch (const rpc::Error&) {
@@ -54,7 +47,7 @@ c10::IValue RemoteModule::forward(std::vector<c10::IValue> inputs) const {
 
 rpc::FuturePtr RemoteModule::forward_async(std::vector<c10::IValue> inputs) const {
   return rpc::rpc_async(worker_, "ferry.stage.forward",
-                        {as_ivalue(module_), c10::ivalue::Tuple::create(std::move(inputs))});
+                        {rpc::to_ivalue(module_), c10::ivalue::Tuple::create(std::move(inputs))});
 }
 
 c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
@@ -71,7 +64,7 @@ c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
   c10::impl::GenericList modules(c10::AnyType::get());
   std::vector<std::string> names;
   for (const RemoteModule& stage : stages) {
-    modules.push_back(as_ivalue(stage.module_));
+    modules.push_back(rpc::to_ivalue(stage.module_));
     names.push_back(fmt::format("\"{}\" on \"{}\"", stage.type_, stage.worker_));
   }
   std::vector<c10::IValue> args{modules, c10::ivalue::Tuple::create(std::move(inputs))};
@@ -131,9 +124,10 @@ int64_t RemoteModule::take_step_statistics(const std::vector<RemoteModule>& repl
   // Every copy joins the group at once: each call returns only when all have joined.
   std::vector<rpc::FuturePtr> calls;
   for (size_t r = 0; r < replicas.size(); ++r) {
-    calls.push_back(rpc::rpc_async(replicas[r].worker_, "ferry.stage.take_step_statistics",
-                                   {as_ivalue(replicas[r].module_), key, static_cast<int64_t>(r),
-                                    static_cast<int64_t>(replicas.size())}));
+    calls.push_back(
+        rpc::rpc_async(replicas[r].worker_, "ferry.stage.take_step_statistics",
+                       {rpc::to_ivalue(replicas[r].module_), key, static_cast<int64_t>(r),
+                        static_cast<int64_t>(replicas.size())}));
   }
   int64_t layers = 0;
   for (size_t r = 0; r < replicas.size(); ++r) {

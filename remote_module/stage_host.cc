@@ -352,11 +352,11 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
       count = holder->stage->named_parameters().size();
     }
     c10::impl::GenericList out(c10::AnyType::get());
-    c10::IValue module_value{c10::intrusive_ptr<c10::RRefInterface>(module)};
+    c10::IValue module_value = rpc::to_ivalue(module);
     for (size_t i = 0; i < count; ++i) {
       auto rref = rpc::remote(rpc::self().name, "ferry.stage.parameter",
                               {module_value, static_cast<int64_t>(i)});
-      out.push_back(c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref)));
+      out.push_back(rpc::to_ivalue(rref));
     }
     return out;
   });

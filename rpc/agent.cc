@@ -9,6 +9,7 @@
 
 #include "ferry/rpc/log.h"
 #include "rpc/agent_state.h"
+#include "rpc/environment.h"
 #include "rpc/tensor_cache.h"
 
 namespace ferry::rpc {
@@ -24,6 +25,7 @@ FunctionRegistry& default_registry() {
 }
 
 std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry) {
+  check_log_level_in_environment();
   install_tensor_cache();
   // libuv writes with plain write(2): a peer that dies mid-write must fail that write, not kill
   // this process with SIGPIPE.

@@ -12,16 +12,12 @@
 namespace ferry::log {
 namespace {
 
+// A bad value is reported by the agent when it starts (rpc/environment.h); logging goes on at
+// info meanwhile, since a log call must never throw.
 Level level_from_env() {
   const char* env = std::getenv("FERRY_LOG_LEVEL");
   if (env == nullptr) return Level::Info;
-  static const char* kNames[] = {"trace", "debug", "info", "warn", "error", "off"};
-  for (int i = 0; i <= static_cast<int>(Level::Off); ++i) {
-    if (strcasecmp(env, kNames[i]) == 0) return static_cast<Level>(i);
-  }
-  std::fprintf(stderr, "FERRY_LOG_LEVEL=%s is not one of trace, debug, info, warn, error, off\n",
-               env);
-  return Level::Info;
+  return level_named(env).value_or(Level::Info);
 }
 
 std::atomic<int>& current_level() {
@@ -40,6 +36,14 @@ std::string& worker_name() {
 }
 
 }  // namespace
+
+std::optional<Level> level_named(const std::string& name) {
+  static const char* kNames[] = {"trace", "debug", "info", "warn", "error", "off"};
+  for (int i = 0; i <= static_cast<int>(Level::Off); ++i) {
+    if (strcasecmp(name.c_str(), kNames[i]) == 0) return static_cast<Level>(i);
+  }
+  return std::nullopt;
+}
 
 Level level() { return static_cast<Level>(current_level().load(std::memory_order_relaxed)); }
 

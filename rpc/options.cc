@@ -4,13 +4,16 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/log.h"
+#include "rpc/environment.h"
 
 extern char** environ;
 
@@ -22,26 +25,18 @@ const std::string* find(const std::map<std::string, std::string>& env, const cha
   return it == env.end() || it->second.empty() ? nullptr : &it->second;
 }
 
-int parse_int(const std::string& text, const char* what) {
-  try {
-    size_t used = 0;
-    int value = std::stoi(text, &used);
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-  }
-  throw Error(ErrorKind::Init, fmt::format("{}={:?} is not an integer", what, text));
-}
-
 // Where launchers put the size of the world: torchrun, srun, mpirun, other PMI launchers.
 const std::vector<std::string> kWorldSizeVariables = {"WORLD_SIZE", "SLURM_NTASKS",
                                                       "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
 
-// The first environment variable of `keys` that is set, parsed as an integer.
+// The first environment variable of `keys` that is set, parsed as a whole number of at least
+// `min`.
 bool int_from_env(const std::map<std::string, std::string>& env,
-                  const std::vector<std::string>& keys, int* out) {
+                  const std::vector<std::string>& keys, std::int64_t min, int* out) {
   for (const std::string& key : keys) {
     if (const std::string* value = find(env, key.c_str())) {
-      *out = parse_int(*value, key.c_str());
+      *out = static_cast<int>(
+          parse_whole_number(key, *value, min, "", std::numeric_limits<int>::max()));
       return true;
     }
   }
@@ -90,10 +85,11 @@ std::string first_slurm_host(const std::string& nodelist) {
 
 Options resolve_options(Options options, const std::map<std::string, std::string>& env) {
   if (options.rank < 0) {
-    int_from_env(env, {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}, &options.rank);
+    int_from_env(env, {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}, 0,
+                 &options.rank);
   }
   if (options.world_size < 0) {
-    int_from_env(env, kWorldSizeVariables, &options.world_size);
+    int_from_env(env, kWorldSizeVariables, 1, &options.world_size);
   }
   if (options.master_addr.empty()) {
     if (const std::string* addr = find(env, "MASTER_ADDR")) {
@@ -106,13 +102,14 @@ Options resolve_options(Options options, const std::map<std::string, std::string
       options.master_addr = "127.0.0.1";
     } else if (const std::string* local = find(env, "OMPI_COMM_WORLD_LOCAL_SIZE")) {
       // mpirun on one host: every rank is local, so the master is too.
-      if (parse_int(*local, "OMPI_COMM_WORLD_LOCAL_SIZE") == options.world_size) {
+      if (parse_whole_number("OMPI_COMM_WORLD_LOCAL_SIZE", *local, 1, "",
+                             std::numeric_limits<int>::max()) == options.world_size) {
         options.master_addr = "127.0.0.1";
       }
     }
   }
   if (options.master_port < 0) {
-    if (!int_from_env(env, {"MASTER_PORT"}, &options.master_port)) {
+    if (!int_from_env(env, {"MASTER_PORT"}, 0, &options.master_port)) {
       // Slurm and Open MPI give no port: derive one from the job id so every task of a job
       // agrees.
       for (const char* key : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"}) {
@@ -191,7 +188,7 @@ Options resolve_options(Options options) {
 
 bool world_in_environment(const std::map<std::string, std::string>& env) {
   int size = 0;
-  return int_from_env(env, kWorldSizeVariables, &size);
+  return int_from_env(env, kWorldSizeVariables, 1, &size);
 }
 
 bool world_in_environment() { return world_in_environment(process_environment()); }

@@ -41,6 +41,10 @@ FuturePtr RRef::ready() const { return context_of(context_, id_)->ready(*this); 
 
 c10::IValue RRef::local_value() const { return context_of(context_, id_)->local_value(*this); }
 
+c10::IValue to_ivalue(const RRefPtr& rref) {
+  return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
+}
+
 RRefPtr to_rref(const c10::IValue& value) {
   if (value.isRRef()) {
     auto* rref = dynamic_cast<RRef*>(value.toRRef().get());

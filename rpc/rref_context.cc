@@ -204,8 +204,7 @@ c10::IValue RRefContext::receive(const RRefWire& wire) {
       owned(id).local_handles++;
       remove_fork(id, fork);
     }
-    return c10::IValue(
-        c10::intrusive_ptr<c10::RRefInterface>(make_handle(self_rank_, true, id, fork)));
+    return to_ivalue(make_handle(self_rank_, true, id, fork));
   }
   if (wire.owner < 0) {
     throw Error(ErrorKind::BadFrame,
@@ -213,7 +212,7 @@ c10::IValue RRefContext::receive(const RRefWire& wire) {
   }
   RRefPtr handle = make_handle(wire.owner, false, id, fork);
   handle->confirmed_ = true;  // its sender registered this fork with the owner
-  return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(handle));
+  return to_ivalue(handle);
 }
 
 void RRefContext::release(const RRef& rref) {

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "ferry/rpc/error.h"
+#include "rpc/environment.h"
 
 namespace ferry::rpc {
 namespace {
@@ -57,18 +58,7 @@ void check_budget(std::size_t n) {
 }
 
 std::int64_t budget_from_environment() {
-  const char* env = std::getenv("FERRY_MEMORY_BUDGET_MIB");
-  if (env == nullptr || *env == '\0') return 0;
-  char* end = nullptr;
-  errno = 0;
-  long long value = std::strtoll(env, &end, 10);
-  if (errno != 0 || *end != '\0' || value < 0) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("FERRY_MEMORY_BUDGET_MIB=\"{}\" is not a whole, non-negative number "
-                            "of MiB",
-                            env));
-  }
-  return static_cast<std::int64_t>(value) << 20;
+  return whole_number_from_environment("FERRY_MEMORY_BUDGET_MIB", 0, "MiB").value_or(0) << 20;
 }
 
 void count(std::int64_t delta) {
@@ -79,15 +69,8 @@ void count(std::int64_t delta) {
 }
 
 std::size_t max_cached_bytes() {
-  const char* env = std::getenv("FERRY_TENSOR_CACHE_MIB");
-  std::size_t mib = kDefaultMaxCachedMib;
-  if (env) {
-    try {
-      mib = std::stoul(env);
-    } catch (const std::exception&) {
-    }
-  }
-  return mib << 20;
+  auto mib = whole_number_from_environment("FERRY_TENSOR_CACHE_MIB", 0, "MiB");
+  return static_cast<std::size_t>(mib.value_or(kDefaultMaxCachedMib)) << 20;
 }
 
 // The context of every block is its own address, as LibTorch's raw_allocate() requires. Small

@@ -19,6 +19,8 @@
 namespace ferry::dist_autograd {
 namespace {
 
+using ferry::testing::kind_and_error_of;
+
 using testing::error_of;
 using ::testing::HasSubstr;
 using testing::LocalWorld;
@@ -280,7 +282,8 @@ TEST(DistributedOptimizer, StateOfTheWrongSizeIsRefused) {
   LocalWorld world(two_workers());
   TwoStages stages;
   DistributedOptimizer optimizer(OptimizerSpec::sgd(0.1), stages.parameters());
-  EXPECT_THROW(optimizer.load_state_dict(c10::List<at::Tensor>()), rpc::Error);
+  EXPECT_THAT(kind_and_error_of([&] { optimizer.load_state_dict(c10::List<at::Tensor>()); }),
+              HasSubstr("optimizer state must be a list of"));
 }
 
 }  // namespace

@@ -303,8 +303,7 @@ TEST(Pipeline, MisuseIsAClearError) {
   const std::string self = rpc::self().name;
   rpc::rpc_sync(
       "a", "ferry.pipeline.setup",
-      {id, std::int64_t{0}, std::int64_t{1},
-       c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(chain.stages[0].module_rref())), self,
+      {id, std::int64_t{0}, std::int64_t{1}, rpc::to_ivalue(chain.stages[0].module_rref()), self,
        self, self, std::int64_t{4}, false, routes_to_ivalue({}), c10::List<std::string>({"a"})});
   auto forward = [&](std::int64_t microbatch) {
     rpc::rpc_sync("a", "ferry.pipeline.forward",

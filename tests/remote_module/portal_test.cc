@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include "ferry/rpc/error.h"
+#include "tests/support/error_of.h"
 
 namespace ferry {
 namespace {
 
-using testing::HasSubstr;
+using ferry::testing::kind_and_error_of;
+
+using ::testing::HasSubstr;
 
 // Stage 0 sends its activation to stage 1 and a skip straight to stage 2; stage 1 sends its own
 // activation to stage 2, which takes (skip, activation).
@@ -50,7 +53,8 @@ TEST(Portal, RoutesThatCannotBeFollowedAreNamed) {
                                                          "chain of 4"));
   EXPECT_THAT(route_error({{{1, 0}}, {{1, 0}}}, 2),
               HasSubstr("the last stage's output is the chain's"));
-  EXPECT_THROW(routes_from_ivalue(c10::IValue(int64_t{3})), rpc::Error);
+  EXPECT_THAT(kind_and_error_of([] { routes_from_ivalue(c10::IValue(int64_t{3})); }),
+              HasSubstr("InvalidArgument: routes must be a list of int lists"));
 }
 
 }  // namespace

@@ -13,14 +13,18 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "ferry/rpc/frame.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
+#include "tests/support/error_of.h"
 
 namespace ferry::rpc {
 namespace {
+
+using ferry::testing::kind_and_error_of;
 
 using ::testing::HasSubstr;
 
@@ -28,19 +32,6 @@ using ferry::testing::connect_raw;
 using ferry::testing::LocalWorld;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-// The error a call fails with, as "Kind: message".
-std::string error_of(const FuturePtr& future) {
-  future->wait();
-  if (!future->hasError()) return "no error";
-  try {
-    std::rethrow_exception(future->exception_ptr());
-  } catch (const Error& e) {
-    return std::string(to_string(e.kind())) + ": " + e.what();
-  } catch (const std::exception& e) {
-    return std::string("other: ") + e.what();
-  }
-}
 
 TEST(Agent, EveryAgentListsTheWholeWorld) {
   LocalWorld world;
@@ -75,19 +66,38 @@ TEST(Agent, SyncAndAsyncCallsBothWays) {
   EXPECT_EQ(back.toStringRef(), "from a to master");
 }
 
+// A callback that waits for another call's reply: were callbacks run on the loop thread, that
+// reply could not be read until the callback returned, and the wait would run out.
 TEST(Agent, CallbacksOfAsyncCallsRunOffTheLoop) {
   LocalWorld world;
   std::atomic<int> seen{0};
+  std::atomic<bool> second_came_back{false};
+  FuturePtr second;
+  std::mutex second_mutex;
   auto future = rpc_async("a", "echo", {int64_t{5}});
   auto chained = future->then(
       [&](c10::ivalue::Future& f) {
         seen = static_cast<int>(f.value().toInt());
+        FuturePtr call;
+        {
+          std::lock_guard<std::mutex> lock(second_mutex);
+          call = second = rpc_async("b", "echo", {int64_t{7}});
+        }
+        auto deadline = Clock::now() + std::chrono::seconds(15);
+        while (!call->completed() && Clock::now() < deadline) {
+          std::this_thread::sleep_for(milliseconds(1));
+        }
+        second_came_back = call->completed();
         return c10::IValue(f.value().toInt() * 2);
       },
       c10::IntType::get());
   chained->wait();
   EXPECT_EQ(chained->value().toInt(), 10);
   EXPECT_EQ(seen.load(), 5);
+  EXPECT_TRUE(second_came_back.load()) << "a reply was not read while a callback ran";
+  std::lock_guard<std::mutex> lock(second_mutex);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->value().toInt(), 7);
 }
 
 TEST(Agent, ThousandConcurrentAsyncCallsAllComplete) {
@@ -122,7 +132,7 @@ TEST(Agent, NestedAsyncHandlersDoNotExhaustThePool) {
     futures.push_back(
         rpc_async("a", "relay_async", {std::string("b"), std::string("sleep_ms"), int64_t{20}}));
   }
-  for (auto& f : futures) EXPECT_EQ(error_of(f), "no error");
+  for (auto& f : futures) EXPECT_EQ(kind_and_error_of(f), "no error");
 }
 
 TEST(Agent, LargeTensorsMakeTheRoundTripIntact) {
@@ -154,7 +164,7 @@ TEST(Agent, FramesOfMixedLargeAndSmallTensorsStreamIntactBackToBack) {
 
 TEST(Agent, RemoteExceptionNamesWorkerAndFunction) {
   LocalWorld world;
-  std::string error = error_of(rpc_async("b", "fail", {std::string("stage exploded")}));
+  std::string error = kind_and_error_of(rpc_async("b", "fail", {std::string("stage exploded")}));
   EXPECT_THAT(error,
               HasSubstr("RemoteException: call \"fail\" on worker \"b\" (rank 2, 127.0.0.1:"))
       << error;
@@ -172,7 +182,7 @@ TEST(Agent, RemoteExceptionNamesWorkerAndFunction) {
 
 TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
   LocalWorld world;
-  std::string error = error_of(rpc_async("a", "no_such_function", {}));
+  std::string error = kind_and_error_of(rpc_async("a", "no_such_function", {}));
   EXPECT_THAT(error, HasSubstr("UnknownFunction: call \"no_such_function\" on worker \"a\""))
       << error;
   EXPECT_THAT(
@@ -186,7 +196,8 @@ TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
 
 TEST(Agent, BadArgumentsAreNamed) {
   LocalWorld world;
-  std::string error = error_of(rpc_async("a", "add", {torch::ones({1}), std::string("x")}));
+  std::string error =
+      kind_and_error_of(rpc_async("a", "add", {torch::ones({1}), std::string("x")}));
   EXPECT_THAT(error, HasSubstr("argument 1 of \"add\" must be Tensor but got str")) << error;
   try {
     rpc_async("nobody", "add", {});
@@ -200,7 +211,8 @@ TEST(Agent, BadArgumentsAreNamed) {
 TEST(Agent, TimeoutReportsTheElapsedTime) {
   LocalWorld world;
   auto start = Clock::now();
-  std::string error = error_of(rpc_async("a", "sleep_ms", {int64_t{2000}}, milliseconds(300)));
+  std::string error =
+      kind_and_error_of(rpc_async("a", "sleep_ms", {int64_t{2000}}, milliseconds(300)));
   auto elapsed = Clock::now() - start;
   EXPECT_THAT(error, HasSubstr("Timeout: call \"sleep_ms\" to worker \"a\"")) << error;
   EXPECT_THAT(error, HasSubstr("timed out after 0.3")) << error;
@@ -217,13 +229,13 @@ TEST(Agent, PeerKilledMidCallFailsPendingFuturesWithinASecond) {
   auto killed = Clock::now();
   world.peer(1).kill(SIGKILL);
   for (auto& f : futures) {
-    std::string error = error_of(f);
+    std::string error = kind_and_error_of(f);
     EXPECT_THAT(error, HasSubstr("PeerDied: worker \"b\" (rank 2, 127.0.0.1:")) << error;
     EXPECT_THAT(error, HasSubstr("died during call \"sleep_ms\"")) << error;
   }
   EXPECT_LT(Clock::now() - killed, milliseconds(1000));
   // A new call to the dead peer fails promptly too; the living peer still answers.
-  std::string again = error_of(rpc_async("b", "echo", {int64_t{1}}));
+  std::string again = kind_and_error_of(rpc_async("b", "echo", {int64_t{1}}));
   EXPECT_THAT(again, HasSubstr("PeerDied")) << again;
   EXPECT_EQ(rpc_sync("a", "echo", {int64_t{2}}).toInt(), 2);
 }

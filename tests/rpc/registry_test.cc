@@ -3,24 +3,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/support/error_of.h"
+
 namespace ferry::rpc {
 namespace {
+
+using ferry::testing::kind_and_error_of;
 
 c10::IValue call(FunctionRegistry& registry, const std::string& name,
                  std::vector<c10::IValue> args) {
   auto future = registry.invoke(name, args);
   future->wait();
   return future->value();
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return std::string(to_string(e.kind())) + ": " + e.what();
-  }
-  return "no error";
 }
 
 TEST(Registry, TypedFunctionsConvertArgumentsAndResults) {
@@ -49,9 +43,9 @@ TEST(Registry, TypedFunctionsConvertArgumentsAndResults) {
 TEST(Registry, WrongArityAndTypesAreNamedErrors) {
   FunctionRegistry registry;
   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
-  EXPECT_EQ(error_of([&] { call(registry, "add", {torch::ones({1})}); }),
+  EXPECT_EQ(kind_and_error_of([&] { call(registry, "add", {torch::ones({1})}); }),
             "InvalidArgument: \"add\" takes 2 arguments but got 1");
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(kind_and_error_of([&] {
               call(registry, "add", {torch::ones({1}), int64_t{3}});
             }),
             "InvalidArgument: argument 1 of \"add\" must be Tensor but got int");
@@ -62,14 +56,14 @@ TEST(Registry, UnknownFunctionListsTheRegisteredOnes) {
   registry.add("b", []() {});
   registry.add("a", []() {});
   std::vector<c10::IValue> args;
-  EXPECT_EQ(error_of([&] { registry.invoke("c", args); }),
+  EXPECT_EQ(kind_and_error_of([&] { registry.invoke("c", args); }),
             "UnknownFunction: no function \"c\" is registered (registered: a, b)");
 }
 
 TEST(Registry, DuplicateNamesAreRefused) {
   FunctionRegistry registry;
   registry.add("f", []() {});
-  EXPECT_EQ(error_of([&] { registry.add("f", []() {}); }),
+  EXPECT_EQ(kind_and_error_of([&] { registry.add("f", []() {}); }),
             "InvalidArgument: function \"f\" is already registered");
 }
 

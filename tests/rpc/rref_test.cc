@@ -1,6 +1,7 @@
 // RRefs across real processes: this process is the master, peers "a", "b", "c" own values.
 #include "ferry/rpc/rref.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -9,9 +10,13 @@
 
 #include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
+#include "tests/support/error_of.h"
 
 namespace ferry::rpc {
 namespace {
+
+using ferry::testing::kind_and_error_of;
+using ::testing::HasSubstr;
 
 using ferry::testing::LocalWorld;
 using Clock = std::chrono::steady_clock;
@@ -21,10 +26,6 @@ LocalWorld::Settings three_peers() {
   LocalWorld::Settings settings;
   settings.peer_names = {"a", "b", "c"};
   return settings;
-}
-
-c10::IValue as_ivalue(const RRefPtr& rref) {
-  return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rref));
 }
 
 // Polls `owner`'s count of owned values until it equals `expected` (bounded).
@@ -51,7 +52,8 @@ TEST(RRef, RemoteKeepsTheValueOnItsOwnerAndToHereFetchesIt) {
   EXPECT_FALSE(rref->ready()->hasError());
   EXPECT_TRUE(rref->confirmedByOwner());
   EXPECT_EQ(owned_on("a", 1), 1);
-  EXPECT_THROW(rref->local_value(), Error);
+  EXPECT_THAT(kind_and_error_of([&] { rref->local_value(); }), HasSubstr("InvalidArgument: "));
+  EXPECT_THAT(kind_and_error_of([&] { rref->local_value(); }), HasSubstr("owner"));
 }
 
 TEST(RRef, OwnerFreesTheValueWhenTheLastUserDrops) {
@@ -71,14 +73,14 @@ TEST(RRef, PassedBetweenThreeWorkersAndFreedAfterAll) {
   at::Tensor x = torch::arange(0, 10);
   RRefPtr rref = remote("c", "echo", {x});  // owner c, created by the master
   // The master hands it to a, which reads it from c.
-  EXPECT_TRUE(torch::equal(rpc_sync("a", "rref_value", {as_ivalue(rref)}).toTensor(), x));
+  EXPECT_TRUE(torch::equal(rpc_sync("a", "rref_value", {to_ivalue(rref)}).toTensor(), x));
   // a hands it on to b, which reads it from c: the RRef crosses three workers.
   c10::IValue through =
-      rpc_sync("a", "relay", {std::string("b"), std::string("rref_value"), as_ivalue(rref)});
+      rpc_sync("a", "relay", {std::string("b"), std::string("rref_value"), to_ivalue(rref)});
   EXPECT_TRUE(torch::equal(through.toTensor(), x));
-  EXPECT_EQ(rpc_sync("b", "rref_owner", {as_ivalue(rref)}).toStringRef(), "c");
+  EXPECT_EQ(rpc_sync("b", "rref_owner", {to_ivalue(rref)}).toStringRef(), "c");
   // Echoed back, the master gets an equal reference.
-  RRefPtr back = to_rref(rpc_sync("a", "echo", {as_ivalue(rref)}));
+  RRefPtr back = to_rref(rpc_sync("a", "echo", {to_ivalue(rref)}));
   EXPECT_EQ(back->id(), rref->id());
   EXPECT_FALSE(back->fork_id() == rref->fork_id());
   EXPECT_EQ(owned_on("c", 1), 1);
@@ -104,8 +106,8 @@ TEST(RRef, ValueSentBackToItsOwnerIsTheOwnersOwn) {
   LocalWorld world(three_peers());
   RRefPtr rref = remote("a", "echo", {int64_t{41}});
   // On a, the argument is a's own value: rref_value reads it locally.
-  EXPECT_EQ(rpc_sync("a", "rref_value", {as_ivalue(rref)}).toInt(), 41);
-  EXPECT_EQ(rpc_sync("a", "rref_owner", {as_ivalue(rref)}).toStringRef(), "a");
+  EXPECT_EQ(rpc_sync("a", "rref_value", {to_ivalue(rref)}).toInt(), 41);
+  EXPECT_EQ(rpc_sync("a", "rref_owner", {to_ivalue(rref)}).toStringRef(), "a");
   rref.reset();
   EXPECT_EQ(owned_on("a", 0), 0);
 }
@@ -116,7 +118,7 @@ TEST(RRef, MasterCanOwnValuesToo) {
   EXPECT_TRUE(mine->isOwner());
   EXPECT_EQ(mine->to_here().toStringRef(), "local");
   EXPECT_EQ(mine->local_value().toStringRef(), "local");
-  EXPECT_EQ(rpc_sync("c", "rref_value", {as_ivalue(mine)}).toStringRef(), "local");
+  EXPECT_EQ(rpc_sync("c", "rref_value", {to_ivalue(mine)}).toStringRef(), "local");
   EXPECT_EQ(agent().owned_rref_count(), 1u);
   mine.reset();
   auto deadline = Clock::now() + milliseconds(5000);
@@ -143,7 +145,8 @@ TEST(RRef, ErrorsOfTheRemoteFunctionSurfaceAtToHere) {
   EXPECT_NE(ready->tryRetrieveErrorMessage().find("no function \"no_such_function\""),
             std::string::npos)
       << ready->tryRetrieveErrorMessage();
-  EXPECT_THROW(remote("nobody", "echo", {}), Error);
+  EXPECT_THAT(kind_and_error_of([] { remote("nobody", "echo", {}); }),
+              HasSubstr("InvalidArgument: no worker is named \"nobody\""));
 }
 
 TEST(RRef, ToHereFailsPromptlyWhenTheOwnerDied) {

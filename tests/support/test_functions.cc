@@ -79,7 +79,7 @@ void register_test_functions(rpc::FunctionRegistry& registry) {
   registry.add("rref_value", [](rpc::RRefPtr rref) { return rref->to_here(); });
   registry.add("rref_owner", [](rpc::RRefPtr rref) { return rref->ownerName(); });
   registry.add("make_remote", [](std::string to, std::string function, c10::IValue arg) {
-    return c10::IValue(c10::intrusive_ptr<c10::RRefInterface>(rpc::remote(to, function, {arg})));
+    return rpc::to_ivalue(rpc::remote(to, function, {arg}));
   });
   registry.add_async("relay_async", [](std::vector<c10::IValue>& args) {
     return rpc::rpc_async(args.at(0).toStringRef(), args.at(1).toStringRef(), {args.at(2)});

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <optional>
 #include <string>
 
 namespace ferry::log {
@@ -11,6 +12,8 @@ namespace ferry::log {
 enum class Level { Trace = 0, Debug, Info, Warn, Error, Off };
 
 Level level();
+// The level called `name` (any case), or nullopt.
+std::optional<Level> level_named(const std::string& name);
 void set_level(Level level);
 // The name shown in every line, e.g. "worker1"; set once the agent knows it.
 void set_worker_name(const std::string& name);

@@ -86,5 +86,7 @@ using RRefPtr = c10::intrusive_ptr<RRef>;
 
 // The RRef inside `value`; throws Error(InvalidArgument) if it holds none.
 RRefPtr to_rref(const c10::IValue& value);
+// `rref` as a value that can be sent or returned (the inverse of to_rref).
+c10::IValue to_ivalue(const RRefPtr& rref);
 
 }  // namespace ferry::rpc

@@ -23,6 +23,9 @@ void register_bench_functions() {
   auto& registry = rpc::default_registry();
   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
   registry.add("echo", [](c10::IValue v) { return v; });
+  registry.add_inline("add_inline", [](std::vector<c10::IValue>& args) {
+    return c10::IValue(args.at(0).toTensor() + args.at(1).toTensor());
+  });
 }
 
 }  // namespace
@@ -49,9 +52,14 @@ int run_rpc_bench(const RpcBenchSettings& settings) {
   // Round trip of a small call against a raw TCP ping-pong of a similar size.
   at::Tensor small = torch::randn({10});
   for (int i = 0; i < 200; ++i) rpc::rpc_sync(to, "add", {small, small});
-  std::vector<double> rtt;
+  // The same call registered inline (served on the peer's loop thread), alternating with it.
+  for (int i = 0; i < 200; ++i) rpc::rpc_sync(to, "add_inline", {small, small});
+  std::vector<double> rtt, rtt_inline;
   for (int i = 0; i < settings.rtt_iterations; ++i) {
     rtt.push_back(1e6 * seconds_of([&] { rpc::rpc_sync(to, "add", {small, small}); }));
+    rtt_inline.push_back(1e6 * seconds_of([&] {
+                           rpc::rpc_sync(to, "add_inline", {small, small});
+                         }));
   }
   RawEchoClient raw("127.0.0.1", static_cast<int>(rpc::rpc_sync(to, "raw_port").toInt()));
   std::vector<char> buffer(64);
@@ -62,10 +70,13 @@ int run_rpc_bench(const RpcBenchSettings& settings) {
   }
   out["rtt_us_p50"] = percentile(rtt, 0.5);
   out["rtt_us_p99"] = percentile(rtt, 0.99);
+  out["rtt_inline_us_p50"] = percentile(rtt_inline, 0.5);
+  out["rtt_inline_us_p99"] = percentile(rtt_inline, 0.99);
   out["raw_tcp_rtt_us_p50"] = percentile(raw_rtt, 0.5);
   out["raw_tcp_rtt_us_p99"] = percentile(raw_rtt, 0.99);
   out["rtt_ratio"] = percentile(rtt, 0.5) / percentile(raw_rtt, 0.5);
-  std::cerr << fmt::format("rtt: rpc p50 {:.1f} us, raw tcp p50 {:.1f} us\n", percentile(rtt, 0.5),
+  std::cerr << fmt::format("rtt: rpc p50 {:.1f} us, inline {:.1f} us, raw tcp p50 {:.1f} us\n",
+                           percentile(rtt, 0.5), percentile(rtt_inline, 0.5),
                            percentile(raw_rtt, 0.5));
 
   // Echo of a large tensor: bytes moved in both directions per second, beside the same echo over

@@ -1,5 +1,5 @@
-// Requests this agent serves: each runs on the pool, its reply goes back on the connection it
-// came by; and the calls of remote references. Pool threads.
+// Requests this agent serves: each runs on the pool (or, registered inline, on the loop thread),
+// its reply goes back on the connection it came by; and the calls of remote references.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -29,40 +29,52 @@ std::string describe_exception(std::exception_ptr eptr, ErrorKind* kind) {
 
 void Agent::State::serve(std::uint64_t connection_id, int caller_rank, Message request) {
   std::weak_ptr<State> weak = weak_from_this();
-  pool->submit([weak, connection_id, caller_rank, request = std::move(request)]() mutable {
-    auto self = weak.lock();
-    if (!self) return;
-    FuturePtr result;
-    std::vector<c10::IValue> args;
-    GradObserver* observer = request.grad.valid() ? grad_observer() : nullptr;
-    try {
-      // A peer whose start() completed first may call before this agent knows the world;
-      // functions (and the names of workers they use) wait for it.
-      self->await_running(request.function);
-      if (!request.value.isTuple()) {
-        throw Error(ErrorKind::InvalidArgument, "the arguments of a request must be a tuple");
-      }
-      std::shared_ptr<void> in_context;
-      if (observer) {
-        observer->on_receive(request.grad, request.value, caller_rank);
-        in_context = observer->enter(request.grad);
-      }
-      args = request.value.toTupleRef().elements().vec();
-      bool internal = self->internal.contains(request.function);
-      result = (internal ? self->internal : self->registry).invoke(request.function, args);
-    } catch (...) {
-      result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-      result->setError(std::current_exception());
+  // An inline handler runs here, on the loop thread, once the agent runs and when no gradient
+  // bookkeeping comes with the call; anything else waits for nothing on this thread.
+  bool here =
+      !request.grad.valid() &&
+      (internal.contains(request.function) ? internal : registry).runs_inline(request.function) &&
+      is_running();
+  auto run = [weak, connection_id, caller_rank, request = std::move(request)]() mutable {
+    if (auto self = weak.lock()) self->run_request(weak, connection_id, caller_rank, request);
+  };
+  if (here) {
+    run();
+  } else {
+    pool->submit(std::move(run));
+  }
+}
+
+void Agent::State::run_request(const std::weak_ptr<State>& weak, std::uint64_t connection_id,
+                               int caller_rank, Message& request) {
+  FuturePtr result;
+  std::vector<c10::IValue> args;
+  GradObserver* observer = request.grad.valid() ? grad_observer() : nullptr;
+  try {
+    // A peer whose start() completed first may call before this agent knows the world;
+    // functions (and the names of workers they use) wait for it.
+    await_running(request.function);
+    if (!request.value.isTuple()) {
+      throw Error(ErrorKind::InvalidArgument, "the arguments of a request must be a tuple");
     }
-    // The handler's future may complete on any thread, possibly after this agent is gone:
-    // hold the state only weakly.
-    result->addCallback([weak, connection_id, caller_rank, id = request.id,
-                         function = request.function,
-                         tag = observer ? request.grad : GradTag()](c10::ivalue::Future& done) {
-      if (auto state = weak.lock()) {
-        state->reply(connection_id, caller_rank, id, function, tag, done);
-      }
-    });
+    std::shared_ptr<void> in_context;
+    if (observer) {
+      observer->on_receive(request.grad, request.value, caller_rank);
+      in_context = observer->enter(request.grad);
+    }
+    args = request.value.toTupleRef().elements().vec();
+    bool is_internal = internal.contains(request.function);
+    result = (is_internal ? internal : registry).invoke(request.function, args);
+  } catch (...) {
+    result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+    result->setError(std::current_exception());
+  }
+  // The handler's future may complete on any thread, possibly after this agent is gone:
+  // hold the state only weakly.
+  result->addCallback([weak, connection_id, caller_rank, id = request.id,
+                       function = request.function,
+                       tag = observer ? request.grad : GradTag()](c10::ivalue::Future& done) {
+    if (auto state = weak.lock()) state->reply(connection_id, caller_rank, id, function, tag, done);
   });
 }
 
@@ -125,6 +137,9 @@ void Agent::State::start_rrefs() {
       },
       [s](const std::string& function, std::vector<c10::IValue> args, FuturePtr into) {
         s->invoke_later(function, std::move(args), std::move(into));
+      },
+      [s](FuturePtr value) {
+        s->pool->submit([value = std::move(value)]() mutable { value.reset(); });
       });
   rrefs->register_functions(internal);
 }

@@ -159,6 +159,10 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
 
   // ---- serving (agent_serving.cc) -----------------------------------------------------------
   void serve(std::uint64_t connection_id, int caller_rank, Message request);
+  // Runs one request and replies when its future completes (pool thread, or the loop thread for
+  // an inline function).
+  void run_request(const std::weak_ptr<State>& weak, std::uint64_t connection_id, int caller_rank,
+                   Message& request);
   void reply(std::uint64_t connection_id, int caller_rank, std::uint64_t id,
              const std::string& function, const GradTag& request_tag, c10::ivalue::Future& done);
   void start_rrefs();

@@ -33,6 +33,17 @@ void FunctionRegistry::add_raw(const std::string& name, RawFunction fn) {
   });
 }
 
+void FunctionRegistry::add_inline(const std::string& name, RawFunction fn) {
+  add_raw(name, std::move(fn));
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  inline_.insert(name);
+}
+
+bool FunctionRegistry::runs_inline(const std::string& name) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return inline_.count(name) > 0;
+}
+
 void FunctionRegistry::add_async(const std::string& name, AsyncFunction fn) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (!functions_.emplace(name, std::move(fn)).second) {

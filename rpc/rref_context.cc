@@ -20,11 +20,12 @@ c10::IValue local_of(const GlobalId& id) { return static_cast<int64_t>(id.local)
 
 }  // namespace
 
-RRefContext::RRefContext(int self_rank, NameFn names, CallFn call, InvokeFn invoke)
+RRefContext::RRefContext(int self_rank, NameFn names, CallFn call, InvokeFn invoke, DropFn drop)
     : self_rank_(self_rank),
       names_(std::move(names)),
       call_(std::move(call)),
-      invoke_(std::move(invoke)) {}
+      invoke_(std::move(invoke)),
+      drop_(std::move(drop)) {}
 
 GlobalId RRefContext::next_id() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -47,13 +48,17 @@ void RRefContext::remove_fork(const GlobalId& id, const GlobalId& fork) {
   if (entry.forks.erase(fork) == 0) entry.deleted.insert(fork);
 }
 
-void RRefContext::collect(const GlobalId& id) {
+FuturePtr RRefContext::collect(const GlobalId& id) {
   auto it = owned_.find(id);
-  if (it == owned_.end()) return;
-  const Owned& entry = it->second;
-  if (entry.created && entry.local_handles == 0 && entry.forks.empty() && entry.deleted.empty()) {
-    owned_.erase(it);
+  if (it == owned_.end()) return FuturePtr();
+  Owned& entry = it->second;
+  if (!entry.created || entry.local_handles != 0 || !entry.forks.empty() ||
+      !entry.deleted.empty()) {
+    return FuturePtr();
   }
+  FuturePtr value = std::move(entry.value);
+  owned_.erase(it);
+  return value;
 }
 
 RRefPtr RRefContext::make_handle(int owner, bool is_owner, GlobalId id, GlobalId fork) {
@@ -103,18 +108,27 @@ void RRefContext::register_functions(FunctionRegistry& internal) {
         },
         c10::NoneType::get());
   });
-  internal.add_raw("ferry.rref.add_fork", [self](std::vector<c10::IValue>& args) {
+  // Forks and deletes only touch the table under its lock: inline, on the loop thread.
+  internal.add_inline("ferry.rref.add_fork", [self](std::vector<c10::IValue>& args) {
     auto context = self();
-    std::lock_guard<std::mutex> lock(context->mutex_);
-    context->add_fork(id_from(args, 0), id_from(args, 2));
-    context->collect(id_from(args, 0));
+    FuturePtr dropped;
+    {
+      std::lock_guard<std::mutex> lock(context->mutex_);
+      context->add_fork(id_from(args, 0), id_from(args, 2));
+      dropped = context->collect(id_from(args, 0));
+    }
+    if (dropped) context->drop_(std::move(dropped));
     return c10::IValue();
   });
-  internal.add_raw("ferry.rref.delete", [self](std::vector<c10::IValue>& args) {
+  internal.add_inline("ferry.rref.delete", [self](std::vector<c10::IValue>& args) {
     auto context = self();
-    std::lock_guard<std::mutex> lock(context->mutex_);
-    context->remove_fork(id_from(args, 0), id_from(args, 2));
-    context->collect(id_from(args, 0));
+    FuturePtr dropped;
+    {
+      std::lock_guard<std::mutex> lock(context->mutex_);
+      context->remove_fork(id_from(args, 0), id_from(args, 2));
+      dropped = context->collect(id_from(args, 0));
+    }
+    if (dropped) context->drop_(std::move(dropped));
     return c10::IValue();
   });
 }

@@ -32,8 +32,11 @@ class RRefContext : public RRefCodec, public std::enable_shared_from_this<RRefCo
 
   // The worker name of a rank (known once the world has joined).
   using NameFn = std::function<std::string(int rank)>;
+  // Lets go of a value nobody refers to any more, on a thread where freeing it may take long:
+  // forks and deletes are served on the loop thread.
+  using DropFn = std::function<void(FuturePtr value)>;
 
-  RRefContext(int self_rank, NameFn names, CallFn call, InvokeFn invoke);
+  RRefContext(int self_rank, NameFn names, CallFn call, InvokeFn invoke, DropFn drop);
 
   // The agent's internal functions ("ferry.rref.*") that owners serve.
   void register_functions(FunctionRegistry& internal);
@@ -69,13 +72,15 @@ class RRefContext : public RRefCodec, public std::enable_shared_from_this<RRefCo
   Owned& owned(const GlobalId& id);  // mutex held; creates the entry on first mention
   void add_fork(const GlobalId& id, const GlobalId& fork);     // mutex held
   void remove_fork(const GlobalId& id, const GlobalId& fork);  // mutex held
-  void collect(const GlobalId& id);                            // mutex held
+  // Mutex held. Forgets the value once no reference to it is left, and returns it then.
+  FuturePtr collect(const GlobalId& id);
   RRefPtr make_handle(int owner, bool is_owner, GlobalId id, GlobalId fork);
 
   const int self_rank_;
   const NameFn names_;
   const CallFn call_;
   const InvokeFn invoke_;
+  const DropFn drop_;
   std::mutex mutex_;
   std::uint64_t counter_ = 0;
   bool stopped_ = false;

@@ -100,6 +100,22 @@ TEST(Agent, CallbacksOfAsyncCallsRunOffTheLoop) {
   EXPECT_EQ(second->value().toInt(), 7);
 }
 
+// An inline function is served by the thread that reads the request: it answers while every pool
+// thread of its worker is busy and more work is queued behind them.
+TEST(Agent, InlineFunctionsAnswerWhileThePoolIsBusy) {
+  LocalWorld world;
+  std::vector<FuturePtr> sleepers;
+  for (int i = 0; i < 6; ++i) sleepers.push_back(rpc_async("b", "sleep_ms", {int64_t{4000}}));
+  EXPECT_EQ(rpc_sync("b", "inline_echo", {int64_t{42}}).toInt(), 42);
+  int finished = 0;
+  for (auto& s : sleepers) finished += s->completed() ? 1 : 0;
+  EXPECT_EQ(finished, 0) << "the inline call waited for the pool";
+  for (auto& s : sleepers) EXPECT_EQ(kind_and_error_of(s), "no error");
+  // Its errors travel as any function's do.
+  EXPECT_THAT(kind_and_error_of(rpc_async("b", "inline_echo", {})),
+              HasSubstr("RemoteException: call \"inline_echo\" on worker \"b\""));
+}
+
 TEST(Agent, ThousandConcurrentAsyncCallsAllComplete) {
   LocalWorld world;
   std::vector<FuturePtr> futures;
@@ -189,7 +205,7 @@ TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
       error,
       HasSubstr(
           "(registered: add, byte_count, bytes_sent, chain, double_it, echo, fail, fail_backward, "
-          "make_remote, owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, "
+          "inline_echo, make_remote, owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, "
           "sleep_ms, slow_backward, tensor_live_bytes, whoami)"))
       << error;
 }

@@ -61,6 +61,7 @@ void register_test_functions(rpc::FunctionRegistry& registry) {
                [](at::Tensor x, int64_t ms) { return SlowBackward::apply(x, ms); });
   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
   registry.add("echo", [](c10::IValue v) { return v; });
+  registry.add_inline("inline_echo", [](std::vector<c10::IValue>& args) { return args.at(0); });
   registry.add("byte_count", [](at::Tensor t) { return static_cast<int64_t>(t.nbytes()); });
   registry.add("bytes_sent", []() { return static_cast<int64_t>(rpc::agent().bytes_sent()); });
   registry.add("tensor_live_bytes", []() { return rpc::tensor_memory().live_bytes; });

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <type_traits>
@@ -32,6 +33,11 @@ class FunctionRegistry {
   // Each throws Error(InvalidArgument) if `name` is already registered.
   void add_raw(const std::string& name, RawFunction fn);
   void add_async(const std::string& name, AsyncFunction fn);
+  // A handler that never blocks and returns within microseconds (bookkeeping: a counter, a table
+  // entry). The agent runs it on the thread that read the request, saving the hand-off to a pool
+  // thread and one wake-up per call; while it runs no connection of this process is read, so a
+  // handler that waits, computes or frees much memory belongs in add_raw or add_async.
+  void add_inline(const std::string& name, RawFunction fn);
   // Typed form: arguments and result convert to and from IValue, e.g.
   //   registry.add("add", [](at::Tensor a, at::Tensor b) { return a + b; });
   template <typename F>
@@ -41,11 +47,14 @@ class FunctionRegistry {
   // an error. Throws Error(UnknownFunction) listing the registered names if there is none.
   FuturePtr invoke(const std::string& name, std::vector<c10::IValue>& args) const;
   bool contains(const std::string& name) const;
+  // Whether `name` was registered with add_inline.
+  bool runs_inline(const std::string& name) const;
   std::vector<std::string> names() const;
 
  private:
   mutable std::shared_mutex mutex_;
   std::map<std::string, AsyncFunction> functions_;
+  std::set<std::string> inline_;
 };
 
 namespace detail {

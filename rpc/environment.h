@@ -9,9 +9,8 @@
 
 namespace ferry::rpc {
 
-// `text`, the value of `name`, as a whole number of at least `min` ("of MiB", "of seconds": what
-// `unit` says it counts). Throws Error(Init) naming the variable otherwise.
-// At most `max`.
+// `text`, the value of `name`, as a whole number from `min` to `max` (of what `unit` names: "MiB",
+// "seconds"). Throws Error(Init) naming the variable and its value otherwise.
 std::int64_t parse_whole_number(const std::string& name, const std::string& text, std::int64_t min,
                                 const std::string& unit = "",
                                 std::int64_t max = std::numeric_limits<std::int64_t>::max());

@@ -31,10 +31,8 @@ void Agent::State::serve(std::uint64_t connection_id, int caller_rank, Message r
   std::weak_ptr<State> weak = weak_from_this();
   // An inline handler runs here, on the loop thread, once the agent runs and when no gradient
   // bookkeeping comes with the call; anything else waits for nothing on this thread.
-  bool here =
-      !request.grad.valid() &&
-      (internal.contains(request.function) ? internal : registry).runs_inline(request.function) &&
-      is_running();
+  bool here = !request.grad.valid() &&
+              registry_of(request.function).runs_inline(request.function) && is_running();
   auto run = [weak, connection_id, caller_rank, request = std::move(request)]() mutable {
     if (auto self = weak.lock()) self->run_request(weak, connection_id, caller_rank, request);
   };
@@ -63,8 +61,7 @@ void Agent::State::run_request(const std::weak_ptr<State>& weak, std::uint64_t c
       in_context = observer->enter(request.grad);
     }
     args = request.value.toTupleRef().elements().vec();
-    bool is_internal = internal.contains(request.function);
-    result = (is_internal ? internal : registry).invoke(request.function, args);
+    result = registry_of(request.function).invoke(request.function, args);
   } catch (...) {
     result = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
     result->setError(std::current_exception());

@@ -61,6 +61,10 @@ struct Agent::State : ConnectionObserver, std::enable_shared_from_this<Agent::St
   Options options;
   FunctionRegistry& registry;
   FunctionRegistry internal;  // the agent's own functions ("ferry.*"), apart from the user's
+  // The registry that serves `function`: the agent's own where it has it, else the user's.
+  const FunctionRegistry& registry_of(const std::string& function) const {
+    return internal.contains(function) ? internal : registry;
+  }
   std::shared_ptr<RRefContext> rrefs;
   std::unique_ptr<Rendezvous> rendezvous;
   WorkerInfo self;

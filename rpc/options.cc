@@ -29,14 +29,17 @@ const std::string* find(const std::map<std::string, std::string>& env, const cha
 const std::vector<std::string> kWorldSizeVariables = {"WORLD_SIZE", "SLURM_NTASKS",
                                                       "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
 
-// The first environment variable of `keys` that is set, parsed as a whole number of at least
-// `min`.
+// `text`, the value of `name`, as an int of at least `min`.
+int int_of(const std::string& name, const std::string& text, std::int64_t min) {
+  return static_cast<int>(parse_whole_number(name, text, min, "", std::numeric_limits<int>::max()));
+}
+
+// The first environment variable of `keys` that is set, parsed as an int of at least `min`.
 bool int_from_env(const std::map<std::string, std::string>& env,
                   const std::vector<std::string>& keys, std::int64_t min, int* out) {
   for (const std::string& key : keys) {
     if (const std::string* value = find(env, key.c_str())) {
-      *out = static_cast<int>(
-          parse_whole_number(key, *value, min, "", std::numeric_limits<int>::max()));
+      *out = int_of(key, *value, min);
       return true;
     }
   }
@@ -102,8 +105,7 @@ Options resolve_options(Options options, const std::map<std::string, std::string
       options.master_addr = "127.0.0.1";
     } else if (const std::string* local = find(env, "OMPI_COMM_WORLD_LOCAL_SIZE")) {
       // mpirun on one host: every rank is local, so the master is too.
-      if (parse_whole_number("OMPI_COMM_WORLD_LOCAL_SIZE", *local, 1, "",
-                             std::numeric_limits<int>::max()) == options.world_size) {
+      if (int_of("OMPI_COMM_WORLD_LOCAL_SIZE", *local, 1) == options.world_size) {
         options.master_addr = "127.0.0.1";
       }
     }

@@ -15,33 +15,23 @@
 #include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
-#include <thread>
 
 #include "tests/support/cluster.h"
 #include "tests/support/sanitizer_allowance.h"
+#include "tests/support/wait.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using ferry::testing::Process;
 using ferry::testing::read_file;
+using ferry::testing::wait_until;
 namespace fs = std::filesystem;
 
 // How long a training job, or its way to a checkpoint, may take.
 const auto kJobTime = std::chrono::seconds(120 * ferry::testing::kSanitizerSlowdown);
-
-// Waits up to `limit` for `done`, looking every `poll`; false if it never held.
-template <typename F>
-bool wait_until(F done, std::chrono::seconds limit,
-                std::chrono::milliseconds poll = std::chrono::milliseconds(100)) {
-  auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(poll);
-  }
-  return done();
-}
 
 // A master and three workers (or more), started one by one as a user starts them on separate
 // hosts.
@@ -272,11 +262,15 @@ void expect_spare_takes_over(const std::string& flags, int workers = 3,
       "spare",
       kCurveJob + flags + " --spares 1 --checkpoint-dir " + ckpt + " --metrics-file " + metrics,
       workers + 1);
-  ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt + "/LATEST"); }, kJobTime,
-                         std::chrono::milliseconds(10)))
+  // Into the second epoch: the checkpoint of the first is whole and a step of the second is
+  // done (the progress bar prints every step of so short an epoch when it is not a terminal).
+  const std::regex second_epoch_step(R"(epoch 2/3 \[[#.]*\] [1-9])");
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return fs::exists(ckpt + "/LATEST") && std::regex_search(world.log(), second_epoch_step);
+      },
+      kJobTime, std::chrono::milliseconds(10)))
       << world.log();
-  // Into the second epoch.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   world.workers[1]->kill(SIGKILL);  // worker2, the decoder's
   std::optional<int> status = world.master->wait(kJobTime);
   ASSERT_TRUE(status.has_value()) << world.log();

@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "tests/support/cluster.h"
 #include "tests/support/netns.h"
+#include "tests/support/wait.h"
 
 namespace {
 
@@ -85,11 +85,10 @@ TEST(MultiHost, ACutLinkFailsTheJobNamingTheHostBehindIt) {
     cluster.run(h, ferry::testing::worker_binary(), rank_env(h, 4, cluster.address(0)),
                 temp("cut-worker" + std::to_string(h)));
   }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (read_file(temp("cut-master")).find("epoch 1/50 [####") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  ASSERT_TRUE(ferry::testing::wait_until(
+      [&] { return read_file(temp("cut-master")).find("epoch 1/50 [####") != std::string::npos; },
+      std::chrono::seconds(90), std::chrono::milliseconds(100)))
+      << read_file(temp("cut-master"));
   ASSERT_EQ(std::system(("ip netns exec " + cluster.ns(2) + " ip link set eth0 down").c_str()), 0);
   auto cut = std::chrono::steady_clock::now();
   // Twice the RPC timeout (60 s) at most; keepalive and the unacknowledged-data limit find a

@@ -7,11 +7,11 @@
 #include <torch/torch.h>
 
 #include <stdexcept>
-#include <thread>
 
 #include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
+#include "tests/support/wait.h"
 
 namespace ferry {
 namespace {
@@ -115,10 +115,9 @@ TEST(RemoteModule, DroppedModulesAreFreedOnTheirWorker) {
     EXPECT_EQ(rpc::rpc_sync("b", "owned_rrefs").toInt(), before + 1 + 4);
   }
   int64_t after = -1;
-  for (int i = 0; i < 250 && after != before; ++i) {
-    std::this_thread::sleep_for(milliseconds(20));
-    after = rpc::rpc_sync("b", "owned_rrefs").toInt();
-  }
+  ferry::testing::wait_until(
+      [&] { return (after = rpc::rpc_sync("b", "owned_rrefs").toInt()) == before; },
+      std::chrono::seconds(5));
   EXPECT_EQ(after, before);
 }
 

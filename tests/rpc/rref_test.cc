@@ -6,11 +6,10 @@
 #include <signal.h>
 #include <torch/torch.h>
 
-#include <thread>
-
 #include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
+#include "tests/support/wait.h"
 
 namespace ferry::rpc {
 namespace {
@@ -31,12 +30,9 @@ LocalWorld::Settings three_peers() {
 // Polls `owner`'s count of owned values until it equals `expected` (bounded).
 int64_t owned_on(const std::string& owner, int64_t expected) {
   int64_t count = -1;
-  auto deadline = Clock::now() + milliseconds(5000);
-  while (Clock::now() < deadline) {
-    count = rpc_sync(owner, "owned_rrefs").toInt();
-    if (count == expected) break;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  ferry::testing::wait_until(
+      [&] { return (count = rpc_sync(owner, "owned_rrefs").toInt()) == expected; },
+      std::chrono::seconds(5));
   return count;
 }
 
@@ -121,10 +117,8 @@ TEST(RRef, MasterCanOwnValuesToo) {
   EXPECT_EQ(rpc_sync("c", "rref_value", {to_ivalue(mine)}).toStringRef(), "local");
   EXPECT_EQ(agent().owned_rref_count(), 1u);
   mine.reset();
-  auto deadline = Clock::now() + milliseconds(5000);
-  while (agent().owned_rref_count() != 0 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  ferry::testing::wait_until([] { return agent().owned_rref_count() == 0; },
+                             std::chrono::seconds(5));
   EXPECT_EQ(agent().owned_rref_count(), 0u);
 }
 

@@ -15,12 +15,13 @@
 
 #include "bench/processes.h"
 #include "bench/stats.h"
+#include "ferry/core/local_world.h"
+#include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/dist_autograd/optimizer.h"
 #include "ferry/models/compare.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/rpc/options.h"
-#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::bench {
@@ -158,11 +159,11 @@ int run_autograd_bench(const AutogradBenchSettings& settings) {
   dist_autograd::install(rpc::default_registry());
   models::register_unet_stages();
 
-  int port = rpc::pick_free_port();
+  int port = core::pick_free_port();
   std::vector<pid_t> workers;
   std::string worker_binary = binary_dir(settings.self_path) + "/ferry-worker";
   for (int rank = 1; rank <= 3; ++rank) {
-    auto env = loopback_world_env(rank, 4, port);
+    auto env = core::loopback_world_env(rank, 4, port);
     env["OMP_NUM_THREADS"] = std::to_string(threads);
     env["FERRY_LOG_LEVEL"] = "warn";
     workers.push_back(spawn_process(worker_binary, {"--name", fmt::format("worker{}", rank)}, env));
@@ -171,9 +172,9 @@ int run_autograd_bench(const AutogradBenchSettings& settings) {
 
   nlohmann::ordered_json out = measure(settings, threads);
   nlohmann::ordered_json rss;
-  rss["master"] = rpc::peak_rss_mib();
+  rss["master"] = core::peak_rss_mib();
   for (int rank = 1; rank <= 3; ++rank) {
-    rss[fmt::format("worker{}", rank)] = rpc::peak_rss_mib(workers[rank - 1]);
+    rss[fmt::format("worker{}", rank)] = core::peak_rss_mib(workers[rank - 1]);
   }
   out["peak_rss_mib"] = rss;
   rpc::shutdown();

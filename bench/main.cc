@@ -11,7 +11,7 @@
 #include "bench/pipeline_bench.h"
 #include "bench/rpc_bench.h"
 #include "bench/train_bench.h"
-#include "ferry/rpc/compute_thread.h"
+#include "ferry/core/local_world.h"
 
 namespace {
 
@@ -28,9 +28,9 @@ int main(int argc, char** argv) {
   // Every process of a benchmark shares this machine's cores, this one included (it drives the
   // split and trains the one-process baseline). libgomp reads the setting when it loads, so the
   // benchmark starts itself again with it; its workers inherit it. See
-  // rpc::kSharedMachineSpinCount.
+  // core::kSharedMachineSpinCount.
   if (!std::getenv("GOMP_SPINCOUNT")) {
-    setenv("GOMP_SPINCOUNT", ferry::rpc::kSharedMachineSpinCount, 1);
+    setenv("GOMP_SPINCOUNT", ferry::core::kSharedMachineSpinCount, 1);
     std::string self = self_path(argv[0]);
     execv(self.c_str(), argv);
   }

@@ -16,35 +16,17 @@
 
 #include "bench/processes.h"
 #include "bench/stats.h"
+#include "ferry/core/process_memory.h"
+#include "ferry/core/processes.h"
 
 namespace ferry::bench {
 namespace {
 
-struct Run {
-  bool ok = false;
-  std::string output;
-};
-
 // Runs a shell command and keeps what it prints.
-Run run(const std::string& command) {
-  Run r;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return r;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, pipe)) r.output += buf;
-  int status = pclose(pipe);
-  r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  return r;
-}
-
-std::string last_line(const std::string& text) {
-  std::string t = text;
-  while (!t.empty() && t.back() == '\n') t.pop_back();
-  return t.substr(t.rfind('\n') + 1);
-}
+core::CommandOutput run(const std::string& command) { return core::run_command(command); }
 
 bool out_of_memory(const std::string& output) {
-  return output.find("over this process's tensor memory budget") != std::string::npos;
+  return output.find(core::kOverBudget) != std::string::npos;
 }
 
 class Bench {
@@ -59,17 +41,17 @@ class Bench {
 
   // The single process's peaks at `batch`, or nullopt if it does not fit `budget_mib` (0: none).
   std::optional<nlohmann::json> single(int batch, int64_t budget_mib) {
-    Run r =
+    core::CommandOutput r =
         run(fmt::format("env -u RANK -u WORLD_SIZE '{}' footprint --model {} --image-size {} "
                         "--batch-size {} --optimizer {} --memory-budget-mib {}",
                         master_, model_, s_.image_size, batch, s_.optimizer, budget_mib));
     log(fmt::format("one process, batch {}: {}", batch,
-                    r.ok ? last_line(r.output) : "does not fit"));
-    if (!r.ok) {
+                    r.status == 0 ? r.last_line() : "does not fit"));
+    if (r.status != 0) {
       check_failure(r);
       return std::nullopt;
     }
-    return nlohmann::json::parse(last_line(r.output));
+    return nlohmann::json::parse(r.last_line());
   }
 
   // The stages' figures after one training step at `batch` under `setting`, or nullopt if a
@@ -82,13 +64,13 @@ class Bench {
     if (setting == "1f1b_checkpointed") flags += " --checkpoint-activations";
     // One training batch, and a fifth of it again for validation.
     const int samples = batch + std::max(1, batch / 4);
-    Run r = run(fmt::format(
+    core::CommandOutput r = run(fmt::format(
         "'{}' --nproc {} -- '{}' train --model {} --image-size {} --batch-size {} --samples {} "
         "--epochs 1 --optimizer {} --stages {} --balance memory --memory-budget-mib {}{} "
         "--metrics-file {}",
         launch_, s_.stages + 1, master_, model_, s_.image_size, batch, samples, s_.optimizer,
         s_.stages, budget_mib, flags, metrics_));
-    if (!r.ok) {
+    if (r.status != 0) {
       log(fmt::format("{} stages, {}, batch {}: does not fit", s_.stages, setting, batch));
       check_failure(r);
       return std::nullopt;
@@ -130,7 +112,7 @@ class Bench {
 
  private:
   // A run that failed for another reason than memory makes the benchmark meaningless.
-  void check_failure(const Run& r) {
+  void check_failure(const core::CommandOutput& r) {
     if (!out_of_memory(r.output)) {
       throw std::runtime_error("a run failed for another reason than memory:\n" + r.output);
     }

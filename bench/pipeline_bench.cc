@@ -11,11 +11,12 @@
 #include "bench/processes.h"
 #include "bench/stats.h"
 #include "examples/stage_plan.h"
+#include "ferry/core/local_world.h"
+#include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/rpc/options.h"
-#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::bench {
@@ -212,11 +213,11 @@ int run_pipeline_bench(const PipelineBenchSettings& s) {
   if (s.pin && !pinned) {
     std::cerr << fmt::format("{} stages on {} cores: not pinned\n", p, cores);
   }
-  int port = rpc::pick_free_port();
+  int port = core::pick_free_port();
   std::vector<pid_t> workers;
   std::string worker_binary = binary_dir(s.self_path) + "/ferry-worker";
   for (int rank = 1; rank <= p; ++rank) {
-    auto env = loopback_world_env(rank, p + 1, port);
+    auto env = core::loopback_world_env(rank, p + 1, port);
     env["OMP_NUM_THREADS"] = "1";
     env["FERRY_LOG_LEVEL"] = "warn";
     std::vector<std::string> args = {"--name", fmt::format("worker{}", rank)};

@@ -22,9 +22,6 @@ int run_process(const std::string& binary, const std::vector<std::string>& args,
                 const std::map<std::string, std::string>& env, const std::string& output = "");
 // Waits up to `grace` for `pid` to exit, then kills it.
 void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
-// The environment that makes a spawned process rank `rank` of a world of `world_size` on
-// loopback whose rank 0 listens on `port`.
-std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port);
 // Joins that world as its rank 0, named `name` (rpc::init).
 void init_loopback_master(const std::string& name, int world_size, int port);
 // The folder this binary lives in (other Ferry binaries are built beside it).

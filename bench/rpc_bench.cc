@@ -13,7 +13,8 @@
 #include "bench/processes.h"
 #include "bench/raw_tcp.h"
 #include "bench/stats.h"
-#include "ferry/rpc/log.h"
+#include "ferry/core/local_world.h"
+#include "ferry/core/log.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::bench {
@@ -42,8 +43,8 @@ int run_rpc_peer() {
 
 int run_rpc_bench(const RpcBenchSettings& settings) {
   register_bench_functions();
-  int port = rpc::pick_free_port();
-  pid_t peer = spawn_process(settings.self_path, {"rpc-peer"}, loopback_world_env(1, 2, port));
+  int port = core::pick_free_port();
+  pid_t peer = spawn_process(settings.self_path, {"rpc-peer"}, core::loopback_world_env(1, 2, port));
   init_loopback_master("bench", 2, port);
   const std::string to = "worker1";
   nlohmann::ordered_json out;

@@ -1,6 +1,7 @@
 # `cmake --install build --prefix P`: Ferry's libraries, public headers, binaries and a CMake
 # package, so that another project's `find_package(Ferry)` gives
-#   Ferry::ferry                 every layer (rpc, remote_module, dist_autograd, pipeline, models, data)
+#   Ferry::ferry                 every layer (core, rpc, remote_module, dist_autograd, pipeline,
+#                                models, data)
 #   Ferry::rpc, Ferry::models... one layer and the layers below it
 #   Ferry::plugin                Ferry's headers and LibTorch, for a stage plugin that ferry-worker
 #                                loads (ferry/remote_module/stage_plugin.h): no Ferry library
@@ -8,7 +9,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(FERRY_LAYERS rpc remote_module dist_autograd pipeline models data)
+set(FERRY_LAYERS core rpc remote_module dist_autograd pipeline models data)
 set(FERRY_LAYER_TARGETS)
 foreach(layer ${FERRY_LAYERS})
   set_target_properties(ferry_${layer} PROPERTIES EXPORT_NAME ${layer})
@@ -22,6 +23,7 @@ set_target_properties(ferry_all PROPERTIES EXPORT_NAME ferry)
 
 add_library(ferry_plugin INTERFACE)
 target_include_directories(ferry_plugin INTERFACE
+  $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/core/include>
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/rpc/include>
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/remote_module/include>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)

@@ -12,10 +12,10 @@ function(ferry_target target)
   target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:ferry_pch>)
 endfunction()
 
-# Plugins (ferry/remote_module/stage_plugin.h) call the rpc and remote_module functions of the
-# program that loads them: a program that loads plugins exports all of them.
+# Plugins (ferry/remote_module/stage_plugin.h) call the core, rpc and remote_module functions of
+# the program that loads them: a program that loads plugins exports all of them.
 function(ferry_plugin_host target)
   set_target_properties(${target} PROPERTIES ENABLE_EXPORTS ON)
   target_link_options(${target} PRIVATE "LINKER:--whole-archive" $<TARGET_FILE:ferry_remote_module>
-    $<TARGET_FILE:ferry_rpc> "LINKER:--no-whole-archive")
+    $<TARGET_FILE:ferry_rpc> $<TARGET_FILE:ferry_core> "LINKER:--no-whole-archive")
 endfunction()

@@ -190,9 +190,9 @@ void rethrow_first_failure(std::int64_t context_id, const std::vector<FuturePtr>
     try {
       std::rethrow_exception(call->exception_ptr());
     } catch (const rpc::Error& e) {
-      if (!e.cause().empty()) throw rpc::Error(e.kind(), e.cause());
-      throw rpc::Error(e.kind(), fmt::format("distributed backward of context {} failed: {}",
-                                             context_id, e.what()));
+      if (!e.cause().empty()) throw e.restated(e.cause());
+      throw e.restated(
+          fmt::format("distributed backward of context {} failed: {}", context_id, e.what()));
     } catch (const std::exception& e) {
       throw part_failed(context_id, e.what());
     }

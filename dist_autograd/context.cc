@@ -12,8 +12,8 @@
 #include "dist_autograd/context_store.h"
 #include "dist_autograd/install.h"
 #include "dist_autograd/when_all.h"
+#include "ferry/core/log.h"
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::dist_autograd {

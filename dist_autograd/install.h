@@ -10,6 +10,6 @@ namespace ferry::dist_autograd {
 
 std::shared_ptr<rpc::GradObserver> make_grad_observer();     // recording.cc
 void install_backward_functions(rpc::FunctionRegistry& r);   // backward.cc
-void install_optimizer_functions(rpc::FunctionRegistry& r);  // optimizer.cc
+void install_optimizer_functions(rpc::FunctionRegistry& r);  // local_optimizer.cc
 
 }  // namespace ferry::dist_autograd

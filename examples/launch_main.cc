@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,14 +16,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "ferry/rpc/compute_thread.h"
-#include "ferry/rpc/options.h"
+#include "ferry/core/local_world.h"
+#include "ferry/core/processes.h"
 
-extern char** environ;
 
 namespace {
 
@@ -39,27 +39,6 @@ struct Child {
   bool running = true;
   bool output_open = true;  // until its pipe reports end of file
 };
-
-pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env,
-            int out_fd) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out_fd, STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, out_fd, STDERR_FILENO);
-  std::vector<char*> argv, envp;
-  for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawnp(&pid, command[0].c_str(), &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    std::fprintf(stderr, "ferry-launch: cannot start %s: %s\n", command[0].c_str(), strerror(rc));
-    return -1;
-  }
-  return pid;
-}
 
 // Passes on complete lines (ended by \n, or by \r for progress bars) with the rank in front.
 void relay(Child& child, bool flush_all) {
@@ -122,14 +101,21 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("command", command, "the command, after --")->required();
   CLI11_PARSE(app, argc, argv);
-  if (port == 0) port = ferry::rpc::pick_free_port();
+  if (port == 0) {
+    try {
+      port = ferry::core::pick_free_port();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ferry-launch: %s\n", e.what());
+      return 2;
+    }
+  }
 
   bool set_spin = nproc > 1 && std::getenv("GOMP_SPINCOUNT") == nullptr;
   if (set_spin) {
     std::fprintf(stderr,
                  "ferry-launch: GOMP_SPINCOUNT=%s for every rank, since they share this "
                  "machine's cores (set it yourself to choose another)\n",
-                 ferry::rpc::kSharedMachineSpinCount);
+                 ferry::core::kSharedMachineSpinCount);
   }
   signal(SIGINT, remember_signal);
   signal(SIGTERM, remember_signal);
@@ -140,17 +126,15 @@ int main(int argc, char** argv) {
       std::perror("ferry-launch: pipe");
       return 1;
     }
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) env.emplace_back(*e);
-    env.push_back("RANK=" + std::to_string(rank));
-    env.push_back("LOCAL_RANK=" + std::to_string(rank));
-    env.push_back("WORLD_SIZE=" + std::to_string(nproc));
-    env.push_back("MASTER_ADDR=127.0.0.1");
-    env.push_back("MASTER_PORT=" + std::to_string(port));
-    if (set_spin)
-      env.push_back(std::string("GOMP_SPINCOUNT=") + ferry::rpc::kSharedMachineSpinCount);
+    std::map<std::string, std::string> env = ferry::core::loopback_world_env(rank, nproc, port);
+    env["LOCAL_RANK"] = std::to_string(rank);
+    if (set_spin) env["GOMP_SPINCOUNT"] = ferry::core::kSharedMachineSpinCount;
     children[rank].rank = rank;
-    children[rank].pid = spawn(command, env, fds[1]);
+    try {
+      children[rank].pid = ferry::core::spawn_process(command, env, fds[1]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ferry-launch: %s\n", e.what());
+    }
     close(fds[1]);
     children[rank].output = fds[0];
     fcntl(fds[0], F_SETFL, O_NONBLOCK);

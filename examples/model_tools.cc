@@ -8,9 +8,10 @@
 #include <iostream>
 #include <memory>
 
+#include "ferry/core/process_memory.h"
+#include "ferry/core/processes.h"
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
-#include "ferry/rpc/process_memory.h"
 
 namespace ferry::examples {
 
@@ -80,8 +81,8 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks) {
 int measure_single_process(const std::string& model, int64_t classes, int64_t image_size,
                            int64_t batch_size, const std::string& optimizer_name,
                            int64_t memory_budget_mib) {
-  rpc::count_tensor_memory();
-  rpc::set_tensor_memory_budget(memory_budget_mib << 20);
+  core::count_tensor_memory();
+  core::set_tensor_memory_budget(memory_budget_mib << 20);
   models::Unet net(depth_of(model), classes);
   at::Tensor x = torch::randn({batch_size, 3, image_size, image_size});
   at::Tensor target = torch::zeros({batch_size, classes, image_size, image_size});
@@ -97,8 +98,8 @@ int measure_single_process(const std::string& model, int64_t classes, int64_t im
   torch::binary_cross_entropy_with_logits(net->forward(x), target).backward();
   optimizer->step();
   nlohmann::ordered_json out{
-      {"peak_rss_mib", rpc::peak_rss_mib()},
-      {"peak_tensor_mib", static_cast<double>(rpc::tensor_memory().peak_bytes) / (1 << 20)}};
+      {"peak_rss_mib", core::peak_rss_mib()},
+      {"peak_tensor_mib", static_cast<double>(core::tensor_memory().peak_bytes) / (1 << 20)}};
   std::cout << out.dump() << std::endl;
   return 0;
 }
@@ -112,14 +113,10 @@ double single_process_peak_mib(const std::string& model, int64_t classes, int64_
       "env -u RANK -u WORLD_SIZE -u SLURM_PROCID '{}' footprint --model {} --classes {} "
       "--image-size {} --batch-size {} --optimizer {}",
       std::string(self, n), model, classes, image_size, batch_size, optimizer);
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return -1;
-  char buf[256];
-  std::string last;
-  while (fgets(buf, sizeof buf, pipe)) last = buf;
-  if (pclose(pipe) != 0) return -1;
+  core::CommandOutput ran = core::run_command(command, /*with_stderr=*/false);
+  if (ran.status != 0) return -1;
   try {
-    return nlohmann::json::parse(last).at("peak_rss_mib").get<double>();
+    return nlohmann::json::parse(ran.last_line()).at("peak_rss_mib").get<double>();
   } catch (const std::exception&) {
     return -1;
   }

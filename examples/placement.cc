@@ -5,10 +5,11 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 
+#include "ferry/core/process_memory.h"
 #include "ferry/models/unet_blocks.h"
-#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::examples {
@@ -102,7 +103,7 @@ std::string stages_concerned(const rpc::Error& e,
                              const std::vector<const models::RemoteUnet*>& replicas,
                              const std::string& checkpoint_dir) {
   const bool lost = e.kind() == rpc::ErrorKind::PeerDied || e.kind() == rpc::ErrorKind::Timeout;
-  const bool memory = std::string(e.what()).find(rpc::kOverBudget) != std::string::npos;
+  const bool memory = std::string(e.what()).find(core::kOverBudget) != std::string::npos;
   if (!lost && !memory) return "";
   const std::vector<models::UnetBlock> blocks = models::unet_blocks(replicas.at(0)->depth());
   std::map<std::string, std::vector<std::string>> hosted;
@@ -117,9 +118,16 @@ std::string stages_concerned(const rpc::Error& e,
                        : fmt::format("{} (blocks {}..{})", name, from, to));
     }
   }
+  // The error's own worker; for a loss, also every worker this process saw go, since another
+  // worker may have reported the loss first.
+  std::set<std::string> concerned;
+  if (!e.worker().empty()) concerned.insert(e.worker());
+  if (lost) {
+    for (const std::string& worker : rpc::agent().lost_workers()) concerned.insert(worker);
+  }
   std::string out;
   for (const auto& [worker, names] : hosted) {
-    if (std::string(e.what()).find(fmt::format("\"{}\"", worker)) == std::string::npos) continue;
+    if (!concerned.count(worker)) continue;
     out += fmt::format("; worker \"{}\" {} stage {}", worker, lost ? "held" : "holds",
                        fmt::join(names, ", "));
   }

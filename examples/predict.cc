@@ -14,12 +14,12 @@
 #include "examples/train.h"
 #include "examples/train_report.h"
 #include "examples/worker_loop.h"
+#include "ferry/core/log.h"
 #include "ferry/data/dataset.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/models/unet.h"
 #include "ferry/models/weights.h"
 #include "ferry/remote_module/checkpoint.h"
-#include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::examples {

@@ -11,8 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ferry/core/log.h"
 #include "ferry/remote_module/remote_module.h"
-#include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
 
 int main(int argc, char** argv) {

@@ -33,6 +33,8 @@
 #include "examples/train_report.h"
 #include "examples/train_setup.h"
 #include "examples/worker_loop.h"
+#include "ferry/core/log.h"
+#include "ferry/core/process_memory.h"
 #include "ferry/data/dataset.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/dist_autograd/lr_schedule.h"
@@ -43,8 +45,6 @@
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
-#include "ferry/rpc/log.h"
-#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::examples {
@@ -548,14 +548,14 @@ int run_training(const TrainSettings& settings) {
     return 2;
   }
   if (settings.memory_budget_mib > 0) {
-    rpc::set_tensor_memory_budget(settings.memory_budget_mib << 20);
+    core::set_tensor_memory_budget(settings.memory_budget_mib << 20);
   }
   if (!load_plugins(settings.plugins)) return 2;
   if (options.rank != 0) return serve_as_worker(options);
   return run_as_master(
       options, "training", [&] { return train_as_master(settings); },
       [](std::string what) {
-        if (what.find(rpc::kOverBudget) != std::string::npos) {
+        if (what.find(core::kOverBudget) != std::string::npos) {
           what +=
               "; to fit, cut the model into more stages (--stages), use more micro-batches "
               "(--pipeline 1f1b --microbatches M) or recompute activations "

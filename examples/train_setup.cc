@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "ferry/core/log.h"
+#include "ferry/core/process_memory.h"
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/log.h"
-#include "ferry/rpc/process_memory.h"
 
 namespace ferry::examples {
 
@@ -112,14 +112,14 @@ StagePlan plan_of(const TrainSettings& s) {
   p.in_flight_samples =
       in_flight_samples(s.batch_size, s.microbatches, s.pipeline == "1f1b", stages);
   // The blocks are measured here, all in this process: no stage's budget applies to that.
-  const std::int64_t budget = rpc::tensor_memory_budget();
-  rpc::set_tensor_memory_budget(0);
+  const std::int64_t budget = core::tensor_memory_budget();
+  core::set_tensor_memory_budget(0);
   try {
     StagePlan plan = plan_stages(p);
-    rpc::set_tensor_memory_budget(budget);
+    core::set_tensor_memory_budget(budget);
     return plan;
   } catch (...) {
-    rpc::set_tensor_memory_budget(budget);
+    core::set_tensor_memory_budget(budget);
     throw;
   }
 }

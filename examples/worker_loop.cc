@@ -2,12 +2,12 @@
 
 #include <fmt/ranges.h>
 
+#include "ferry/core/log.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/stage_host.h"
 #include "ferry/remote_module/stage_plugin.h"
-#include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::examples {

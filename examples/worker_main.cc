@@ -5,7 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/worker_loop.h"
-#include "ferry/rpc/process_memory.h"
+#include "ferry/core/process_memory.h"
 
 int main(int argc, char** argv) {
   CLI::App app("Ferry worker: hosts model stages for a master");
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   app.add_option("--plugin", plugins,
                  "a shared library of stage types to host (FERRY_REGISTER_STAGE); repeatable");
   CLI11_PARSE(app, argc, argv);
-  if (memory_budget_mib > 0) ferry::rpc::set_tensor_memory_budget(memory_budget_mib << 20);
+  if (memory_budget_mib > 0) ferry::core::set_tensor_memory_budget(memory_budget_mib << 20);
   if (!ferry::examples::load_plugins(plugins)) return 2;
 
   return ferry::examples::serve_as_worker(options);

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/frame.h"
 #include "rpc/auth.h"
+#include "rpc/frame.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include <iostream>
 #include <string>
 
-#include "ferry/rpc/frame.h"
 #include "rpc/auth.h"
+#include "rpc/frame.h"
 
 using ferry::rpc::HandshakeStep;
 using ferry::rpc::Message;

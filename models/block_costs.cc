@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
+#include "ferry/core/process_memory.h"
 #include "ferry/models/unet_blocks.h"
-#include "ferry/rpc/error.h"
-#include "ferry/rpc/process_memory.h"
 
 namespace ferry::models {
 namespace {
@@ -30,12 +30,12 @@ std::vector<at::Tensor> detached_leaves(const std::vector<at::Tensor>& carry) {
 std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64_t image_size,
                                            int64_t sample_batch, int64_t seed, int timed_passes) {
   if (image_size < 32 || image_size % 32 != 0) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("image size {} is not a multiple of 32 (the U-Net's encoder "
-                                 "halves it five times)",
-                                 image_size));
+    throw std::invalid_argument(
+        fmt::format("image size {} is not a multiple of 32 (the U-Net's encoder "
+                    "halves it five times)",
+                    image_size));
   }
-  rpc::count_tensor_memory();
+  core::count_tensor_memory();
   const auto count = static_cast<int64_t>(unet_blocks(depth).size());
   UnetBlocks net(depth, classes, 0, count, seed);
   net->train(true);
@@ -57,14 +57,14 @@ std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64
             std::max(measured.largest_parameter_bytes, static_cast<int64_t>(p.nbytes()));
       }
       std::vector<at::Tensor> inputs = detached_leaves(carry);
-      const std::int64_t before = rpc::tensor_memory().live_bytes;
+      const std::int64_t before = core::tensor_memory().live_bytes;
       auto start = Clock::now();
       std::vector<at::Tensor> outputs = net->forward_block(k, inputs);
       measured.forward_s_per_sample = seconds_since(start) / samples;
       const at::Tensor& made = outputs.back();
       measured.output_bytes_per_sample = static_cast<double>(made.nbytes()) / samples;
       measured.activation_bytes_per_sample =
-          std::max(static_cast<double>(rpc::tensor_memory().live_bytes - before) / samples,
+          std::max(static_cast<double>(core::tensor_memory().live_bytes - before) / samples,
                    measured.output_bytes_per_sample);
       start = Clock::now();
       made.backward(torch::ones_like(made));

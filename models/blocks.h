@@ -16,7 +16,7 @@
 namespace ferry::models::detail {
 
 // Residual blocks per layer of a ResNet of `depth`, and whether they are bottlenecks. Throws
-// rpc::Error(InvalidArgument) listing the depths there are for any other.
+// std::invalid_argument listing the depths there are for any other.
 struct ResNetLayout {
   bool bottleneck;
   int64_t blocks[4];

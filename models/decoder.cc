@@ -4,8 +4,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <stdexcept>
+
 #include "ferry/models/unet.h"
-#include "ferry/rpc/error.h"
 #include "models/blocks.h"
 
 namespace ferry::models {
@@ -46,10 +47,10 @@ using detail::DecoderBlock;
 UnetDecoderImpl::UnetDecoderImpl(std::vector<int64_t> encoder_channels,
                                  std::vector<int64_t> decoder_channels) {
   if (encoder_channels.size() != 6 || decoder_channels.size() != 5) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("a U-Net decoder takes 6 encoder channels and 5 decoder "
-                                 "channels, got {} and {}",
-                                 encoder_channels.size(), decoder_channels.size()));
+    throw std::invalid_argument(
+        fmt::format("a U-Net decoder takes 6 encoder channels and 5 decoder "
+                    "channels, got {} and {}",
+                    encoder_channels.size(), decoder_channels.size()));
   }
   // Deepest first; the stride-1 feature (the input) is never a skip.
   std::vector<int64_t> skips(encoder_channels.rbegin() + 1, encoder_channels.rend() - 1);
@@ -66,10 +67,10 @@ UnetDecoderImpl::UnetDecoderImpl(std::vector<int64_t> encoder_channels,
 
 at::Tensor UnetDecoderImpl::forward(const std::vector<at::Tensor>& features) {
   if (features.size() != 5 && features.size() != 6) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("the U-Net decoder takes the encoder's 6 features (or the 5 "
-                                 "after the input) but got {} tensors",
-                                 features.size()));
+    throw std::invalid_argument(
+        fmt::format("the U-Net decoder takes the encoder's 6 features (or the 5 "
+                    "after the input) but got {} tensors",
+                    features.size()));
   }
   // Skips deepest first, after the head feature; the last block has none.
   std::vector<at::Tensor> skips(features.rbegin(), features.rbegin() + 5);

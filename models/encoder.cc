@@ -4,8 +4,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <stdexcept>
+
 #include "ferry/models/unet.h"
-#include "ferry/rpc/error.h"
 #include "models/blocks.h"
 
 namespace ferry::models {
@@ -35,8 +36,7 @@ ResNetLayout resnet_layout(int64_t depth) {
     case 152:
       return {true, {3, 8, 36, 3}};
     default:
-      throw rpc::Error(
-          rpc::ErrorKind::InvalidArgument,
+      throw std::invalid_argument(
           fmt::format("no ResNet of depth {} (there are 18, 34, 50, 101, 152)", depth));
   }
 }

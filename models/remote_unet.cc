@@ -13,9 +13,7 @@
 namespace ferry::models {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) {
-  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
-}
+[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
 
 void check_plan(int64_t depth, const std::vector<RemoteUnet::StagePlan>& plan) {
   const auto count = static_cast<int64_t>(unet_blocks(depth).size());
@@ -93,8 +91,8 @@ RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes, const std::vector<
       try {
         module.to(stage.device);
       } catch (const rpc::Error& e) {
-        throw rpc::Error(e.kind(), fmt::format("placing stage \"{}\" on {}/{}: {}", stage.name,
-                                               stage.worker, stage.device, e.what()));
+        throw e.restated(fmt::format("placing stage \"{}\" on {}/{}: {}", stage.name, stage.worker,
+                                     stage.device, e.what()));
       }
     }
     net.stages_.push_back({stage, std::move(module)});

@@ -4,18 +4,18 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <stdexcept>
+
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
 #include "ferry/remote_module/stage.h"
-#include "ferry/rpc/error.h"
 
 namespace ferry::models {
 namespace {
 
 at::Tensor one_tensor(const std::vector<c10::IValue>& inputs, const char* stage) {
   if (inputs.size() != 1 || !inputs[0].isTensor()) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("stage \"{}\" takes one tensor", stage));
+    throw std::invalid_argument(fmt::format("stage \"{}\" takes one tensor", stage));
   }
   return inputs[0].toTensor();
 }
@@ -42,8 +42,7 @@ std::unique_ptr<Stage> make_decoder(const StageConfig& config) {
   auto net = std::make_shared<UnetDecoderImpl>(resnet_channels(depth));
   return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     if (inputs.size() != 1 || !inputs[0].isTensorList()) {
-      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                       "stage \"unet.decoder\" takes the encoder's list of features");
+      throw std::invalid_argument("stage \"unet.decoder\" takes the encoder's list of features");
     }
     return c10::IValue(net->forward(inputs[0].toTensorVector()));
   });
@@ -77,11 +76,11 @@ std::unique_ptr<Stage> make_blocks(const StageConfig& config) {
     } else if (inputs.size() == 1 && inputs[0].isTensorList()) {
       carry = inputs[0].toTensorVector();
     } else {
-      throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                       fmt::format("stage \"unet.blocks\" (blocks {}) takes the image or the "
-                                   "carry list of the stage before, not {} value{}",
-                                   net->range_name(), inputs.size(),
-                                   inputs.size() == 1 ? " of type " + inputs[0].tagKind() : "s"));
+      throw std::invalid_argument(
+          fmt::format("stage \"unet.blocks\" (blocks {}) takes the image or the "
+                      "carry list of the stage before, not {} value{}",
+                      net->range_name(), inputs.size(),
+                      inputs.size() == 1 ? " of type " + inputs[0].tagKind() : "s"));
     }
     carry = net->forward(std::move(carry));
     if (ends_model) return c10::IValue(carry.back());

@@ -7,8 +7,9 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <stdexcept>
+
 #include "ferry/models/unet.h"
-#include "ferry/rpc/error.h"
 #include "models/blocks.h"
 
 namespace ferry::models {
@@ -16,9 +17,7 @@ namespace {
 
 namespace nn = torch::nn;
 
-[[noreturn]] void fail(const std::string& message) {
-  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
-}
+[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
 
 constexpr int64_t kDecoderChannels[5] = {256, 128, 64, 32, 16};
 constexpr int64_t kPlanes[4] = {64, 128, 256, 512};

@@ -1,8 +1,8 @@
 #include "ferry/models/weights.h"
 
+#include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <caffe2/serialize/inline_container.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -10,16 +10,15 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 
-#include "ferry/rpc/error.h"
 #include "models/torch_save_reader.h"
 
 namespace ferry::models {
 namespace {
 
 [[noreturn]] void bad_file(const std::string& path, const std::string& what) {
-  throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                   fmt::format("weights file \"{}\": {}", path, what));
+  throw std::invalid_argument(fmt::format("weights file \"{}\": {}", path, what));
 }
 
 std::string message_of(const std::exception& e) {

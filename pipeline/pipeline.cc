@@ -14,11 +14,14 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 
+#include "ferry/core/log.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/log.h"
 #include "ferry/rpc/rpc.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage_events.h"
 #include "pipeline/wire.h"
 
 namespace ferry {
@@ -96,10 +99,25 @@ void report_to(const std::shared_ptr<Inbox>& inbox, const rpc::FuturePtr& call,
 
 std::atomic<std::int64_t> pipeline_counter{1};
 
-double seconds(std::int64_t ns) { return static_cast<double>(ns) * 1e-9; }
-
 // The difference between `worker`'s steady clock and ours: the middle of the round trip that
 // was quickest of a few.
+// What Pipeline::step needs before it sends anything.
+void check_step_arguments(std::int64_t context, const at::Tensor& input, const at::Tensor& target) {
+  if (context == 0) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     "Pipeline::step needs an open ferry::dist_autograd::Context on this thread");
+  }
+  if (!input.defined() || input.dim() == 0 || input.size(0) == 0) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     "Pipeline::step needs a batch of at least one sample");
+  }
+  if (!target.defined() || target.dim() == 0 || target.size(0) != input.size(0)) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("Pipeline::step: {} inputs but targets of shape {}", input.size(0),
+                                 target.defined() ? c10::str(target.sizes()) : "(none)"));
+  }
+}
+
 std::int64_t clock_offset_ns(const std::string& worker) {
   std::int64_t best_rtt = std::numeric_limits<std::int64_t>::max();
   std::int64_t offset = 0;
@@ -227,6 +245,16 @@ Pipeline::~Pipeline() {
   }
 }
 
+void Pipeline::discard_step() {
+  for (const RemoteModule& stage : stages_) {
+    try {
+      rpc::rpc_sync(stage.worker(), "ferry.pipeline.discard", {id_});
+    } catch (const std::exception& e) {
+      log::debug("pipeline {}: discard on {}: {}", id_, stage.worker(), e.what());
+    }
+  }
+}
+
 std::vector<Pipeline::StageMemory> Pipeline::memory_peaks() {
   std::vector<StageMemory> out;
   for (size_t s = 0; s < stages_.size(); ++s) {
@@ -244,18 +272,7 @@ std::vector<Pipeline::StageMemory> Pipeline::memory_peaks() {
 Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& target,
                                     const Loss& loss) {
   const std::int64_t context = dist_autograd::current_context_id();
-  if (context == 0) {
-    throw Error(ErrorKind::InvalidArgument,
-                "Pipeline::step needs an open ferry::dist_autograd::Context on this thread");
-  }
-  if (!input.defined() || input.dim() == 0 || input.size(0) == 0) {
-    throw Error(ErrorKind::InvalidArgument, "Pipeline::step needs a batch of at least one sample");
-  }
-  if (!target.defined() || target.dim() == 0 || target.size(0) != input.size(0)) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("Pipeline::step: {} inputs but targets of shape {}", input.size(0),
-                            target.defined() ? c10::str(target.sizes()) : "(none)"));
-  }
+  pipeline::check_step_arguments(context, input, target);
   const auto p = static_cast<int>(stages_.size());
   const int m_count =
       static_cast<int>(std::min<std::int64_t>(options_.microbatches, input.size(0)));
@@ -276,8 +293,9 @@ Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& t
 
   StepResult result;
   std::vector<at::Tensor> outputs(m_count), grads(m_count);
-  const int window = options_.schedule == Schedule::OneFOneB ? std::min(p, m_count) : m_count;
-  int forwards_sent = 0, outputs_in = 0, backwards_done = 0;
+  std::unique_ptr<pipeline::MicrobatchSchedule> schedule =
+      pipeline::make_schedule(options_.schedule, p, m_count);
+  int outputs_in = 0, backwards_done = 0;
   auto send_forward = [&](int m) {
     input_sent[m] = now_ns();
     auto call = rpc::rpc_async(
@@ -319,7 +337,7 @@ Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& t
 
   const auto patience = rpc::agent().options().rpc_timeout + std::chrono::seconds(5);
   try {
-    while (forwards_sent < window) send_forward(forwards_sent++);
+    for (int m : schedule->start()) send_forward(m);
     while (backwards_done < m_count) {
       pipeline::Arrival arrival;
       if (!inbox->pop(&arrival, patience)) {
@@ -336,82 +354,28 @@ Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& t
         case pipeline::Arrival::Output:
           take_output(m, std::move(arrival.output));
           ++outputs_in;
-          if (options_.schedule == Schedule::OneFOneB) {
-            send_backward(m);
-          } else if (outputs_in == m_count) {
-            for (int k = 0; k < m_count; ++k) send_backward(k);
-          }
+          for (int k : schedule->on_output(m)) send_backward(k);
           break;
         case pipeline::Arrival::BackwardDone:
           ++backwards_done;
-          if (forwards_sent < m_count) send_forward(forwards_sent++);
+          if (std::optional<int> next = schedule->on_backward_done()) send_forward(*next);
           break;
       }
     }
   } catch (...) {
-    // What the failed step left on the workers goes, so that the next step starts clean.
-    for (const RemoteModule& stage : stages_) {
-      try {
-        rpc::rpc_sync(stage.worker(), "ferry.pipeline.discard", {id_});
-      } catch (const std::exception& e) {
-        log::debug("pipeline {}: discard on {}: {}", id_, stage.worker(), e.what());
-      }
-    }
+    discard_step();
     throw;
   }
   const std::int64_t step_end = now_ns();
 
-  // Each stage's events, on our clock; a receive span runs from its sender's send to its arrival.
-  std::map<std::tuple<int, int, int>, std::int64_t> sends;  // (backward?, to stage, mb) -> start
-  for (int m = 0; m < m_count; ++m) {
-    sends[{0, 0, m}] = input_sent[m];
-    sends[{1, p - 1, m}] = grad_sent[m];
-  }
   std::vector<at::Tensor> events(p);
   for (int s = 0; s < p; ++s) {
     events[s] = rpc::rpc_sync(stages_[s].worker(), "ferry.pipeline.events", {id_, std::int64_t{s}})
                     .toTensor();
-    auto e = events[s].accessor<std::int64_t, 2>();
-    for (std::int64_t i = 0; i < e.size(0); ++i) {
-      std::int64_t kind = e[i][0];
-      if (kind == pipeline::kSendForwardEvent && s + 1 < p) {
-        sends[{0, s + 1, static_cast<int>(e[i][1])}] = e[i][2] - clock_offsets_ns_[s];
-      } else if (kind == pipeline::kSendBackwardEvent && s > 0) {
-        sends[{1, s - 1, static_cast<int>(e[i][1])}] = e[i][2] - clock_offsets_ns_[s];
-      }
-    }
   }
-  for (int s = 0; s < p; ++s) {
-    auto e = events[s].accessor<std::int64_t, 2>();
-    for (std::int64_t i = 0; i < e.size(0); ++i) {
-      const auto kind = static_cast<pipeline::EventKind>(e[i][0]);
-      const int m = static_cast<int>(e[i][1]);
-      const double start = seconds(e[i][2] - clock_offsets_ns_[s]);
-      const double end = seconds(e[i][3] - clock_offsets_ns_[s]);
-      const int compute = pipeline::Timeline::compute_track(s);
-      switch (kind) {
-        case pipeline::kForwardEvent:
-          spans.push_back({compute, SpanKind::Forward, step, m, start, end});
-          break;
-        case pipeline::kBackwardEvent:
-          spans.push_back({compute, SpanKind::Backward, step, m, start, end});
-          break;
-        case pipeline::kSendForwardEvent:
-        case pipeline::kSendBackwardEvent:
-          spans.push_back({compute, SpanKind::Send, step, m, start, end});
-          break;
-        case pipeline::kArriveForwardEvent:
-        case pipeline::kArriveBackwardEvent: {
-          auto sent = sends.find({kind == pipeline::kArriveBackwardEvent ? 1 : 0, s, m});
-          if (sent != sends.end()) {
-            spans.push_back({pipeline::Timeline::receive_track(s), SpanKind::Receive, step, m,
-                             std::min(seconds(sent->second), end), end});
-          }
-          break;
-        }
-      }
-    }
-  }
+  std::vector<Span> stages =
+      pipeline::stage_spans(events, clock_offsets_ns_, input_sent, grad_sent, step);
+  spans.insert(spans.end(), stages.begin(), stages.end());
   timeline_->add_step(std::move(spans), seconds(step_start), seconds(step_end));
   result.output = at::cat(outputs);
   return result;

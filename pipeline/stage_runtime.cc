@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 
+#include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/portal.h"
@@ -23,9 +24,9 @@
 #include "ferry/remote_module/step_statistics.h"
 #include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 #include "pipeline/in_order.h"
+#include "pipeline/slot_table.h"
 #include "pipeline/wire.h"
 
 namespace ferry::pipeline {
@@ -74,27 +75,13 @@ struct Slot {
 };
 using SlotPtr = std::shared_ptr<Slot>;
 
-std::mutex slots_mutex;
-std::map<std::pair<std::int64_t, std::int64_t>, SlotPtr> slots;  // (pipeline, stage)
-
-SlotPtr slot_of(std::int64_t pipeline, std::int64_t index) {
-  std::lock_guard<std::mutex> lock(slots_mutex);
-  auto it = slots.find({pipeline, index});
-  if (it == slots.end()) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("stage {} of pipeline {} is not set up on worker \"{}\"", index,
-                            pipeline, rpc::self().name));
-  }
-  return it->second;
+SlotTable<Slot>& slots() {
+  static SlotTable<Slot> table;
+  return table;
 }
 
-std::vector<SlotPtr> slots_of(std::int64_t pipeline) {
-  std::lock_guard<std::mutex> lock(slots_mutex);
-  std::vector<SlotPtr> out;
-  for (auto& [key, slot] : slots) {
-    if (key.first == pipeline) out.push_back(slot);
-  }
-  return out;
+SlotPtr slot_of(std::int64_t pipeline, std::int64_t index) {
+  return slots().at(pipeline, index, rpc::self().name);
 }
 
 void record(Slot& slot, EventKind kind, std::int64_t microbatch, std::int64_t start,
@@ -161,21 +148,12 @@ c10::IValue as_inputs(c10::IValue output) {
 
 // The error that is being handled, said with the micro-batch and the stage.
 std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t microbatch) {
-  ErrorKind kind = ErrorKind::RemoteException;
-  std::string message;
-  try {
-    throw;
-  } catch (const Error& e) {
-    kind = e.kind();
-    message = e.what();
-  } catch (const c10::Error& e) {
-    message = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    message = e.what();
-  }
+  rpc::Failure failure = rpc::failure_of(std::current_exception());
   return std::make_exception_ptr(
-      Error(kind, fmt::format("{} of micro-batch {} at stage {} (\"{}\") on worker \"{}\": {}",
-                              what, microbatch, slot.index, slot.type, rpc::self().name, message)));
+      Error(failure.kind,
+            fmt::format("{} of micro-batch {} at stage {} (\"{}\") on worker \"{}\": {}", what,
+                        microbatch, slot.index, slot.type, rpc::self().name, failure.message),
+            "", failure.worker));
 }
 
 // Completes `done` when `call` does: with None, or with its error unchanged (it already names the
@@ -239,7 +217,7 @@ bool routes_output(const Slot& slot) { return !slot.routes.empty() && slot.index
 void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                  c10::IValue inputs, const FuturePtr& done) {
   std::int64_t start = now_ns();
-  std::int64_t live_before = rpc::tensor_memory().live_bytes;
+  std::int64_t live_before = core::tensor_memory().live_bytes;
   const Flow flow{context, microbatch};
   try {
     Saved saved;
@@ -278,7 +256,7 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
     // What the forward left allocated (its graph's saved tensors and the output; a
     // checkpointed stage's output goes once sent) plus the inputs, which it keeps too. The
     // compute thread runs one thing at a time, so the difference is this forward's.
-    saved.bytes = rpc::tensor_memory().live_bytes - live_before +
+    saved.bytes = core::tensor_memory().live_bytes - live_before +
                   bytes_of(floating_tensors(inputs)) - (slot->checkpoint ? output_bytes : 0);
     {
       std::lock_guard<std::mutex> lock(slot->mutex);
@@ -437,8 +415,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
         slot->routes = routes_from_ivalue(routes);
         slot->workers = std::move(workers);
         check_routes(slot->routes, static_cast<size_t>(count));
-        std::lock_guard<std::mutex> lock(slots_mutex);
-        slots[{pipeline, index}] = std::move(slot);
+        slots().put(pipeline, index, std::move(slot));
       });
   registry.add_async("ferry.pipeline.forward", [](std::vector<c10::IValue>& args) {
     std::int64_t arrived = now_ns();
@@ -502,7 +479,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
   // After a failed step: what it left (kept graphs, parked forwards) goes; parked requests fail.
   registry.add("ferry.pipeline.discard", [](std::int64_t pipeline) {
     drop_pipelined_portals();
-    for (const SlotPtr& slot : slots_of(pipeline)) {
+    for (const SlotPtr& slot : slots().of(pipeline)) {
       std::vector<Parked> abandoned;
       {
         std::lock_guard<std::mutex> lock(slot->mutex);
@@ -521,25 +498,15 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
   // Micro-batches whose forward is kept, parked or waiting for its turn here, over every pipeline
   // (for tests).
   registry.add("ferry.pipeline.kept", []() {
-    std::vector<SlotPtr> all;
-    {
-      std::lock_guard<std::mutex> lock(slots_mutex);
-      for (auto& [key, slot] : slots) all.push_back(slot);
-    }
     std::int64_t kept = 0;
-    for (const SlotPtr& slot : all) {
+    for (const SlotPtr& slot : slots().all()) {
       std::lock_guard<std::mutex> lock(slot->mutex);
       kept += static_cast<std::int64_t>(slot->saved.size() + slot->parked.size() +
                                         slot->forwards.waiting());
     }
     return kept;
   });
-  registry.add("ferry.pipeline.teardown", [](std::int64_t pipeline) {
-    std::lock_guard<std::mutex> lock(slots_mutex);
-    for (auto it = slots.begin(); it != slots.end();) {
-      it = it->first.first == pipeline ? slots.erase(it) : std::next(it);
-    }
-  });
+  registry.add("ferry.pipeline.teardown", [](std::int64_t pipeline) { slots().erase(pipeline); });
   registry.add("ferry.pipeline.clock", []() { return now_ns(); });
   // The stage's activation peak and this process's tensor memory (live, peak); `reset` starts
   // new peaks from now.
@@ -551,8 +518,8 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
       activation_peak = slot->activation_peak;
       if (reset) slot->activation_peak = slot->activation_bytes;
     }
-    rpc::TensorMemory memory = rpc::tensor_memory();
-    if (reset) rpc::reset_tensor_memory_peak();
+    core::TensorMemory memory = core::tensor_memory();
+    if (reset) core::reset_tensor_memory_peak();
     return std::vector<std::int64_t>{activation_peak, memory.live_bytes, memory.peak_bytes};
   });
 }

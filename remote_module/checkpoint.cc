@@ -172,8 +172,8 @@ void restore_stage(const std::string& name, const RemoteModule& module,
   try {
     module.load_state_dict(state);
   } catch (const rpc::Error& e) {
-    throw rpc::Error(e.kind(), fmt::format("restoring stage \"{}\" from \"{}\": {}", name,
-                                           folder.string(), e.what()));
+    throw e.restated(
+        fmt::format("restoring stage \"{}\" from \"{}\": {}", name, folder.string(), e.what()));
   }
 }
 

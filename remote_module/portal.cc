@@ -89,9 +89,8 @@ Letter take_from(const std::string& worker, const Key& key, const std::string& t
     const auto& items = got.toTupleRef().elements();
     return {items.at(0).toTensor(), items.at(1).toBool(), {}};
   } catch (const Error& e) {
-    throw Error(e.kind(),
-                fmt::format("{} could not take {} from worker \"{}\": {}", taker, what_of(key),
-                            worker, e.cause().empty() ? e.what() : e.cause()));
+    throw e.restated(fmt::format("{} could not take {} from worker \"{}\": {}", taker, what_of(key),
+                                 worker, e.cause().empty() ? e.what() : e.cause()));
   }
 }
 

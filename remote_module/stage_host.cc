@@ -14,12 +14,12 @@
 #include <mutex>
 #include <set>
 
+#include "ferry/core/process_memory.h"
 #include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/precision.h"
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/collective_group.h"
 #include "ferry/rpc/compute_thread.h"
-#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry {
@@ -49,21 +49,11 @@ c10::intrusive_ptr<StageHolder> holder_of(const rpc::RRefPtr& module) {
 
 // The stage's own error, said with the stage and worker it happened on.
 [[noreturn]] void rethrow_in_stage(const StageHolder& holder, const std::string& what) {
-  std::string worker = rpc::self().name;
-  try {
-    throw;
-  } catch (const rpc::Error& e) {
-    throw rpc::Error(e.kind(), fmt::format("{} of stage \"{}\" on worker \"{}\": {}", what,
-                                           holder.type, worker, e.what()));
-  } catch (const c10::Error& e) {
-    throw rpc::Error(rpc::ErrorKind::RemoteException,
-                     fmt::format("{} of stage \"{}\" on worker \"{}\": {}", what, holder.type,
-                                 worker, e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    throw rpc::Error(rpc::ErrorKind::RemoteException,
-                     fmt::format("{} of stage \"{}\" on worker \"{}\": {}", what, holder.type,
-                                 worker, e.what()));
-  }
+  rpc::Failure failure = rpc::failure_of(std::current_exception());
+  throw rpc::Error(failure.kind,
+                   fmt::format("{} of stage \"{}\" on worker \"{}\": {}", what, holder.type,
+                               rpc::self().name, failure.message),
+                   "", failure.worker);
 }
 
 c10::Dict<std::string, at::Tensor> state_of(Stage& stage) {
@@ -334,8 +324,8 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
     info.insert("buffers", buffers);
     info.insert("forward_s", holder->forward_seconds);
     info.insert("forward_calls", holder->forward_calls);
-    info.insert("peak_rss_mib", rpc::peak_rss_mib());
-    info.insert("peak_tensor_bytes", rpc::tensor_memory().peak_bytes);
+    info.insert("peak_rss_mib", core::peak_rss_mib());
+    info.insert("peak_tensor_bytes", core::tensor_memory().peak_bytes);
     info.insert("bytes_sent", static_cast<int64_t>(rpc::agent().bytes_sent()));
     return info;
   });

@@ -5,12 +5,13 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <stdexcept>
 #include <thread>
 
-#include "ferry/rpc/log.h"
+#include "ferry/core/environment.h"
+#include "ferry/core/log.h"
+#include "ferry/core/tensor_cache.h"
 #include "rpc/agent_state.h"
-#include "rpc/environment.h"
-#include "rpc/tensor_cache.h"
 
 namespace ferry::rpc {
 namespace {
@@ -25,8 +26,12 @@ FunctionRegistry& default_registry() {
 }
 
 std::unique_ptr<Agent> Agent::start(Options options, FunctionRegistry& registry) {
-  check_log_level_in_environment();
-  install_tensor_cache();
+  try {
+    core::check_log_level_in_environment();
+    core::install_tensor_cache();
+  } catch (const std::invalid_argument& e) {
+    throw Error(ErrorKind::Init, e.what());
+  }
   // libuv writes with plain write(2): a peer that dies mid-write must fail that write, not kill
   // this process with SIGPIPE.
   ::signal(SIGPIPE, SIG_IGN);

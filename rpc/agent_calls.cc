@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "ferry/rpc/log.h"
+#include "ferry/core/log.h"
 #include "rpc/agent_state.h"
 
 namespace ferry::rpc {
@@ -66,7 +66,8 @@ FuturePtr Agent::State::send_call(int rank, const std::string& function,
     auto failed = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
     failed->setError(std::make_exception_ptr(Error(
         ErrorKind::PeerDied,
-        fmt::format("{} was lost ({}); call \"{}\" not sent", callee.describe(), *why, function))));
+        fmt::format("{} was lost ({}); call \"{}\" not sent", callee.describe(), *why, function),
+        "", callee.name)));
     return failed;
   }
 
@@ -82,8 +83,8 @@ FuturePtr Agent::State::send_call(int rank, const std::string& function,
   try {
     frame = encode_frame(request, options.max_nesting_depth, rrefs.get(), callee.rank);
   } catch (const Error& e) {
-    throw Error(e.kind(), fmt::format("arguments of call \"{}\" to {} cannot be sent: {}", function,
-                                      callee.describe(), e.what()));
+    throw e.restated(fmt::format("arguments of call \"{}\" to {} cannot be sent: {}", function,
+                                 callee.describe(), e.what()));
   }
   if (frame.size() > options.max_frame_bytes) {
     throw Error(ErrorKind::InvalidArgument,
@@ -113,7 +114,8 @@ FuturePtr Agent::State::send_call(int rank, const std::string& function,
                    fmt::format("call \"{}\" to {} could not be sent within its deadline: "
                                "{:.0f} MiB were still queued to it (it reads slower than "
                                "this process sends)",
-                               function, callee.describe(), writer->queued_bytes() / 1048576.0)));
+                               function, callee.describe(), writer->queued_bytes() / 1048576.0),
+                   "", callee.name));
       }
       return future;
     }
@@ -165,7 +167,8 @@ void Agent::State::expire_deadlines() {
     fail(std::move(call),
          Error(ErrorKind::Timeout,
                fmt::format("call \"{}\" to {} timed out after {:.2f} s", call.function,
-                           callee.describe(), seconds_since(call.start))));
+                           callee.describe(), seconds_since(call.start)),
+               "", callee.name));
   }
 }
 
@@ -208,7 +211,8 @@ void Agent::State::answer(Message message) {
              Error(ErrorKind::InvalidArgument,
                    fmt::format("the result of call \"{}\" from {} could not be recorded for "
                                "autograd: {}",
-                               call->function, workers[call->to_rank].describe(), e.what())));
+                               call->function, workers[call->to_rank].describe(), e.what()),
+                   "", workers[call->to_rank].name));
         return;
       }
     }
@@ -221,7 +225,8 @@ void Agent::State::answer(Message message) {
                                        callee.describe(), message.error_message)
                          : fmt::format("call \"{}\" on {} failed: {}", call->function,
                                        callee.describe(), message.error_message);
-  fail(std::move(*call), Error(message.error_kind, text, message.error_message));
+  fail(std::move(*call), Error(message.error_kind, text, message.error_message,
+                               message.error_worker.empty() ? callee.name : message.error_worker));
 }
 
 }  // namespace ferry::rpc

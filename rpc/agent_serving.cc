@@ -3,29 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "ferry/rpc/log.h"
+#include "ferry/core/log.h"
 #include "rpc/agent_state.h"
 
 namespace ferry::rpc {
-namespace {
-
-std::string describe_exception(std::exception_ptr eptr, ErrorKind* kind) {
-  *kind = ErrorKind::RemoteException;
-  try {
-    std::rethrow_exception(eptr);
-  } catch (const Error& e) {
-    *kind = e.kind();
-    return e.what();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-}  // namespace
 
 void Agent::State::serve(std::uint64_t connection_id, int caller_rank, Message request) {
   std::weak_ptr<State> weak = weak_from_this();
@@ -83,7 +64,11 @@ void Agent::State::reply(std::uint64_t connection_id, int caller_rank, std::uint
   response.error_worker = self.name;
   if (done.hasError()) {
     response.kind = MessageKind::Error;
-    response.error_message = describe_exception(done.exception_ptr(), &response.error_kind);
+    // The worker concerned stays the one an rpc error that came from further on names.
+    Failure failure = failure_of(done.exception_ptr());
+    response.error_kind = failure.kind;
+    response.error_message = failure.message;
+    if (!failure.worker.empty()) response.error_worker = failure.worker;
   } else {
     response.kind = MessageKind::Response;
     response.value = done.value();

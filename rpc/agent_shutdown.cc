@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "ferry/rpc/log.h"
+#include "ferry/core/log.h"
 #include "rpc/agent_state.h"
 
 namespace ferry::rpc {

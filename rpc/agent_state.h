@@ -32,13 +32,13 @@
 
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/frame.h"
 #include "ferry/rpc/grad_observer.h"
-#include "ferry/rpc/thread_pool.h"
 #include "rpc/connection.h"
+#include "rpc/frame.h"
 #include "rpc/pending_calls.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rref_context.h"
+#include "rpc/thread_pool.h"
 
 namespace ferry::rpc {
 

@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "ferry/rpc/log.h"
+#include "ferry/core/log.h"
 #include "rpc/agent_state.h"
 #include "rpc/auth.h"
 
@@ -214,7 +214,8 @@ void Agent::State::on_closed(Connection& connection, const std::string& why) {
       fail(std::move(call),
            Error(ErrorKind::PeerDied,
                  fmt::format("{} died during call \"{}\" after {:.2f} s ({})", callee.describe(),
-                             call.function, seconds_since(call.start), reason)));
+                             call.function, seconds_since(call.start), reason),
+                 "", callee.name));
     }
   }
   if (!stopping && rank >= 0 && reason != "agent shutting down") {

@@ -12,7 +12,7 @@
 #include <climits>
 #include <utility>
 
-#include "ferry/rpc/log.h"
+#include "ferry/core/log.h"
 
 namespace ferry::rpc {
 namespace {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "ferry/rpc/frame.h"
+#include "rpc/frame.h"
 
 namespace ferry::rpc {
 

@@ -27,20 +27,30 @@ const char* to_string(ErrorKind kind) {
   return "Unknown";
 }
 
-void rethrow_as(std::exception_ptr error, const std::string& what) {
+Failure failure_of(std::exception_ptr error) {
+  Failure failure;
   try {
     std::rethrow_exception(error);
   } catch (const Error& e) {
-    throw Error(e.kind(), fmt::format("{}: {}", what, e.cause().empty() ? e.what() : e.cause()),
-                e.cause());
+    failure = {e.kind(), e.what(), e.cause(), e.worker()};
   } catch (const c10::Error& e) {
-    throw Error(ErrorKind::RemoteException,
-                fmt::format("{}: {}", what, e.what_without_backtrace()));
+    failure.message = e.what_without_backtrace();
+  } catch (const std::invalid_argument& e) {
+    failure.kind = ErrorKind::InvalidArgument;
+    failure.message = e.what();
   } catch (const std::exception& e) {
-    throw Error(ErrorKind::RemoteException, fmt::format("{}: {}", what, e.what()));
+    failure.message = e.what();
   } catch (...) {
-    throw Error(ErrorKind::RemoteException, fmt::format("{}: unknown exception", what));
+    failure.message = "unknown exception";
   }
+  return failure;
+}
+
+void rethrow_as(std::exception_ptr error, const std::string& what) {
+  Failure failure = failure_of(error);
+  throw Error(failure.kind,
+              fmt::format("{}: {}", what, failure.cause.empty() ? failure.message : failure.cause),
+              failure.cause, failure.worker);
 }
 
 }  // namespace ferry::rpc

@@ -1,5 +1,5 @@
 // Encoding runs on the calling thread; decoding on the connection's reading thread (the loop).
-#include "ferry/rpc/frame.h"
+#include "rpc/frame.h"
 
 #include <ATen/ATen.h>
 #include <capnp/message.h>
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <limits>
 
-#include "rpc/tensor_cache.h"
+#include "ferry/core/tensor_cache.h"
 #include "rpc/value_codec.h"
 #include "rpc/wire.capnp.h"
 
@@ -241,7 +241,7 @@ std::vector<at::Tensor> allocate_tensors(TensorDescs descs, const FrameLimits& l
     }
     total += desc.getByteLength();
     if (total > payload_bytes) break;
-    tensors.push_back(empty_cached(shape, dtype));
+    tensors.push_back(core::empty_cached(shape, dtype));
   }
   if (total != payload_bytes) {
     throw Error(

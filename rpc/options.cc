@@ -10,10 +10,12 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 
+#include "ferry/core/environment.h"
+#include "ferry/core/log.h"
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/log.h"
-#include "rpc/environment.h"
+#include "rpc/slurm_nodelist.h"
 
 extern char** environ;
 
@@ -29,9 +31,14 @@ const std::string* find(const std::map<std::string, std::string>& env, const cha
 const std::vector<std::string> kWorldSizeVariables = {"WORLD_SIZE", "SLURM_NTASKS",
                                                       "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
 
-// `text`, the value of `name`, as an int of at least `min`.
+// `text`, the value of `name`, as an int of at least `min`; Error(Init) naming it otherwise.
 int int_of(const std::string& name, const std::string& text, std::int64_t min) {
-  return static_cast<int>(parse_whole_number(name, text, min, "", std::numeric_limits<int>::max()));
+  try {
+    return static_cast<int>(
+        core::parse_whole_number(name, text, min, "", std::numeric_limits<int>::max()));
+  } catch (const std::invalid_argument& e) {
+    throw Error(ErrorKind::Init, e.what());
+  }
 }
 
 // The first environment variable of `keys` that is set, parsed as an int of at least `min`.

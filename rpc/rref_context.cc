@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "ferry/core/log.h"
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/log.h"
 
 namespace ferry::rpc {
 namespace {

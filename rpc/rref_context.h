@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "ferry/rpc/frame.h"
 #include "ferry/rpc/registry.h"
 #include "ferry/rpc/rref.h"
+#include "rpc/frame.h"
 
 namespace ferry::rpc {
 

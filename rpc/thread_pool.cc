@@ -1,6 +1,6 @@
-#include "ferry/rpc/thread_pool.h"
+#include "rpc/thread_pool.h"
 
-#include "ferry/rpc/log.h"
+#include "ferry/core/log.h"
 
 namespace ferry::rpc {
 

@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "ferry/rpc/frame.h"
+#include "rpc/frame.h"
 #include "rpc/wire.capnp.h"
 
 namespace ferry::rpc {

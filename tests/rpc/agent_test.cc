@@ -16,8 +16,8 @@
 #include <mutex>
 #include <thread>
 
-#include "ferry/rpc/frame.h"
 #include "ferry/rpc/rpc.h"
+#include "rpc/frame.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 
@@ -25,6 +25,7 @@ namespace ferry::rpc {
 namespace {
 
 using ferry::testing::kind_and_error_of;
+using ferry::testing::worker_of;
 
 using ::testing::HasSubstr;
 
@@ -188,6 +189,12 @@ TEST(Agent, RemoteExceptionNamesWorkerAndFunction) {
               HasSubstr("RemoteException: call \"fail\" on worker \"b\" (rank 2, 127.0.0.1:"))
       << error;
   EXPECT_THAT(error, HasSubstr("raised: stage exploded")) << error;
+  EXPECT_EQ(worker_of(rpc_async("b", "fail", {std::string("x")})), "b");
+  // Raised on "b" for a call "a" made: the error concerns "b" on every hop back.
+  FuturePtr relayed = rpc_async(
+      "a", "relay", {std::string("b"), std::string("fail"), std::string("two hops away")});
+  EXPECT_EQ(worker_of(relayed), "b");
+  EXPECT_THAT(kind_and_error_of(relayed), HasSubstr("two hops away"));
   try {
     rpc_sync("a", "fail", {std::string("sync too")});
     FAIL();
@@ -235,6 +242,7 @@ TEST(Agent, TimeoutReportsTheElapsedTime) {
   auto elapsed = Clock::now() - start;
   EXPECT_THAT(error, HasSubstr("Timeout: call \"sleep_ms\" to worker \"a\"")) << error;
   EXPECT_THAT(error, HasSubstr("timed out after 0.3")) << error;
+  EXPECT_EQ(worker_of(rpc_async("a", "sleep_ms", {int64_t{2000}}, milliseconds(100))), "a");
   EXPECT_LT(elapsed, milliseconds(1000));
 }
 
@@ -244,6 +252,9 @@ TEST(Agent, PeerKilledMidCallFailsPendingFuturesWithinASecond) {
   LocalWorld world(settings);
   std::vector<FuturePtr> futures;
   for (int i = 0; i < 5; ++i) futures.push_back(rpc_async("b", "sleep_ms", {int64_t{10000}}));
+  // A call "a" makes to "b" on the master's behalf, failing when "b" dies.
+  FuturePtr relayed = rpc_async(
+      "a", "relay", {std::string("b"), std::string("sleep_ms"), c10::IValue(int64_t{10000})});
   std::this_thread::sleep_for(milliseconds(200));
   auto killed = Clock::now();
   world.peer(1).kill(SIGKILL);
@@ -251,7 +262,11 @@ TEST(Agent, PeerKilledMidCallFailsPendingFuturesWithinASecond) {
     std::string error = kind_and_error_of(f);
     EXPECT_THAT(error, HasSubstr("PeerDied: worker \"b\" (rank 2, 127.0.0.1:")) << error;
     EXPECT_THAT(error, HasSubstr("died during call \"sleep_ms\"")) << error;
+    EXPECT_EQ(worker_of(f), "b");
   }
+  // The loss reaches the master as "a" saw it: still PeerDied, and about "b", not "a".
+  EXPECT_THAT(kind_and_error_of(relayed), HasSubstr("PeerDied: call \"relay\" on worker \"a\""));
+  EXPECT_EQ(worker_of(relayed), "b");
   EXPECT_LT(Clock::now() - killed, milliseconds(1000));
   // A new call to the dead peer fails promptly too; the living peer still answers.
   std::string again = kind_and_error_of(rpc_async("b", "echo", {int64_t{1}}));

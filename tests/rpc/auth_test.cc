@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/frame.h"
+#include "rpc/frame.h"
 #include "ferry/rpc/rpc.h"
 #include "rpc/auth.h"
 #include "tests/support/cluster.h"

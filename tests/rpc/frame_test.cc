@@ -1,4 +1,4 @@
-#include "ferry/rpc/frame.h"
+#include "rpc/frame.h"
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>

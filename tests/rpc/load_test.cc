@@ -8,7 +8,7 @@
 #include <chrono>
 #include <thread>
 
-#include "ferry/rpc/process_memory.h"
+#include "ferry/core/process_memory.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
 #include "tests/support/sanitizer_allowance.h"
@@ -23,8 +23,8 @@ TEST(Load, TenThousandConcurrentSmallCallsCompleteInBoundedMemory) {
   settings.peer_names = {"a"};
   testing::LocalWorld world(settings);
   rpc_sync("a", "echo", {int64_t{0}});  // the connection is up before anything is measured
-  double master_before = rss_mib();
-  double peer_before = rss_mib(world.peer(0).pid());
+  double master_before = core::rss_mib();
+  double peer_before = core::rss_mib(world.peer(0).pid());
   constexpr int kCalls = 10000;
   auto start = Clock::now();
   std::vector<FuturePtr> calls;
@@ -38,8 +38,8 @@ TEST(Load, TenThousandConcurrentSmallCallsCompleteInBoundedMemory) {
     ASSERT_EQ(calls[i]->value().toTensor()[0].item<float>(), static_cast<float>(i));
   }
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  double master_peak = peak_rss_mib() - master_before;
-  double peer_peak = peak_rss_mib(world.peer(0).pid()) - peer_before;
+  double master_peak = core::peak_rss_mib() - master_before;
+  double peer_peak = core::peak_rss_mib(world.peer(0).pid()) - peer_before;
   std::cout << kCalls << " calls in flight at once: " << seconds << " s; peak growth master "
             << master_peak << " MiB, peer " << peer_peak << " MiB\n";
   // 10 000 calls of 64 bytes each: a few KiB of state apiece, not megabytes.
@@ -59,8 +59,8 @@ TEST(Load, ASenderOfAGibibyteToAReaderThatStoppedIsHeldBackAtTheQueueBound) {
   constexpr int64_t kFloats = 4 << 20;  // 16 MiB a call, 1 GiB in all
   // A stopped process reads nothing: its socket buffers fill, then this side's queue.
   world.peer(0).kill(SIGSTOP);
-  reset_tensor_memory_peak();
-  double rss_before = rss_mib();
+  core::reset_tensor_memory_peak();
+  double rss_before = core::rss_mib();
   std::atomic<int> sent{0};
   std::vector<FuturePtr> calls(kCalls);
   std::thread sender([&] {
@@ -71,8 +71,8 @@ TEST(Load, ASenderOfAGibibyteToAReaderThatStoppedIsHeldBackAtTheQueueBound) {
   });
   std::this_thread::sleep_for(std::chrono::seconds(3));
   int sent_while_stopped = sent.load();
-  double tensor_peak_mib = tensor_memory().peak_bytes / 1048576.0;
-  double rss_growth = rss_mib() - rss_before;
+  double tensor_peak_mib = core::tensor_memory().peak_bytes / 1048576.0;
+  double rss_growth = core::rss_mib() - rss_before;
   world.peer(0).kill(SIGCONT);
   sender.join();
   for (int i = 0; i < kCalls; ++i) {

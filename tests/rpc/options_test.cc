@@ -10,8 +10,7 @@
 #include <fstream>
 
 #include "ferry/rpc/error.h"
-#include "ferry/rpc/log.h"
-#include "rpc/environment.h"
+#include "rpc/slurm_nodelist.h"
 #include "tests/support/error_of.h"
 
 namespace ferry::rpc {
@@ -150,41 +149,4 @@ TEST(Options, MissingOrBadSettingsAreNamed) {
 }
 
 }  // namespace
-// Every FERRY_* number is read by the same parser, so each bad value is an error that names its
-// variable, where the tensor cache once took "12x" as the default without a word.
-TEST(Environment, ANumberVariableIsUnsetParsedOrAnErrorNamingIt) {
-  ::unsetenv("FERRY_TEST_NUMBER");
-  EXPECT_EQ(rpc::whole_number_from_environment("FERRY_TEST_NUMBER", 0), std::nullopt);
-  ::setenv("FERRY_TEST_NUMBER", "", 1);
-  EXPECT_EQ(rpc::whole_number_from_environment("FERRY_TEST_NUMBER", 0), std::nullopt);
-  ::setenv("FERRY_TEST_NUMBER", "512", 1);
-  EXPECT_EQ(rpc::whole_number_from_environment("FERRY_TEST_NUMBER", 0), 512);
-  for (const char* bad : {"12x", "-1", " 3", "1e3", "99999999999999999999"}) {
-    ::setenv("FERRY_TEST_NUMBER", bad, 1);
-    try {
-      rpc::whole_number_from_environment("FERRY_TEST_NUMBER", 0, "MiB");
-      ADD_FAILURE() << bad << " was taken";
-    } catch (const rpc::Error& e) {
-      EXPECT_EQ(e.kind(), rpc::ErrorKind::Init);
-      EXPECT_THAT(e.what(), HasSubstr(fmt::format("FERRY_TEST_NUMBER=\"{}\" is not a whole, "
-                                                  "non-negative number of MiB",
-                                                  bad)));
-    }
-  }
-  ::unsetenv("FERRY_TEST_NUMBER");
-  EXPECT_THAT(error_of([] { rpc::parse_whole_number("MASTER_PORT", "0", 1, "", 65535); }),
-              HasSubstr("MASTER_PORT=\"0\" is not a whole, positive number up to 65535"));
-}
-
-TEST(Environment, ALogLevelIsCheckedWhereTheAgentStartsAndNeverThrowsFromALogCall) {
-  EXPECT_EQ(log::level_named("WARN"), log::Level::Warn);
-  EXPECT_EQ(log::level_named("loud"), std::nullopt);
-  ::setenv("FERRY_LOG_LEVEL", "loud", 1);
-  EXPECT_THAT(error_of([] { rpc::check_log_level_in_environment(); }),
-              HasSubstr("FERRY_LOG_LEVEL=\"loud\" is not one of trace, debug, info, warn"));
-  ::setenv("FERRY_LOG_LEVEL", "debug", 1);
-  EXPECT_NO_THROW(rpc::check_log_level_in_environment());
-  ::unsetenv("FERRY_LOG_LEVEL");
-}
-
 }  // namespace ferry::rpc

@@ -11,6 +11,7 @@
 
 #include <fstream>
 
+#include "ferry/core/local_world.h"
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/error.h"
 #include "tests/support/cluster.h"
@@ -123,7 +124,7 @@ TEST(PickFreePort, ComesFromBelowTheKernelsEphemeralRange) {
   int low = 0;
   ASSERT_TRUE(range >> low);
   for (int i = 0; i < 50; ++i) {
-    int port = pick_free_port();
+    int port = core::pick_free_port();
     EXPECT_GE(port, 1024);
     EXPECT_LT(port, low);
   }

@@ -3,46 +3,26 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 
+#include "ferry/core/local_world.h"
+#include "ferry/core/processes.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/test_functions.h"
-
-extern char** environ;
 
 namespace ferry::testing {
 
 Process::Process(const std::string& binary, const std::vector<std::string>& args,
                  const std::map<std::string, std::string>& env) {
-  std::map<std::string, std::string> merged;
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    std::string kv(*entry);
-    size_t eq = kv.find('=');
-    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  for (const auto& [k, v] : env) merged[k] = v;
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_strings = {binary};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  if (int rc = posix_spawn(&pid_, binary.c_str(), nullptr, nullptr, argv.data(), envp.data())) {
-    throw std::runtime_error("cannot start " + binary + ": " + strerror(rc));
-  }
+  std::vector<std::string> command = {binary};
+  command.insert(command.end(), args.begin(), args.end());
+  pid_ = core::spawn_process(command, env);
 }
 
 Process::~Process() {
@@ -57,18 +37,8 @@ void Process::kill(int signal) {
 }
 
 std::optional<int> Process::wait(std::chrono::milliseconds timeout) {
-  if (status_) return status_;
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      status_ = status;
-      return status_;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  if (!status_) status_ = core::wait_for_exit(pid_, timeout);
+  return status_;
 }
 
 std::string read_file(const std::string& path) {
@@ -93,7 +63,7 @@ int connect_raw(const rpc::WorkerInfo& to) {
   return fd;
 }
 
-int free_port() { return rpc::pick_free_port(); }
+int free_port() { return core::pick_free_port(); }
 
 std::string peer_binary() { return FERRY_TEST_PEER; }
 
@@ -119,10 +89,9 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
     if (own != settings_.env_of.end()) {
       for (const auto& [key, value] : own->second) env[key] = value;
     }
-    env["RANK"] = std::to_string(i + 1);
-    env["WORLD_SIZE"] = std::to_string(world);
-    env["MASTER_ADDR"] = "127.0.0.1";
-    env["MASTER_PORT"] = std::to_string(port_);
+    for (auto& [key, value] : core::loopback_world_env(static_cast<int>(i) + 1, world, port_)) {
+      env[key] = value;
+    }
     std::vector<std::string> args = {"--name", settings_.peer_names[i]};
     if (settings_.use_ferry_worker) {
       args.insert(args.end(), settings_.worker_args.begin(), settings_.worker_args.end());

@@ -40,4 +40,18 @@ inline std::string kind_and_error_of(const rpc::FuturePtr& future) {
   return kind_and_error_of([&] { std::rethrow_exception(future->exception_ptr()); });
 }
 
+// The worker a call's rpc::Error concerns (Error::worker); "no error" or "not an rpc::Error"
+// otherwise. Waits for the future first.
+inline std::string worker_of(const rpc::FuturePtr& future) {
+  future->wait();
+  if (!future->hasError()) return "no error";
+  try {
+    std::rethrow_exception(future->exception_ptr());
+  } catch (const rpc::Error& e) {
+    return e.worker();
+  } catch (...) {
+  }
+  return "not an rpc::Error";
+}
+
 }  // namespace ferry::testing

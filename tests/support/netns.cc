@@ -4,21 +4,19 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
+#include <sstream>
 #include <stdexcept>
+
+#include "ferry/core/processes.h"
 
 namespace ferry::testing {
 namespace {
 
 // Runs a shell command; throws with its output if it fails.
 void sh(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) throw std::runtime_error("cannot run: " + command);
-  std::string output;
-  std::array<char, 512> buf;
-  while (fgets(buf.data(), buf.size(), pipe)) output += buf.data();
-  if (pclose(pipe) != 0) throw std::runtime_error(command + ": " + output);
+  core::CommandOutput ran = core::run_command(command);
+  if (ran.status != 0) throw std::runtime_error(command + ": " + ran.output);
 }
 
 void sh_quiet(const std::string& command) {
@@ -27,18 +25,15 @@ void sh_quiet(const std::string& command) {
 
 // Removes namespaces and bridges of earlier test processes that are gone.
 void remove_leftovers() {
-  FILE* pipe = popen("ip netns list 2>/dev/null", "r");
-  if (!pipe) return;
-  std::array<char, 256> buf;
+  std::istringstream lines(core::run_command("ip netns list 2>/dev/null", false).output);
   std::vector<std::string> stale;
-  while (fgets(buf.data(), buf.size(), pipe)) {
+  for (std::string line; std::getline(lines, line);) {
     int pid = 0, host = 0;
-    if (std::sscanf(buf.data(), "ferry-%d-h%d", &pid, &host) == 2 && kill(pid, 0) != 0) {
+    if (std::sscanf(line.c_str(), "ferry-%d-h%d", &pid, &host) == 2 && kill(pid, 0) != 0) {
       stale.push_back(fmt::format("ferry-{}-h{}", pid, host));
       stale.push_back(fmt::format("fb{}", pid));
     }
   }
-  pclose(pipe);
   for (const auto& name : stale) {
     if (name.rfind("ferry-", 0) == 0) {
       sh_quiet("ip netns del " + name);

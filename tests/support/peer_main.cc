@@ -5,7 +5,7 @@
 #include <chrono>
 #include <sstream>
 
-#include "ferry/rpc/log.h"
+#include "ferry/core/log.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/sanitizer_allowance.h"
 #include "tests/support/test_functions.h"

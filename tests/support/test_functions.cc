@@ -6,11 +6,11 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/stage_host.h"
-#include "ferry/rpc/process_memory.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/test_stages.h"
 
@@ -64,7 +64,7 @@ void register_test_functions(rpc::FunctionRegistry& registry) {
   registry.add_inline("inline_echo", [](std::vector<c10::IValue>& args) { return args.at(0); });
   registry.add("byte_count", [](at::Tensor t) { return static_cast<int64_t>(t.nbytes()); });
   registry.add("bytes_sent", []() { return static_cast<int64_t>(rpc::agent().bytes_sent()); });
-  registry.add("tensor_live_bytes", []() { return rpc::tensor_memory().live_bytes; });
+  registry.add("tensor_live_bytes", []() { return core::tensor_memory().live_bytes; });
   registry.add("sleep_ms", [](int64_t ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return ms;

@@ -11,21 +11,15 @@
 #include <limits>
 #include <sstream>
 
+#include "ferry/core/processes.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "tests/support/sanitizer_allowance.h"
 
 namespace ferry::testing {
 
 CommandResult run(const std::string& command) {
-  CommandResult result;
-  int limit_s = 240 * kSanitizerSlowdown;
-  FILE* pipe = popen(("timeout " + std::to_string(limit_s) + " " + command + " 2>&1").c_str(), "r");
-  if (!pipe) return result;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), buf.size(), pipe)) result.output += buf.data();
-  int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  const int limit_s = 240 * kSanitizerSlowdown;
+  return core::run_command("timeout " + std::to_string(limit_s) + " " + command);
 }
 
 std::vector<char> file_bytes(const std::string& path) {

@@ -8,12 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "ferry/core/processes.h"
+
 namespace ferry::testing {
 
-struct CommandResult {
-  int status = -1;
-  std::string output;  // stdout and stderr together
-};
+using CommandResult = core::CommandOutput;
 
 // Runs a shell command, bounded by `timeout` (4 minutes, longer under sanitizers), and returns
 // its exit status and output.

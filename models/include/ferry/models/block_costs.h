@@ -26,8 +26,8 @@ struct BlockCost {
 // Runs every block of a U-Net-ResNet-`depth` forward and backward, one at a time, on a batch of
 // `sample_batch` random images of `image_size` (training mode): one pass to warm up, then
 // `timed_passes`, keeping each block's fastest time (at least one; memory is the same in each).
-// Installs the counting allocator (rpc::count_tensor_memory) if nothing has. Throws
-// rpc::Error(InvalidArgument) for an unknown depth or an image size the encoder cannot halve
+// Installs the counting allocator (core::count_tensor_memory) if nothing has. Throws
+// std::invalid_argument for an unknown depth or an image size the encoder cannot halve
 // five times.
 std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64_t image_size,
                                            int64_t sample_batch = 2, int64_t seed = 0,

@@ -34,7 +34,7 @@ class RemoteUnet {
   static std::vector<StagePlan> seams(int64_t depth, const std::array<std::string, 3>& workers);
 
   // Builds every stage of `plan` on its worker (and device). The ranges must cover the blocks in
-  // order without gaps and the names must differ: otherwise rpc::Error(InvalidArgument) naming the
+  // order without gaps and the names must differ: otherwise std::invalid_argument naming the
   // stage, before anything is built. A device the worker lacks is an error naming the stage.
   // With `freeze_batchnorm`, every stage's batch norms keep their statistics and affine
   // parameters (UnetBlocksImpl::freeze_batchnorm).

@@ -20,7 +20,7 @@
 namespace ferry::models {
 
 // Output channels of each feature of a ResNet encoder of `depth` (strides 1, 2, 4, 8, 16, 32;
-// the first is the input). Throws rpc::Error(InvalidArgument) for an unknown depth.
+// the first is the input). Throws std::invalid_argument for an unknown depth.
 std::vector<int64_t> resnet_channels(int64_t depth, int64_t in_channels = 3);
 
 // torchvision's ResNet without its classifier. forward returns the six features.

@@ -41,9 +41,9 @@ struct UnetBlock {
 };
 
 // The blocks of a U-Net with a ResNet-`depth` encoder, in forward order. Throws
-// rpc::Error(InvalidArgument) for an unknown depth.
+// std::invalid_argument for an unknown depth.
 std::vector<UnetBlock> unet_blocks(int64_t depth);
-// The position of block `name`; throws rpc::Error(InvalidArgument) naming it and the blocks
+// The position of block `name`; throws std::invalid_argument naming it and the blocks
 // there are.
 int64_t unet_block_index(const std::vector<UnetBlock>& blocks, const std::string& name);
 
@@ -60,7 +60,7 @@ class UnetBlocksImpl : public torch::nn::Module {
 
   // The carry through every block of the range: the whole carry, or only its elements above
   // those the range passes through untouched (then the result is the same part of its own).
-  // Throws rpc::Error(InvalidArgument) saying what the range expected when the carry has the
+  // Throws std::invalid_argument saying what the range expected when the carry has the
   // wrong number of tensors.
   std::vector<at::Tensor> forward(std::vector<at::Tensor> carry);
   // One block of the range (its index in the whole list) on the carry it takes.

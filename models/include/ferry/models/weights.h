@@ -33,7 +33,7 @@ LoadReport load_state_dict(torch::nn::Module& module,
 
 // The tensors of a weights file, by name: a state dict saved by Python's
 // `torch.save(model.state_dict())` (or a checkpoint dict holding one under "state_dict"), or a
-// TorchScript archive (its parameters and buffers). Throws rpc::Error(InvalidArgument) naming
+// TorchScript archive (its parameters and buffers). Throws std::invalid_argument naming
 // the file and what was wrong with it.
 c10::Dict<std::string, at::Tensor> read_weights(const std::string& path);
 

@@ -93,7 +93,7 @@ class Pipeline {
     // tensors of the graph, inputs and outputs (for a checkpointed stage, its inputs).
     double activation_mib = 0;
     // The peak of all tensor memory of the stage's worker less what it held at the last call
-    // (see rpc::tensor_memory(): gradients and transfers too; stages that share a worker share
+    // (see core::tensor_memory(): gradients and transfers too; stages that share a worker share
     // it).
     double tensor_mib = 0;
   };
@@ -103,6 +103,9 @@ class Pipeline {
   const std::vector<RemoteModule>& stages() const { return stages_; }
 
  private:
+  // What a failed step left on the workers goes, so that the next step starts clean.
+  void discard_step();
+
   std::vector<RemoteModule> stages_;
   PipelineOptions options_;
   std::int64_t id_;

@@ -24,7 +24,7 @@ struct StageStats {
   double forward_s = 0;  // time spent in its forward on the worker, all calls
   int64_t forward_calls = 0;
   double worker_peak_rss_mib = 0;  // of the whole worker process
-  // The most tensor memory its worker process held at once (rpc::tensor_memory()), all stages.
+  // The most tensor memory its worker process held at once (core::tensor_memory()), all stages.
   double worker_peak_tensor_mib = 0;
   int64_t worker_bytes_sent = 0;  // by its worker's agent so far (rpc::Agent::bytes_sent)
 };

@@ -28,7 +28,12 @@ FunctionRegistry& default_registry();
 class Agent {
  public:
   // Joins the world described by `options` (unset fields from the environment) and serves
-  // `registry`, which must outlive the agent. Throws Error(Init) within options.init_timeout.
+  // `registry`, which must outlive the agent. Throws Error(Init) within options.init_timeout,
+  // also for a bad FERRY_LOG_LEVEL, FERRY_TENSOR_CACHE_MIB or FERRY_MEMORY_BUDGET_MIB.
+  // It changes two things for the whole process, for good: LibTorch's CPU allocator becomes the
+  // tensor cache of ferry/core/tensor_cache.h (unless FERRY_TENSOR_CACHE_MIB=0 and no memory
+  // budget is set), and SIGPIPE is ignored, so that a write to a dead peer fails instead of
+  // ending the process.
   static std::unique_ptr<Agent> start(Options options,
                                       FunctionRegistry& registry = default_registry());
   // Shuts down without the barrier if shutdown() was not called.

@@ -42,13 +42,4 @@ auto on_compute_thread(F&& work) -> std::invoke_result_t<F&> {
   }
 }
 
-// GOMP_SPINCOUNT for processes that share one machine's cores, as the stages of a split on one
-// machine do; ferry-launch and the benchmarks give it to the processes they start unless it is
-// set already. An idle OpenMP thread spins before it sleeps; with libgomp's default (300 000
-// spins) the threads of the stage that just finished keep the cores busy while the next stage
-// starts. 10 000 spins is well under a millisecond. `ferry-bench autograd` on a 2-core machine,
-// median of 8-9 runs each: ratio 1.24 against 1.42 with the default; optimizer step 0.013-0.023 s
-// against 0.026-0.045 s.
-inline constexpr char kSharedMachineSpinCount[] = "10000";
-
 }  // namespace ferry::rpc

@@ -24,21 +24,45 @@ const char* to_string(ErrorKind kind);
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message, std::string cause = "")
-      : std::runtime_error(message), kind_(kind), cause_(std::move(cause)) {}
+  Error(ErrorKind kind, const std::string& message, std::string cause = "", std::string worker = "")
+      : std::runtime_error(message),
+        kind_(kind),
+        cause_(std::move(cause)),
+        worker_(std::move(worker)) {}
   ErrorKind kind() const { return kind_; }
   // For an error raised on another worker: its own message, without the call's description.
   const std::string& cause() const { return cause_; }
+  // The worker the error concerns: the one that died (PeerDied), did not answer in time
+  // (Timeout), or raised it (any other kind met on another worker). It is kept across hops: when
+  // worker "a" fails because its call to "b" did, the caller of "a" gets "b". Empty for an error
+  // about no other worker (a bad argument, an agent not running).
+  const std::string& worker() const { return worker_; }
+
+  // The same error told as `message` (what a layer above was doing, then why): the kind and the
+  // worker stay; the new message is the whole story, so it has no separate cause.
+  Error restated(const std::string& message) const { return Error(kind_, message, "", worker_); }
 
  private:
   ErrorKind kind_;
   std::string cause_;
+  std::string worker_;
 };
 
+// What any exception says, classed as the wire reports it, for code that passes a failure on.
+struct Failure {
+  // An Error's own kind; InvalidArgument for std::invalid_argument (bad input, as models and
+  // stages report it, so the caller learns it was its input); RemoteException for the rest.
+  ErrorKind kind = ErrorKind::RemoteException;
+  std::string message;  // LibTorch's errors without their C++ backtrace
+  std::string cause;    // an Error's cause(), else empty
+  std::string worker;   // an Error's worker(), else empty
+};
+Failure failure_of(std::exception_ptr error);
+
 // Rethrows `error` (a failed future's, a caught exception's) as an Error saying
-// "<what>: <reason>": the same kind, RemoteException for anything that is not an Error, and the
-// same cause. The reason is the worker's own words when it raised the error there, else the
-// whole message. So a lost worker stays PeerDied, whatever was being done with it.
+// "<what>: <reason>": the kind failure_of gives, and the same cause. The reason is the worker's own
+// words when it raised the error there, else the whole message. So a lost worker stays PeerDied,
+// and the worker concerned stays named, whatever was being done with it.
 [[noreturn]] void rethrow_as(std::exception_ptr error, const std::string& what);
 
 }  // namespace ferry::rpc

@@ -46,11 +46,4 @@ Options resolve_options(Options options);
 bool world_in_environment(const std::map<std::string, std::string>& env);
 bool world_in_environment();
 
-// A TCP port that is free on `host` right now (bound, then released): what a launcher hands out
-// as MASTER_PORT. Throws Error(Init) if none can be had.
-int pick_free_port(const std::string& host = "127.0.0.1");
-
-// The first host of a Slurm node list: "node[03-05,9],gpu1" -> "node03".
-std::string first_slurm_host(const std::string& nodelist);
-
 }  // namespace ferry::rpc

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-namespace ferry::rpc {
+namespace ferry::core {
 
 // A "Vm...:" line of /proc/<pid>/status (0: this process), MiB; -1 if unknown.
 inline double status_mib(pid_t pid, const std::string& field) {
@@ -27,9 +27,9 @@ inline double peak_rss_mib(pid_t pid = 0) { return status_mib(pid, "VmHWM"); }
 inline double rss_mib(pid_t pid = 0) { return status_mib(pid, "VmRSS"); }
 
 // Tensor memory of this process, counted at the CPU allocator rpc::init() installs (see
-// rpc/tensor_cache.h; nothing is counted with FERRY_TENSOR_CACHE_MIB=0): what is live now and the
-// most that was live since the last reset. Resident set size cannot show what a step kept: the
-// C heap and the cache keep freed pages, so RSS only grows. Safe from any thread.
+// ferry/core/tensor_cache.h; nothing is counted with FERRY_TENSOR_CACHE_MIB=0): what is live now
+// and the most that was live since the last reset. Resident set size cannot show what a step kept:
+// the C heap and the cache keep freed pages, so RSS only grows. Safe from any thread.
 struct TensorMemory {
   std::int64_t live_bytes = 0;
   std::int64_t peak_bytes = 0;
@@ -38,7 +38,7 @@ TensorMemory tensor_memory();
 // Starts a new peak from what is live now.
 void reset_tensor_memory_peak();
 // Counts tensor memory in a process that starts no agent (rpc::init() does this itself): installs
-// the allocator of rpc/tensor_cache.h. Idempotent.
+// the allocator of ferry/core/tensor_cache.h. Idempotent.
 void count_tensor_memory();
 
 // A bound on this process's tensor memory, the CPU stand-in for a device's memory: past it,
@@ -52,4 +52,4 @@ std::int64_t tensor_memory_budget();
 // The phrase every over-budget error contains, for callers that explain it.
 inline constexpr const char* kOverBudget = "over this process's tensor memory budget";
 
-}  // namespace ferry::rpc
+}  // namespace ferry::core

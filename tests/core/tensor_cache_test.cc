@@ -1,9 +1,9 @@
-#include "rpc/tensor_cache.h"
+#include "ferry/core/tensor_cache.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace ferry::rpc {
+namespace ferry::core {
 namespace {
 
 TEST(TensorCache, LargeBuffersAreReusedInsteadOfFaultedInAgain) {
@@ -49,4 +49,4 @@ TEST(TensorCache, InstalledItServesEveryLargeCpuTensor) {
 }
 
 }  // namespace
-}  // namespace ferry::rpc
+}  // namespace ferry::core

@@ -15,9 +15,9 @@
 
 #include <cstddef>
 
-#include "ferry/rpc/process_memory.h"
+#include "ferry/core/process_memory.h"
 
-namespace ferry::rpc {
+namespace ferry::core {
 
 // Makes the cache LibTorch's CPU allocator for this process (idempotent), unless the environment
 // says FERRY_TENSOR_CACHE_MIB=0. FERRY_TENSOR_CACHE_MIB sets the bound of the free bytes it
@@ -31,4 +31,4 @@ at::Tensor empty_cached(c10::IntArrayRef shape, c10::ScalarType dtype);
 // Bytes held in the cache, free for reuse (for tests and diagnostics).
 std::size_t tensor_cache_bytes();
 
-}  // namespace ferry::rpc
+}  // namespace ferry::core

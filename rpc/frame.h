@@ -44,7 +44,7 @@ struct Message {
   c10::IValue value;     // Request: a tuple of arguments; Response: the result
   ErrorKind error_kind = ErrorKind::RemoteException;  // Error
   std::string error_message;                          // Error
-  std::string error_worker;                           // Error: the worker that raised it
+  std::string error_worker;                           // Error: Error::worker()
   std::string peer_name;                              // Control: hello from the connecting side
   int peer_rank = -1;                                 // Control
   Handshake handshake;                                // Control

@@ -1,4 +1,4 @@
-#include "rpc/tensor_cache.h"
+#include "ferry/core/tensor_cache.h"
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
@@ -17,10 +17,9 @@
 #include <string>
 #include <unordered_map>
 
-#include "ferry/rpc/error.h"
-#include "rpc/environment.h"
+#include "ferry/core/environment.h"
 
-namespace ferry::rpc {
+namespace ferry::core {
 namespace {
 
 constexpr std::size_t kLargeBytes = std::size_t{1} << 20;  // below this, malloc reuses well
@@ -225,4 +224,4 @@ TensorMemory tensor_memory() { return {live_bytes.load(), peak_bytes.load()}; }
 
 void reset_tensor_memory_peak() { peak_bytes.store(live_bytes.load()); }
 
-}  // namespace ferry::rpc
+}  // namespace ferry::core

@@ -1,4 +1,4 @@
-#include "ferry/rpc/log.h"
+#include "ferry/core/log.h"
 
 #include <strings.h>
 #include <unistd.h>
@@ -12,8 +12,8 @@
 namespace ferry::log {
 namespace {
 
-// A bad value is reported by the agent when it starts (rpc/environment.h); logging goes on at
-// info meanwhile, since a log call must never throw.
+// A bad value is reported by the agent when it starts (ferry/core/environment.h); logging goes on
+// at info meanwhile, since a log call must never throw.
 Level level_from_env() {
   const char* env = std::getenv("FERRY_LOG_LEVEL");
   if (env == nullptr) return Level::Info;

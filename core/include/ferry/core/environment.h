@@ -7,10 +7,11 @@
 #include <optional>
 #include <string>
 
-namespace ferry::rpc {
+namespace ferry::core {
 
 // `text`, the value of `name`, as a whole number from `min` to `max` (of what `unit` names: "MiB",
-// "seconds"). Throws Error(Init) naming the variable and its value otherwise.
+// "seconds"). Throws std::invalid_argument naming the variable and its value otherwise; the
+// rpc layer reports it as Error(Init).
 std::int64_t parse_whole_number(const std::string& name, const std::string& text, std::int64_t min,
                                 const std::string& unit = "",
                                 std::int64_t max = std::numeric_limits<std::int64_t>::max());
@@ -19,8 +20,8 @@ std::int64_t parse_whole_number(const std::string& name, const std::string& text
 std::optional<std::int64_t> whole_number_from_environment(const std::string& name, std::int64_t min,
                                                           const std::string& unit = "");
 
-// Throws Error(Init) if FERRY_LOG_LEVEL is set to something that is not a level. The logger
-// itself never throws: it falls back to info, and the agent checks this when it starts.
+// Throws std::invalid_argument if FERRY_LOG_LEVEL is set to something that is not a level. The
+// logger itself never throws: it falls back to info, and the agent checks this when it starts.
 void check_log_level_in_environment();
 
-}  // namespace ferry::rpc
+}  // namespace ferry::core

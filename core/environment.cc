@@ -1,15 +1,15 @@
-#include "rpc/environment.h"
+#include "ferry/core/environment.h"
 
 #include <fmt/format.h>
 
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <stdexcept>
 
-#include "ferry/rpc/error.h"
-#include "ferry/rpc/log.h"
+#include "ferry/core/log.h"
 
-namespace ferry::rpc {
+namespace ferry::core {
 
 std::int64_t parse_whole_number(const std::string& name, const std::string& text, std::int64_t min,
                                 const std::string& unit, std::int64_t max) {
@@ -25,7 +25,7 @@ std::int64_t parse_whole_number(const std::string& name, const std::string& text
                                 : fmt::format("a whole number of at least {}", min);
   if (max != std::numeric_limits<std::int64_t>::max()) what += fmt::format(" up to {}", max);
   if (!unit.empty()) what += " of " + unit;
-  throw Error(ErrorKind::Init, fmt::format("{}={:?} is not {}", name, text, what));
+  throw std::invalid_argument(fmt::format("{}={:?} is not {}", name, text, what));
 }
 
 std::optional<std::int64_t> whole_number_from_environment(const std::string& name, std::int64_t min,
@@ -38,9 +38,9 @@ std::optional<std::int64_t> whole_number_from_environment(const std::string& nam
 void check_log_level_in_environment() {
   const char* value = std::getenv("FERRY_LOG_LEVEL");
   if (value == nullptr || *value == '\0' || log::level_named(value)) return;
-  throw Error(ErrorKind::Init,
-              fmt::format("FERRY_LOG_LEVEL={:?} is not one of trace, debug, info, warn, error, off",
-                          std::string(value)));
+  throw std::invalid_argument(
+      fmt::format("FERRY_LOG_LEVEL={:?} is not one of trace, debug, info, warn, error, off",
+                  std::string(value)));
 }
 
-}  // namespace ferry::rpc
+}  // namespace ferry::core

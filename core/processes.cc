@@ -1,0 +1,75 @@
+#include "ferry/core/processes.h"
+
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace ferry::core {
+
+pid_t spawn_process(const std::vector<std::string>& command,
+                    const std::map<std::string, std::string>& env, int output_fd) {
+  if (command.empty()) throw std::runtime_error("cannot start an empty command");
+  // A variable set in `env` replaces this process's own: a second entry would not, since a
+  // program's getenv finds the first.
+  std::vector<std::string> env_strings;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    std::string kv(*entry);
+    if (!env.count(kv.substr(0, kv.find('=')))) env_strings.push_back(std::move(kv));
+  }
+  for (const auto& [key, value] : env) env_strings.push_back(key + "=" + value);
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_strings = command;
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (output_fd >= 0) {
+    posix_spawn_file_actions_adddup2(&actions, output_fd, STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, output_fd, STDERR_FILENO);
+  }
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw std::runtime_error("cannot start " + command[0] + ": " + std::strerror(rc));
+  return pid;
+}
+
+std::optional<int> wait_for_exit(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0 || std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string CommandOutput::last_line() const {
+  std::string text = output;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text.substr(text.rfind('\n') + 1);
+}
+
+CommandOutput run_command(const std::string& command, bool with_stderr) {
+  CommandOutput result;
+  FILE* pipe = popen((with_stderr ? command + " 2>&1" : command).c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buf;
+  while (std::fgets(buf.data(), buf.size(), pipe) != nullptr) result.output += buf.data();
+  const int status = pclose(pipe);
+  result.status = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+}  // namespace ferry::core

@@ -1,0 +1,221 @@
+// The worker's side of DistributedOptimizer: "ferry.optim.*" build a LocalOptimizer (held by an
+// RRef on the parameters' owner), step it with a context's gradients, average them over
+// replicas, and save or restore its per-parameter state.
+#include <fmt/format.h>
+#include <torch/custom_class.h>
+#include <torch/optim.h>
+#include <torch/serialize.h>
+
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "dist_autograd/context_store.h"
+#include "dist_autograd/install.h"
+#include "dist_autograd/optimizer_factories.h"
+#include "dist_autograd/owned_value.h"
+#include "ferry/rpc/collective_group.h"
+#include "ferry/rpc/compute_thread.h"
+#include "ferry/rpc/error.h"
+#include "ferry/rpc/rpc.h"
+
+namespace ferry::dist_autograd {
+namespace {
+
+// The optimizer of some parameters on their owner. Steps, saves and loads run one at a time.
+struct LocalOptimizer : torch::CustomClassHolder {
+  std::mutex mutex;
+  std::vector<at::Tensor> params;
+  // Gradients of earlier contexts summed for the next step, one per parameter (undefined where
+  // none): ours alone, so later ones add in place.
+  std::vector<at::Tensor> accumulated;
+  // The same parameters' owners in the other replicas, when data parallel: each step averages
+  // the gradients over them first.
+  std::unique_ptr<rpc::CollectiveGroup> replicas;
+  OptimizerFactory factory;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+};
+
+void register_local_optimizer_class() {
+  static auto holder = torch::class_<LocalOptimizer>("ferry", "LocalOptimizer");
+}
+
+c10::intrusive_ptr<LocalOptimizer> local_of(const c10::IValue& ref) {
+  return owned_value(ref, "optimizer").toCustomClass<LocalOptimizer>();
+}
+
+// How torch::optim keys a parameter's state.
+std::string state_key(const at::Tensor& param) {
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+}
+
+at::Tensor to_bytes(const std::string& s) {
+  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), s.data(), s.size());
+  return t;
+}
+
+c10::IValue create(std::vector<c10::IValue>& args) {
+  register_local_optimizer_class();
+  auto local = c10::make_intrusive<LocalOptimizer>();
+  local->factory = factory_of(args.at(0).toStringRef());
+  std::map<std::string, double> options;
+  for (const auto& entry : args.at(1).toGenericDict()) {
+    options[entry.key().toStringRef()] = entry.value().toDouble();
+  }
+  for (const c10::IValue& ref : args.at(2).toListRef()) {
+    local->params.push_back(owned_value(ref, "optimizer parameters").toTensor());
+  }
+  local->optimizer = local->factory.make(local->params, options);
+  return c10::IValue(std::move(local));
+}
+
+// Adds `grad` to the sum kept for parameter `i`. The first is copied: a context's gradient may be
+// the very tensor that autograd handed to another parameter too.
+void add_to_accumulated(LocalOptimizer& local, std::size_t i, const at::Tensor& grad) {
+  if (!grad.defined()) return;
+  at::Tensor& sum = local.accumulated[i];
+  if (sum.defined()) {
+    sum.add_(grad);
+  } else {
+    sum = grad.clone();
+  }
+}
+
+void accumulate(const c10::IValue& ref, std::int64_t context_id) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  ContextPtr context = find_context(context_id);
+  if (!context) return;
+  local->accumulated.resize(local->params.size());
+  for (std::size_t i = 0; i < local->params.size(); ++i) {
+    add_to_accumulated(*local, i, context->gradient(local->params[i]));
+  }
+}
+
+// Every replica's gradients, averaged, in place of this one's. Parameters that train get a
+// gradient of zeros where this replica has none, so that every member reduces the same shapes;
+// frozen ones (requires_grad false) stay out, so the optimizer leaves them alone.
+void average_over_replicas(LocalOptimizer& local) {
+  std::vector<at::Tensor*> slots;
+  std::vector<at::Tensor> grads;
+  for (at::Tensor& p : local.params) {
+    if (!p.requires_grad()) continue;
+    slots.push_back(&p.mutable_grad());
+    grads.push_back(p.grad().defined() ? p.grad() : at::zeros_like(p));
+  }
+  local.replicas->average(grads);
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = grads[i];
+}
+
+void join_replicas(const c10::IValue& ref, const std::string& key, std::int64_t rank,
+                   std::int64_t size) {
+  auto local = local_of(ref);
+  auto group =
+      std::make_unique<rpc::CollectiveGroup>(key, static_cast<int>(rank), static_cast<int>(size));
+  std::lock_guard<std::mutex> lock(local->mutex);
+  local->replicas = std::move(group);
+}
+
+void step(const c10::IValue& ref, std::int64_t context_id) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  // A context that never reached this worker has no gradients here: nothing moves.
+  ContextPtr context = find_context(context_id);
+  if (local->accumulated.empty()) {
+    for (at::Tensor& p : local->params) {
+      p.mutable_grad() = context ? context->gradient(p) : at::Tensor();
+    }
+  } else {
+    for (std::size_t i = 0; i < local->params.size(); ++i) {
+      if (context) add_to_accumulated(*local, i, context->gradient(local->params[i]));
+      local->params[i].mutable_grad() = local->accumulated[i];
+    }
+  }
+  // Whether the step succeeds or not, what was accumulated went into it.
+  local->accumulated.clear();
+  try {
+    if (local->replicas) average_over_replicas(*local);
+    local->optimizer->step();
+  } catch (...) {
+    for (at::Tensor& p : local->params) p.mutable_grad() = at::Tensor();
+    throw;
+  }
+  // The context keeps the gradients; `.grad` stays as the user left it: empty.
+  for (at::Tensor& p : local->params) p.mutable_grad() = at::Tensor();
+}
+
+c10::List<at::Tensor> save_state(const c10::IValue& ref) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  c10::List<at::Tensor> out;
+  auto& states = local->optimizer->state();
+  for (const at::Tensor& p : local->params) {
+    auto it = states.find(state_key(p));
+    if (it == states.end()) {
+      out.push_back(at::empty({0}, at::kByte));
+      continue;
+    }
+    torch::serialize::OutputArchive archive;
+    it->second->serialize(archive);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    out.push_back(to_bytes(bytes.str()));
+  }
+  return out;
+}
+
+void load_state(const c10::IValue& ref, const std::vector<at::Tensor>& saved) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  if (saved.size() != local->params.size()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("optimizer state for {} parameters given to an optimizer of {}",
+                                 saved.size(), local->params.size()));
+  }
+  local->accumulated.clear();
+  auto& states = local->optimizer->state();
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const at::Tensor& p = local->params[i];
+    if (saved[i].numel() == 0) {
+      states.erase(state_key(p));
+      continue;
+    }
+    at::Tensor bytes = saved[i].contiguous();
+    std::istringstream in(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    auto state = local->factory.make_state();
+    state->serialize(archive);
+    states[state_key(p)] = std::move(state);
+  }
+}
+
+void set_lr(const c10::IValue& ref, double lr) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  for (auto& group : local->optimizer->param_groups()) group.options().set_lr(lr);
+}
+
+}  // namespace
+
+void install_optimizer_functions(rpc::FunctionRegistry& registry) {
+  register_local_optimizer_class();
+  registry.add_raw("ferry.optim.create", create);
+  registry.add("ferry.optim.step", [](c10::IValue ref, std::int64_t id) {
+    rpc::run_on_compute_thread([&] { step(ref, id); });
+  });
+  registry.add("ferry.optim.accumulate", [](c10::IValue ref, std::int64_t id) {
+    rpc::run_on_compute_thread([&] { accumulate(ref, id); });
+  });
+  registry.add("ferry.optim.join_replicas",
+               [](c10::IValue ref, c10::IValue key, std::int64_t rank, std::int64_t size) {
+                 join_replicas(ref, key.toStringRef(), rank, size);
+               });
+  registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });
+  registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
+  registry.add("ferry.optim.load_state",
+               [](c10::IValue ref, c10::IValue saved) { load_state(ref, saved.toTensorVector()); });
+}
+
+}  // namespace ferry::dist_autograd

@@ -45,14 +45,8 @@ TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
   EXPECT_THAT(r.output, HasSubstr("encoder  worker1")) << r.output;
   std::ifstream in(metrics);
   auto epochs = nlohmann::json::parse(in)["epochs"];
-  double best_iou = 0;
-  for (const auto& epoch : epochs) best_iou = std::max(best_iou, epoch["val_iou"].get<double>());
-  // Three short epochs reach a best validation IoU of 0.57-0.71 here (batch norm's running
-  // statistics make single epochs jumpy); predicting all foreground gives about 0.25.
-  EXPECT_GT(best_iou, 0.45) << r.output;
-  EXPECT_LT(epochs.back()["train_loss"].get<double>(),
-            0.6 * epochs.front()["train_loss"].get<double>())
-      << r.output;
+  // Three short epochs reach a best validation IoU of 0.57-0.71 here.
+  EXPECT_EQ(ferry::testing::learning_shortfall(epochs), "") << r.output;
 
   // --log-dir: the same figures, a row per epoch, and each worker busy for part of the time.
   auto rows = ferry::testing::read_metrics_csv(logs + "/metrics.csv");

@@ -252,12 +252,7 @@ TEST(TrainingJob, BFloat16MixedHalvesTheBytesLearnsAndResumesExactly) {
   const double bytes_16 = epochs[0]["bytes_per_step"].get<double>();
   EXPECT_LT(bytes_16, 0.6 * bytes_32) << bytes_16 << " bytes a step against " << bytes_32;
   EXPECT_GT(bytes_16, 0.4 * bytes_32) << bytes_16 << " bytes a step against " << bytes_32;
-  double best_iou = 0;
-  for (const auto& epoch : epochs) best_iou = std::max(best_iou, epoch["val_iou"].get<double>());
-  EXPECT_GT(best_iou, 0.45) << mixed.output;
-  EXPECT_LT(epochs.back()["train_loss"].get<double>(),
-            0.6 * epochs.front()["train_loss"].get<double>())
-      << mixed.output;
+  EXPECT_EQ(ferry::testing::learning_shortfall(epochs), "") << mixed.output;
 
   SavedCheckpoint uninterrupted = read_checkpoint(latest_checkpoint(base));
   for (const auto& [name, dtype] : uninterrupted.dtypes) {

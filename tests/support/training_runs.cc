@@ -22,6 +22,20 @@ CommandResult run(const std::string& command) {
   return core::run_command("timeout " + std::to_string(limit_s) + " " + command);
 }
 
+std::string learning_shortfall(const nlohmann::json& epochs) {
+  if (epochs.empty()) return "no epochs";
+  double best_iou = 0;
+  for (const auto& epoch : epochs) best_iou = std::max(best_iou, epoch["val_iou"].get<double>());
+  const double first = epochs.front()["train_loss"].get<double>();
+  const double last = epochs.back()["train_loss"].get<double>();
+  std::string shortfall;
+  if (best_iou <= 0.45) shortfall += "best validation IoU " + std::to_string(best_iou) + "; ";
+  if (last >= 0.6 * first) {
+    shortfall += "training loss " + std::to_string(first) + " -> " + std::to_string(last) + "; ";
+  }
+  return shortfall;
+}
+
 std::vector<char> file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::vector<char>(std::istreambuf_iterator<char>(in), {});

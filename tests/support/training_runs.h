@@ -5,6 +5,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,12 @@ SavedCheckpoint read_checkpoint(const std::string& folder);
 // The rows of a --log-dir metrics.csv, each by column name (empty cells are NaN). Empty when the
 // file is missing or malformed.
 std::vector<std::map<std::string, double>> read_metrics_csv(const std::string& path);
+
+// What a three-epoch run of the U-Net on the synthetic set must show in its --metrics-file's
+// "epochs": a best validation IoU over 0.45 (predicting all foreground gives about 0.25; batch
+// norm's running statistics make single epochs jumpy) and a last training loss under 0.6 of the
+// first. Empty when it learned so; otherwise what fell short, with the figures.
+std::string learning_shortfall(const nlohmann::json& epochs);
 
 // Whether `path` is well-formed XML whose root is an <svg> element (read by Python's parser).
 bool parses_as_svg(const std::string& path);

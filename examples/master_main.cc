@@ -8,6 +8,7 @@
 #include "examples/model_tools.h"
 #include "examples/predict.h"
 #include "examples/train.h"
+#include "ferry/core/message_of.h"
 
 int main(int argc, char** argv) {
   CLI::App app("Ferry master: trains a model split into stages on workers");
@@ -196,7 +197,7 @@ int main(int argc, char** argv) {
     }
     return ferry::examples::describe_model(plan, json, blocks);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry-master: %s\n", ferry::examples::message_of(e).c_str());
+    std::fprintf(stderr, "ferry-master: %s\n", ferry::core::message_of(e).c_str());
     return 2;
   }
 }

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include "ferry/core/log.h"
+#include "ferry/core/message_of.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
 #include "ferry/pipeline/pipeline.h"
@@ -64,7 +65,7 @@ int run_as_master(rpc::Options options, const std::string& what, const std::func
   try {
     code = job();
   } catch (const std::exception& e) {
-    std::string message = message_of(e);
+    std::string message = core::message_of(e);
     log::error("{} failed: {}", what, explain ? explain(std::move(message)) : message);
   }
   rpc::shutdown(code == 0);

@@ -2,8 +2,6 @@
 // ferry-master on ranks other than 0, and rank 0's as the master of a job.
 #pragma once
 
-#include <c10/util/Exception.h>
-
 #include <exception>
 #include <functional>
 #include <string>
@@ -12,13 +10,6 @@
 #include "ferry/rpc/options.h"
 
 namespace ferry::examples {
-
-// What a failure says to a user: LibTorch's errors without the C++ backtrace they carry.
-inline std::string message_of(const std::exception& e) {
-  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e))
-    return c10_error->what_without_backtrace();
-  return e.what();
-}
 
 // Installs the stage functions, the U-Net stages, distributed autograd and the pipeline into the
 // default registry (once per process). Every process of a training world needs them, master

@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "ferry/core/message_of.h"
 #include "models/torch_save_reader.h"
 
 namespace ferry::models {
@@ -19,13 +20,6 @@ namespace {
 
 [[noreturn]] void bad_file(const std::string& path, const std::string& what) {
   throw std::invalid_argument(fmt::format("weights file \"{}\": {}", path, what));
-}
-
-std::string message_of(const std::exception& e) {
-  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
 }
 
 }  // namespace
@@ -38,7 +32,7 @@ c10::Dict<std::string, at::Tensor> read_weights(const std::string& path) {
   try {
     archive = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
   } catch (const std::exception& e) {
-    bad_file(path, fmt::format("is not a torch.save or TorchScript archive ({})", message_of(e)));
+    bad_file(path, fmt::format("is not a torch.save or TorchScript archive ({})", core::message_of(e)));
   }
   c10::Dict<std::string, at::Tensor> out;
   try {
@@ -51,7 +45,7 @@ c10::Dict<std::string, at::Tensor> read_weights(const std::string& path) {
       for (auto& [name, tensor] : read_torch_save(*archive)) out.insert(name, tensor);
     }
   } catch (const std::exception& e) {
-    bad_file(path, message_of(e));
+    bad_file(path, core::message_of(e));
   }
   return out;
 }

@@ -1,7 +1,8 @@
 #include "ferry/rpc/error.h"
 
-#include <c10/util/Exception.h>
 #include <fmt/format.h>
+
+#include "ferry/core/message_of.h"
 
 namespace ferry::rpc {
 
@@ -33,13 +34,11 @@ Failure failure_of(std::exception_ptr error) {
     std::rethrow_exception(error);
   } catch (const Error& e) {
     failure = {e.kind(), e.what(), e.cause(), e.worker()};
-  } catch (const c10::Error& e) {
-    failure.message = e.what_without_backtrace();
   } catch (const std::invalid_argument& e) {
     failure.kind = ErrorKind::InvalidArgument;
     failure.message = e.what();
   } catch (const std::exception& e) {
-    failure.message = e.what();
+    failure.message = core::message_of(e);
   } catch (...) {
     failure.message = "unknown exception";
   }

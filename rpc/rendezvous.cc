@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ferry/core/log.h"
+#include "ferry/core/message_of.h"
 #include "ferry/rpc/error.h"
 
 namespace ferry::rpc {
@@ -29,11 +30,6 @@ std::vector<uint8_t> bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
 }
 std::string text(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
-
-std::string error_text(const std::exception& e) {
-  if (auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
-  return e.what();
-}
 
 // Sleeps a little longer each time, so a large world does not flood the store with polls.
 void backoff(int attempt) {
@@ -59,12 +55,12 @@ Rendezvous::Rendezvous(const Options& options)
     if (options.rank == 0) {
       throw Error(ErrorKind::Init, fmt::format("rank 0 could not host the rendezvous store on port "
                                                "{}: {}",
-                                               options.master_port, error_text(e)));
+                                               options.master_port, core::message_of(e)));
     }
     throw Error(ErrorKind::Init,
                 fmt::format("rank {} could not reach the master at {}:{} within {}: {}",
                             options.rank, options.master_addr, options.master_port,
-                            seconds(options.init_timeout), error_text(e)));
+                            seconds(options.init_timeout), core::message_of(e)));
   }
   port_ = store_->getPort();
 }
@@ -117,7 +113,7 @@ std::vector<WorkerInfo> Rendezvous::join(const WorkerInfo& self, Clock::time_poi
     throw;
   } catch (const std::exception& e) {
     throw Error(ErrorKind::Init,
-                fmt::format("rank {}: rendezvous failed: {}", rank_, error_text(e)));
+                fmt::format("rank {}: rendezvous failed: {}", rank_, core::message_of(e)));
   }
 
   std::map<std::string, std::vector<int>> by_name;

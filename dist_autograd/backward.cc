@@ -30,6 +30,7 @@
 #include "dist_autograd/owned_value.h"
 #include "dist_autograd/recv_backward.h"
 #include "dist_autograd/when_all.h"
+#include "ferry/core/message_of.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
@@ -228,10 +229,8 @@ FuturePtr run_part(ContextState& context, std::int64_t part, const edge_list& ro
           engine_roots, engine_grads, keep_graph, /*create_graph=*/false,
           /*accumulate_grad=*/false, ends);
       for (size_t i = 0; i < ends.size(); ++i) result.add(ends[i], captured[i]);
-    } catch (const c10::Error& e) {
-      throw part_failed(context.id(), e.what_without_backtrace());
     } catch (const std::exception& e) {
-      throw part_failed(context.id(), e.what());
+      throw part_failed(context.id(), core::message_of(e));
     }
   }
   part_nanoseconds +=

@@ -24,16 +24,16 @@ namespace {
 
 struct Config {
   std::string name;  // naive | gpipe | 1f1b
-  Schedule schedule;
+  pipeline::Schedule schedule;
   int microbatches;
-  std::unique_ptr<Pipeline> pipe;
+  std::unique_ptr<pipeline::Pipeline> pipe;
   std::vector<double> steps;
   std::vector<double> activation_mib;
   std::vector<double> tensor_mib;
 };
 
-StageConfig synthetic_config(const PipelineBenchSettings& s, int index) {
-  StageConfig config = stage_config();
+remote_module::StageConfig synthetic_config(const PipelineBenchSettings& s, int index) {
+  remote_module::StageConfig config = remote_module::stage_config();
   config.insert("width", static_cast<int64_t>(s.width));
   config.insert("layers", static_cast<int64_t>(s.layers));
   config.insert("seed", static_cast<int64_t>(index));
@@ -42,12 +42,12 @@ StageConfig synthetic_config(const PipelineBenchSettings& s, int index) {
 
 // The stages on worker1..p, and the same model in this process for the one-process baseline.
 struct Model {
-  std::vector<RemoteModule> stages;
-  Routes routes;  // the U-Net's skips go straight to the stage that uses them
+  std::vector<remote_module::RemoteModule> stages;
+  remote_module::Routes routes;  // the U-Net's skips go straight to the stage that uses them
   std::function<at::Tensor(const at::Tensor&)> local_forward;
   std::vector<at::Tensor> local_parameters;
   at::Tensor input, target;
-  Pipeline::Loss loss;
+  pipeline::Pipeline::Loss loss;
   std::string name;
 };
 
@@ -87,11 +87,11 @@ Model build(const PipelineBenchSettings& s, int p, const examples::StagePlan& pl
     m.name = fmt::format("unet-resnet{} ({})", s.depth, plan.method);
     return m;
   }
-  std::vector<std::shared_ptr<Stage>> local;
+  std::vector<std::shared_ptr<remote_module::Stage>> local;
   for (int k = 0; k < p; ++k) {
-    m.stages.push_back(RemoteModule::create(fmt::format("worker{}", k + 1), "synthetic.mlp",
-                                            synthetic_config(s, k)));
-    local.push_back(make_stage("synthetic.mlp", synthetic_config(s, k)));
+    m.stages.push_back(remote_module::RemoteModule::create(
+        fmt::format("worker{}", k + 1), "synthetic.mlp", synthetic_config(s, k)));
+    local.push_back(remote_module::make_stage("synthetic.mlp", synthetic_config(s, k)));
     for (auto& [name, t] : local.back()->named_parameters()) m.local_parameters.push_back(t);
   }
   m.local_forward = [local](const at::Tensor& x) {
@@ -112,17 +112,17 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
                                const examples::StagePlan& plan) {
   Model model = build(s, p, plan);
   std::vector<Config> configs;
-  configs.push_back({"naive", Schedule::GPipe, 1, nullptr, {}, {}, {}});
-  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+  configs.push_back({"naive", pipeline::Schedule::GPipe, 1, nullptr, {}, {}, {}});
+  for (pipeline::Schedule schedule : {pipeline::Schedule::GPipe, pipeline::Schedule::OneFOneB}) {
     for (int m : s.microbatches)
-      configs.push_back({schedule_name(schedule), schedule, m, nullptr, {}, {}, {}});
+      configs.push_back({pipeline::schedule_name(schedule), schedule, m, nullptr, {}, {}, {}});
   }
   for (Config& c : configs) {
-    PipelineOptions options;
+    pipeline::PipelineOptions options;
     options.schedule = c.schedule;
     options.microbatches = c.microbatches;
     options.routes = model.routes;
-    c.pipe = std::make_unique<Pipeline>(model.stages, options);
+    c.pipe = std::make_unique<pipeline::Pipeline>(model.stages, options);
     c.activation_mib.assign(model.stages.size(), 0);
     c.tensor_mib.assign(model.stages.size(), 0);
   }
@@ -136,7 +136,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
         dist_autograd::Context context;
         seconds = seconds_of([&] { c.pipe->step(model.input, model.target, model.loss); });
       }
-      std::vector<Pipeline::StageMemory> peaks = c.pipe->memory_peaks();
+      std::vector<pipeline::Pipeline::StageMemory> peaks = c.pipe->memory_peaks();
       if (!timed) continue;
       c.steps.push_back(seconds);
       for (size_t k = 0; k < peaks.size(); ++k) {

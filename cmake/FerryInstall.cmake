@@ -3,6 +3,7 @@
 #   Ferry::ferry                 every layer (core, rpc, remote_module, dist_autograd, pipeline,
 #                                models, data)
 #   Ferry::rpc, Ferry::models... one layer and the layers below it
+#   Ferry::core_base             core without LibTorch: logging, settings, local processes
 #   Ferry::plugin                Ferry's headers and LibTorch, for a stage plugin that ferry-worker
 #                                loads (ferry/remote_module/stage_plugin.h): no Ferry library
 # and FERRY_WORKER, FERRY_MASTER and FERRY_LAUNCH, the installed binaries.
@@ -16,6 +17,10 @@ foreach(layer ${FERRY_LAYERS})
   list(APPEND FERRY_LAYER_TARGETS ferry_${layer})
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()
+
+# core's part without LibTorch, which ferry_core links.
+set_target_properties(ferry_core_base PROPERTIES EXPORT_NAME core_base)
+list(APPEND FERRY_LAYER_TARGETS ferry_core_base)
 
 add_library(ferry_all INTERFACE)
 target_link_libraries(ferry_all INTERFACE ${FERRY_LAYER_TARGETS})

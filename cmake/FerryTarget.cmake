@@ -17,5 +17,6 @@ endfunction()
 function(ferry_plugin_host target)
   set_target_properties(${target} PROPERTIES ENABLE_EXPORTS ON)
   target_link_options(${target} PRIVATE "LINKER:--whole-archive" $<TARGET_FILE:ferry_remote_module>
-    $<TARGET_FILE:ferry_rpc> $<TARGET_FILE:ferry_core> "LINKER:--no-whole-archive")
+    $<TARGET_FILE:ferry_rpc> $<TARGET_FILE:ferry_core> $<TARGET_FILE:ferry_core_base>
+    "LINKER:--no-whole-archive")
 endfunction()

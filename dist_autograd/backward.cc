@@ -30,9 +30,9 @@
 #include "dist_autograd/owned_value.h"
 #include "dist_autograd/recv_backward.h"
 #include "dist_autograd/when_all.h"
+#include "ferry/core/compute_thread.h"
 #include "ferry/core/message_of.h"
 #include "ferry/dist_autograd/context.h"
-#include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 
@@ -341,7 +341,7 @@ void install_backward_functions(rpc::FunctionRegistry& registry) {
                                         "requiring grad",
                                         grads.size(), send.edges.size()));
     }
-    return rpc::on_compute_thread([&] {
+    return core::on_compute_thread([&] {
       bool keep = retain_graph || !last || part_is_shared(*context, message_id, send.edges);
       return run_part(*context, message_id, send.edges, grads, keep, retain_graph, last);
     });

@@ -14,8 +14,8 @@
 #include "dist_autograd/install.h"
 #include "dist_autograd/optimizer_factories.h"
 #include "dist_autograd/owned_value.h"
+#include "ferry/core/compute_thread.h"
 #include "ferry/rpc/collective_group.h"
-#include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 
@@ -203,10 +203,10 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
   register_local_optimizer_class();
   registry.add_raw("ferry.optim.create", create);
   registry.add("ferry.optim.step", [](c10::IValue ref, std::int64_t id) {
-    rpc::run_on_compute_thread([&] { step(ref, id); });
+    core::run_on_compute_thread([&] { step(ref, id); });
   });
   registry.add("ferry.optim.accumulate", [](c10::IValue ref, std::int64_t id) {
-    rpc::run_on_compute_thread([&] { accumulate(ref, id); });
+    core::run_on_compute_thread([&] { accumulate(ref, id); });
   });
   registry.add("ferry.optim.join_replicas",
                [](c10::IValue ref, c10::IValue key, std::int64_t rank, std::int64_t size) {

@@ -18,17 +18,17 @@ namespace {
 namespace fs = std::filesystem;
 
 int epoch_of(const std::string& folder) {
-  return static_cast<int>(read_checkpoint_value(folder, "epoch").toInt());
+  return static_cast<int>(remote_module::read_checkpoint_value(folder, "epoch").toInt());
 }
 
 }  // namespace
 
 std::string checkpoint_of_epoch(const std::string& dir, int epoch) {
-  if (epoch <= 0) return latest_checkpoint_folder(dir);
+  if (epoch <= 0) return remote_module::latest_checkpoint_folder(dir);
   std::vector<std::string> kept;
   for (const std::string& place : {dir, (fs::path(dir) / "best").string()}) {
     std::vector<int> epochs;
-    for (const std::string& folder : checkpoint_folders(place)) {
+    for (const std::string& folder : remote_module::checkpoint_folders(place)) {
       epochs.push_back(epoch_of(folder));
       if (epochs.back() == epoch) return folder;
     }
@@ -72,9 +72,9 @@ int export_weights(const ExportSettings& s) {
     throw rpc::Error(rpc::ErrorKind::InvalidArgument, "export needs --checkpoint-dir and --out");
   }
   const std::string folder = checkpoint_of_epoch(s.checkpoint_dir, s.epoch);
-  const SavedCheckpoint checkpoint = read_checkpoint(folder);
-  const c10::Dict<std::string, at::Tensor> state = merged_state(checkpoint);
-  save_state_dict(state, s.out);
+  const remote_module::SavedCheckpoint checkpoint = remote_module::read_checkpoint(folder);
+  const c10::Dict<std::string, at::Tensor> state = remote_module::merged_state(checkpoint);
+  remote_module::save_state_dict(state, s.out);
   int64_t parameters = 0;
   for (const auto& item : state) {
     if (item.key().find("running_") == std::string::npos &&

@@ -41,7 +41,7 @@ Weights weights_of(const PredictSettings& s) {
   }
   if (!s.weights.empty()) return {models::read_weights(s.weights), s.weights};
   const std::string folder = checkpoint_of_epoch(s.checkpoint_dir, s.epoch);
-  return {merged_state(read_checkpoint(folder)), folder};
+  return {remote_module::merged_state(remote_module::read_checkpoint(folder)), folder};
 }
 
 void check_loaded(const models::LoadReport& report, const Weights& weights,

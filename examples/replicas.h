@@ -20,7 +20,7 @@ namespace ferry::examples {
 // One copy of the model: its stages on their workers, and the pipeline over them if pipelined.
 struct Replica {
   models::RemoteUnet split;
-  std::unique_ptr<Pipeline> pipe;
+  std::unique_ptr<pipeline::Pipeline> pipe;
 };
 
 // Runs fn(r) for r in [0, count): on this thread for one, else on a thread each, all at once.

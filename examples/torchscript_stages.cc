@@ -31,9 +31,12 @@ int main(int argc, char** argv) {
   try {
     const auto& workers = ferry::rpc::workers();
     if (workers.size() < 4) throw std::runtime_error("needs a master and three workers");
-    auto encoder = ferry::RemoteModule::from_torchscript(workers[1].name, dir + "/encoder.pt");
-    auto decoder = ferry::RemoteModule::from_torchscript(workers[2].name, dir + "/decoder.pt");
-    auto head = ferry::RemoteModule::from_torchscript(workers[3].name, dir + "/head.pt");
+    auto encoder =
+        ferry::remote_module::RemoteModule::from_torchscript(workers[1].name, dir + "/encoder.pt");
+    auto decoder =
+        ferry::remote_module::RemoteModule::from_torchscript(workers[2].name, dir + "/decoder.pt");
+    auto head =
+        ferry::remote_module::RemoteModule::from_torchscript(workers[3].name, dir + "/head.pt");
     for (const auto* stage : {&encoder, &decoder, &head}) {
       stage->eval();
       ferry::log::info("{} on {}: {} parameters", stage->type(), stage->worker(),

@@ -102,12 +102,12 @@ void load_weights(RemoteUnet& split, const TrainSettings& s) {
 void take_step_statistics(const StagesOnWorkers& job) {
   static std::atomic<std::int64_t> builds{0};
   const std::int64_t build = builds.fetch_add(1);
-  const std::vector<RemoteModule> first = job.replicas.front().split.modules();
+  const std::vector<remote_module::RemoteModule> first = job.replicas.front().split.modules();
   std::int64_t layers = 0;
   for (std::size_t k = 0; k < first.size(); ++k) {
-    std::vector<RemoteModule> copies;
+    std::vector<remote_module::RemoteModule> copies;
     for (const Replica& replica : job.replicas) copies.push_back(replica.split.modules()[k]);
-    layers += RemoteModule::take_step_statistics(
+    layers += remote_module::RemoteModule::take_step_statistics(
         copies, fmt::format("ferry/batchnorm/{}/{}/{}/", rpc::self().rank, build, k));
   }
   if (layers == 0) fail_setting("--sync-batchnorm: no stage of the model has a batch norm");
@@ -121,7 +121,7 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
                                               const std::vector<std::string>& workers) {
   auto job = std::make_unique<StagesOnWorkers>();
   const std::size_t stages = plan.stages.size();
-  const Precision precision = precision_of(s);
+  const remote_module::Precision precision = precision_of(s);
   std::vector<std::vector<rpc::RRefPtr>> parameters;
   for (int r = 0; r < s.replicas; ++r) {
     std::vector<std::string> places(workers.begin() + r * stages,
@@ -132,8 +132,9 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
                                    static_cast<int64_t>(s.seed), s.freeze_batchnorm),
                 nullptr});
     Replica& replica = job->replicas.back();
-    if (precision != Precision::Float32) {
-      for (const RemoteModule& stage : replica.split.modules()) stage.set_precision(precision);
+    if (precision != remote_module::Precision::Float32) {
+      for (const remote_module::RemoteModule& stage : replica.split.modules())
+        stage.set_precision(precision);
     }
     replica.pipe = pipeline_of(s, replica.split);
     parameters.push_back(replica.split.parameters());
@@ -158,8 +159,8 @@ struct Progress {
   std::optional<EpochMonitor> monitor;
 };
 
-NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
-  NamedValues values{
+remote_module::NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
+  remote_module::NamedValues values{
       {"optimizer", job.optimizer->state_dict()}, {"epoch", int64_t{p.epoch}}, {"step", p.step}};
   if (p.monitor) {
     values["monitor"] = p.monitor->metric();
@@ -176,7 +177,8 @@ NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
 // whole model's order, which no cut changes.
 void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
              Progress& progress) {
-  NamedValues extra = load_checkpoint_by_tensor_name(dir, job.split().named());
+  remote_module::NamedValues extra =
+      remote_module::load_checkpoint_by_tensor_name(dir, job.split().named());
   align_replicas(job);
   job.optimizer->load_state_dict(extra.at("optimizer"));
   progress.epoch = static_cast<int>(extra.at("epoch").toInt());
@@ -427,10 +429,10 @@ int train_as_master(const TrainSettings& s) {
         if (progress.monitor)
           verdict = progress.monitor->observe(epoch, v.of(progress.monitor->metric()));
         if (!s.checkpoint_dir.empty()) {
-          NamedValues values = progress_values(progress, *job);
-          save_checkpoint(s.checkpoint_dir, job->split().named(), 2, values);
+          remote_module::NamedValues values = progress_values(progress, *job);
+          remote_module::save_checkpoint(s.checkpoint_dir, job->split().named(), 2, values);
           if (s.save_best && verdict.improved) {
-            save_checkpoint(best_dir(s), job->split().named(), 1, values);
+            remote_module::save_checkpoint(best_dir(s), job->split().named(), 1, values);
           }
         }
         if (verdict.stop) {
@@ -481,7 +483,7 @@ int train_as_master(const TrainSettings& s) {
   }
   metrics["stages"] = nlohmann::ordered_json::array();
   for (size_t k = 0; k < plan.stages.size(); ++k) {
-    StageStats stats = job->split().stages()[k].module.stats();
+    remote_module::StageStats stats = job->split().stages()[k].module.stats();
     metrics["stages"].push_back({{"name", plan.stages[k].name},
                                  {"worker", workers[k]},
                                  {"blocks", plan.stages[k].blocks},
@@ -491,12 +493,12 @@ int train_as_master(const TrainSettings& s) {
                                  {"worker_peak_rss_mib", stats.worker_peak_rss_mib}});
   }
   RemoteUnet& split = job->split();
-  std::unique_ptr<Pipeline>& pipe = job->replicas.front().pipe;
+  std::unique_ptr<pipeline::Pipeline>& pipe = job->replicas.front().pipe;
   if (!pipe) {
     print_stage_table(split, train_s, !s.via_master);
   } else {
     std::cerr << "\n" << pipe->timeline().table();
-    std::vector<Pipeline::StageMemory> memory = pipe->memory_peaks();
+    std::vector<pipeline::Pipeline::StageMemory> memory = pipe->memory_peaks();
     std::string peaks;
     for (size_t k = 0; k < memory.size(); ++k) {
       peaks += fmt::format("{}{} {:.0f} MiB", k ? ", " : "", plan.stages[k].name,
@@ -504,7 +506,7 @@ int train_as_master(const TrainSettings& s) {
     }
     std::cerr << "most activations held at once: " << peaks << "\n";
     pipeline::TimelineReport report = pipe->timeline().report();
-    metrics["pipeline"] = {{"schedule", schedule_name(pipe->options().schedule)},
+    metrics["pipeline"] = {{"schedule", pipeline::schedule_name(pipe->options().schedule)},
                            {"microbatches", pipe->options().microbatches},
                            {"bubble", report.bubble},
                            {"ideal_bubble", report.ideal_bubble}};

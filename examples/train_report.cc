@@ -45,7 +45,7 @@ void ProgressBar::update(std::size_t step, const std::string& figures) {
 }
 
 void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
-  std::vector<StageStats> stats;
+  std::vector<remote_module::StageStats> stats;
   double computed = 0;
   for (const RemoteUnet::Stage& stage : split.stages()) {
     stats.push_back(stage.module.stats());

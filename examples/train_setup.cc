@@ -48,7 +48,8 @@ void check_sync_batchnorm(const TrainSettings& s) {
   }
   bool one_f_one_b = false;
   try {
-    one_f_one_b = !s.pipeline.empty() && parse_schedule(s.pipeline) == Schedule::OneFOneB;
+    one_f_one_b =
+        !s.pipeline.empty() && pipeline::parse_schedule(s.pipeline) == pipeline::Schedule::OneFOneB;
   } catch (const std::invalid_argument&) {
     // pipeline_of says what is wrong with it.
   }
@@ -61,16 +62,17 @@ void check_sync_batchnorm(const TrainSettings& s) {
 }
 
 // The pipeline the settings ask for, or none for plain steps.
-std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const models::RemoteUnet& split) {
+std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
+                                                const models::RemoteUnet& split) {
   // --sync-batchnorm: a pipelined stage runs each micro-batch's backward at once, in order, on
   // one thread, so every replica's batch norms sum in the same order.
   bool wanted = !s.pipeline.empty() || s.microbatches > 1 || s.checkpoint_activations ||
                 !s.trace_file.empty() || s.sync_batchnorm;
   if (!wanted) return nullptr;
   if (s.via_master) fail_setting("--via-master is the naive split; it cannot be pipelined");
-  PipelineOptions options;
+  pipeline::PipelineOptions options;
   try {
-    options.schedule = parse_schedule(s.pipeline.empty() ? "gpipe" : s.pipeline);
+    options.schedule = pipeline::parse_schedule(s.pipeline.empty() ? "gpipe" : s.pipeline);
   } catch (const std::invalid_argument& e) {
     fail_setting(fmt::format("--pipeline: {}", e.what()));
   }
@@ -87,11 +89,12 @@ std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const models::Remo
   for (const models::RemoteUnet::Stage& stage : split.stages())
     options.stage_names.push_back(stage.name());
   options.routes = split.routes();
-  std::vector<RemoteModule> stages = split.modules();
-  log::info("pipelined steps: {}, {} micro-batches of {} images{}", schedule_name(options.schedule),
-            options.microbatches, s.batch_size / options.microbatches,
+  std::vector<remote_module::RemoteModule> stages = split.modules();
+  log::info("pipelined steps: {}, {} micro-batches of {} images{}",
+            pipeline::schedule_name(options.schedule), options.microbatches,
+            s.batch_size / options.microbatches,
             s.checkpoint_activations ? ", activations recomputed in backward" : "");
-  return std::make_unique<Pipeline>(std::move(stages), options);
+  return std::make_unique<pipeline::Pipeline>(std::move(stages), options);
 }
 
 // The cut the settings ask for, measured in this process before any stage is built.
@@ -147,9 +150,9 @@ std::optional<EpochMonitor> monitor_of(const TrainSettings& s) {
   }
 }
 
-Precision precision_of(const TrainSettings& s) {
+remote_module::Precision precision_of(const TrainSettings& s) {
   try {
-    return parse_precision(s.precision);
+    return remote_module::parse_precision(s.precision);
   } catch (const std::invalid_argument& e) {
     fail_setting(fmt::format("--precision: {}", e.what()));
   }

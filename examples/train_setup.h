@@ -29,7 +29,8 @@ std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Data
 dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s);
 
 // The pipeline the settings ask for over a replica's stages, or none for plain steps.
-std::unique_ptr<Pipeline> pipeline_of(const TrainSettings& s, const models::RemoteUnet& split);
+std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
+                                                const models::RemoteUnet& split);
 
 // The cut the settings ask for, measured in this process before any stage is built.
 StagePlan plan_of(const TrainSettings& s);
@@ -37,7 +38,7 @@ StagePlan plan_of(const TrainSettings& s);
 // The learning rate of each of the run's `total_steps` optimizer steps.
 dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total_steps);
 
-Precision precision_of(const TrainSettings& s);
+remote_module::Precision precision_of(const TrainSettings& s);
 // Fails on --sync-batchnorm with settings it cannot work with.
 void check_sync_batchnorm(const TrainSettings& s);
 

@@ -16,7 +16,7 @@ namespace ferry::examples {
 void install_worker_functions() {
   static bool done = [] {
     models::register_unet_stages();
-    install_stage_functions(rpc::default_registry());
+    remote_module::install_stage_functions(rpc::default_registry());
     dist_autograd::install(rpc::default_registry());
     pipeline::install(rpc::default_registry());
     return true;
@@ -27,7 +27,8 @@ void install_worker_functions() {
 bool load_plugins(const std::vector<std::string>& paths) {
   for (const std::string& path : paths) {
     try {
-      log::info("plugin {}: stage types {}", path, fmt::join(load_stage_plugin(path), ", "));
+      log::info("plugin {}: stage types {}", path,
+                fmt::join(remote_module::load_stage_plugin(path), ", "));
     } catch (const rpc::Error& e) {
       log::error("{}", e.what());
       return false;

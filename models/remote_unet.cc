@@ -50,14 +50,14 @@ std::vector<RemoteUnet::StagePlan> RemoteUnet::seams(int64_t depth,
           {"head", head, head + 1, workers[2], ""}};
 }
 
-Routes RemoteUnet::routes_of(int64_t depth, const std::vector<StagePlan>& plan) {
+remote_module::Routes RemoteUnet::routes_of(int64_t depth, const std::vector<StagePlan>& plan) {
   check_plan(depth, plan);
   const std::vector<UnetBlock> blocks = unet_blocks(depth);
   std::vector<int64_t> low;
   for (const StagePlan& stage : plan) {
     low.push_back(unet_carry_untouched(blocks, stage.first, stage.last));
   }
-  Routes routes(plan.size());
+  remote_module::Routes routes(plan.size());
   for (size_t s = 0; s + 1 < plan.size(); ++s) {
     // Stage s gives back the carry above what it left untouched; each element goes to the first
     // later stage that reaches down to it. Every carry ends in the head, so one does.
@@ -75,18 +75,19 @@ RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes, const std::vector<
                               int64_t seed, bool freeze_batchnorm) {
   RemoteUnet net;
   net.routes_ = routes_of(depth, plan);  // before any worker builds anything
-  check_routes(net.routes_, plan.size());
+  remote_module::check_routes(net.routes_, plan.size());
   net.depth_ = depth;
   net.classes_ = classes;
   for (const StagePlan& stage : plan) {
-    StageConfig config = stage_config();
+    remote_module::StageConfig config = remote_module::stage_config();
     config.insert("depth", depth);
     config.insert("classes", classes);
     config.insert("first", stage.first);
     config.insert("last", stage.last);
     config.insert("seed", seed);
     config.insert("freeze_batchnorm", int64_t{freeze_batchnorm ? 1 : 0});
-    RemoteModule module = RemoteModule::create(stage.worker, "unet.blocks", config);
+    remote_module::RemoteModule module =
+        remote_module::RemoteModule::create(stage.worker, "unet.blocks", config);
     if (!stage.device.empty()) {
       try {
         module.to(stage.device);
@@ -108,7 +109,8 @@ RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes,
 at::Tensor RemoteUnet::forward(const at::Tensor& images, bool direct) {
   if (direct) {
     auto start = std::chrono::steady_clock::now();
-    at::Tensor out = RemoteModule::forward_chain(modules(), {images}, routes_).toTensor();
+    at::Tensor out =
+        remote_module::RemoteModule::forward_chain(modules(), {images}, routes_).toTensor();
     stages_.front().forward_s +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return out;
@@ -119,7 +121,7 @@ at::Tensor RemoteUnet::forward(const at::Tensor& images, bool direct) {
   for (size_t s = 0; s < stages_.size(); ++s) {
     if (s > 0) {
       std::vector<at::Tensor> inputs(
-          static_cast<size_t>(routed_input_size(routes_, static_cast<int64_t>(s))));
+          static_cast<size_t>(remote_module::routed_input_size(routes_, static_cast<int64_t>(s))));
       for (size_t p = 0; p < s; ++p) {
         for (size_t q = 0; q < routes_[p].size(); ++q) {
           if (routes_[p][q].stage != static_cast<int64_t>(s)) continue;
@@ -149,14 +151,14 @@ std::vector<rpc::RRefPtr> RemoteUnet::parameters() const {
   return all;
 }
 
-NamedStages RemoteUnet::named() const {
-  NamedStages out;
+remote_module::NamedStages RemoteUnet::named() const {
+  remote_module::NamedStages out;
   for (const Stage& stage : stages_) out.emplace_back(stage.name(), stage.module);
   return out;
 }
 
-std::vector<RemoteModule> RemoteUnet::modules() const {
-  std::vector<RemoteModule> out;
+std::vector<remote_module::RemoteModule> RemoteUnet::modules() const {
+  std::vector<remote_module::RemoteModule> out;
   for (const Stage& stage : stages_) out.push_back(stage.module);
   return out;
 }

@@ -15,7 +15,7 @@ const std::vector<int64_t> kReduced{0, 2, 3};  // every dimension but the channe
 
 at::Tensor per_channel(const at::Tensor& t) { return t.view({1, -1, 1, 1}); }
 
-at::Tensor summed(const SumOverReplicas& sum, const at::Tensor& t) {
+at::Tensor summed(const remote_module::SumOverReplicas& sum, const at::Tensor& t) {
   std::vector<at::Tensor> tensors{t.contiguous()};
   sum(tensors);
   return tensors[0].view(t.sizes());
@@ -24,7 +24,7 @@ at::Tensor summed(const SumOverReplicas& sum, const at::Tensor& t) {
 // The statistics of one forward's batch: count, mean and sum of squared deviations per channel,
 // in float64. Two passes (the mean, then the deviations from it), as batch norm's own: a sum of
 // squares less the squared mean would lose the variance of a channel whose mean is large.
-BatchStatistics statistics_of(const at::Tensor& x, const SumOverReplicas& sum) {
+BatchStatistics statistics_of(const at::Tensor& x, const remote_module::SumOverReplicas& sum) {
   BatchStatistics s;
   const double local = static_cast<double>(x.numel() / x.size(1));
   at::Tensor count_and_sum = at::cat({at::full({1}, local, x.options().dtype(at::kDouble)),
@@ -41,8 +41,8 @@ BatchStatistics statistics_of(const at::Tensor& x, const SumOverReplicas& sum) {
 }
 
 struct SumHolder : torch::CustomClassHolder {
-  explicit SumHolder(SumOverReplicas s) : sum(std::move(s)) {}
-  SumOverReplicas sum;
+  explicit SumHolder(remote_module::SumOverReplicas s) : sum(std::move(s)) {}
+  remote_module::SumOverReplicas sum;
 };
 
 // Normalising by statistics taken over every replica. Its backward is batch norm's own, with the
@@ -54,7 +54,7 @@ struct SyncNormalise : torch::autograd::Function<SyncNormalise> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor& mean, const at::Tensor& invstd, double count,
-                            const SumOverReplicas& sum) {
+                            const remote_module::SumOverReplicas& sum) {
     ctx->save_for_backward({x, weight, mean, invstd});
     ctx->saved_data["count"] = count;
     ctx->saved_data["sum"] = c10::IValue::make_capsule(c10::make_intrusive<SumHolder>(sum));
@@ -131,7 +131,7 @@ void SyncBatchNorm2dImpl::pretty_print(std::ostream& stream) const {
          << ", step_statistics=" << step_statistics_ << ")";
 }
 
-void SyncBatchNorm2dImpl::take_step_statistics(SumOverReplicas sum) {
+void SyncBatchNorm2dImpl::take_step_statistics(remote_module::SumOverReplicas sum) {
   step_statistics_ = true;
   sum_ = std::move(sum);
 }
@@ -156,7 +156,7 @@ at::Tensor SyncBatchNorm2dImpl::forward(const at::Tensor& input) {
 }
 
 at::Tensor SyncBatchNorm2dImpl::forward_over_step(const at::Tensor& input) {
-  const ForwardPass& pass = current_forward_pass();
+  const remote_module::ForwardPass& pass = remote_module::current_forward_pass();
   // Under autocast a reduced-precision input is normalised in float32, as batch norm is.
   const at::Tensor x = input.scalar_type() == at::kDouble ? input : input.to(at::kFloat);
   BatchStatistics stats;

@@ -16,13 +16,13 @@
 #include <memory>
 #include <mutex>
 
+#include "ferry/core/compute_thread.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/stage_host.h"
 #include "ferry/remote_module/step_statistics.h"
-#include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 #include "pipeline/in_order.h"
@@ -61,7 +61,7 @@ struct Slot {
   std::string previous, next, master;
   std::int64_t limit = 0;  // forwards whose backward has not run yet
   bool checkpoint = false;
-  Routes routes;                     // empty: the whole output goes to the next stage
+  remote_module::Routes routes;      // empty: the whole output goes to the next stage
   std::vector<std::string> workers;  // of every stage, for portals
 
   std::mutex mutex;                                              // guards what follows
@@ -174,7 +174,7 @@ void release_place(Slot& slot) {
   std::lock_guard<std::mutex> lock(slot.mutex);
   if (slot.in_flight > 0) --slot.in_flight;  // a discard may have reset it meanwhile
   if (!slot.parked.empty() && slot.in_flight < slot.limit) {
-    rpc::post_to_compute_thread(std::move(slot.parked.front().work));
+    core::post_to_compute_thread(std::move(slot.parked.front().work));
     slot.parked.pop_front();
     ++slot.in_flight;
   }
@@ -218,26 +218,27 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
                  c10::IValue inputs, const FuturePtr& done) {
   std::int64_t start = now_ns();
   std::int64_t live_before = core::tensor_memory().live_bytes;
-  const Flow flow{context, microbatch};
+  const remote_module::Flow flow{context, microbatch};
   try {
     Saved saved;
     if (slot->index > 0) {
       for (at::Tensor& t : floating_tensors(inputs)) saved.leaves.push_back(t.requires_grad_());
     }
     if (!slot->routes.empty() && slot->index > 0) {
-      Gathered gathered = gather_portals(slot->routes, slot->workers, slot->index, flow, inputs);
+      remote_module::Gathered gathered =
+          remote_module::gather_portals(slot->routes, slot->workers, slot->index, flow, inputs);
       saved.anchors = std::move(gathered.anchors);
       inputs = std::move(gathered.inputs);
     }
     c10::IValue output;
-    ForwardPassScope pass({context, /*recompute=*/false});
+    remote_module::ForwardPassScope pass({context, /*recompute=*/false});
     if (slot->checkpoint) {
       saved.rng_state = rng_state();
       saved.inputs = inputs;
       torch::NoGradGuard no_grad;
-      output = forward_stage_here(slot->module, inputs);
+      output = remote_module::forward_stage_here(slot->module, inputs);
     } else {
-      output = forward_stage_here(slot->module, inputs);
+      output = remote_module::forward_stage_here(slot->module, inputs);
     }
     bool last = slot->index + 1 == slot->count;
     if (last && !output.isTensor()) {
@@ -247,10 +248,10 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
     }
     const std::int64_t output_bytes = bytes_of(floating_tensors(output));
     if (routes_output(*slot)) {
-      offer_portals(slot->routes, slot->index, flow, output, slot->checkpoint);
+      remote_module::offer_portals(slot->routes, slot->index, flow, output, slot->checkpoint);
       // A recomputed stage joins them in backward, where its graph is made.
       at::AutoGradMode grad_mode(!slot->checkpoint && at::GradMode::is_enabled());
-      output = join_portals(slot->routes, slot->workers, slot->index, flow, output);
+      output = remote_module::join_portals(slot->routes, slot->workers, slot->index, flow, output);
     }
     if (!slot->checkpoint) saved.output = output;
     // What the forward left allocated (its graph's saved tensors and the output; a
@@ -305,11 +306,11 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     c10::IValue output = saved.output;
     if (slot->checkpoint) {
       RngStateGuard same_randomness(saved.rng_state);
-      ForwardPassScope pass({context, /*recompute=*/true});
-      output = forward_stage_here(slot->module, saved.inputs);
+      remote_module::ForwardPassScope pass({context, /*recompute=*/true});
+      output = remote_module::forward_stage_here(slot->module, saved.inputs);
       if (routes_output(*slot)) {
-        output =
-            join_portals(slot->routes, slot->workers, slot->index, {context, microbatch}, output);
+        output = remote_module::join_portals(slot->routes, slot->workers, slot->index,
+                                             {context, microbatch}, output);
       }
     }
     std::vector<at::Tensor> outputs = floating_tensors(output);
@@ -326,7 +327,7 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
       }
     }
     std::vector<at::Tensor> params;
-    for (at::Tensor& p : stage_parameters_here(slot->module)) {
+    for (at::Tensor& p : remote_module::stage_parameters_here(slot->module)) {
       if (p.requires_grad()) params.push_back(p);
     }
     // The anchors' own gradients are none, but asking for them is what makes the portal inputs'
@@ -406,15 +407,15 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
         slot->index = index;
         slot->count = count;
         slot->module = module;
-        slot->type = stage_type_here(module);
+        slot->type = remote_module::stage_type_here(module);
         slot->previous = std::move(previous);
         slot->next = std::move(next);
         slot->master = std::move(master);
         slot->limit = limit;
         slot->checkpoint = checkpoint;
-        slot->routes = routes_from_ivalue(routes);
+        slot->routes = remote_module::routes_from_ivalue(routes);
         slot->workers = std::move(workers);
-        check_routes(slot->routes, static_cast<size_t>(count));
+        remote_module::check_routes(slot->routes, static_cast<size_t>(count));
         slots().put(pipeline, index, std::move(slot));
       });
   registry.add_async("ferry.pipeline.forward", [](std::vector<c10::IValue>& args) {
@@ -435,7 +436,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
       for (Parked& ready : slot->forwards.take(context, microbatch, {work, done}, &abandoned)) {
         if (slot->in_flight < slot->limit) {
           ++slot->in_flight;
-          rpc::post_to_compute_thread(std::move(ready.work));
+          core::post_to_compute_thread(std::move(ready.work));
         } else {
           slot->parked.push_back(std::move(ready));
         }
@@ -460,7 +461,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
       std::lock_guard<std::mutex> lock(slot->mutex);
       slot->events.insert(slot->events.end(), {kArriveBackwardEvent, microbatch, arrived, arrived});
       for (Parked& ready : slot->backwards.take(context, microbatch, {work, done}, &abandoned)) {
-        rpc::post_to_compute_thread(std::move(ready.work));
+        core::post_to_compute_thread(std::move(ready.work));
       }
     }
     fail_abandoned(abandoned);
@@ -478,7 +479,7 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
   });
   // After a failed step: what it left (kept graphs, parked forwards) goes; parked requests fail.
   registry.add("ferry.pipeline.discard", [](std::int64_t pipeline) {
-    drop_pipelined_portals();
+    remote_module::drop_pipelined_portals();
     for (const SlotPtr& slot : slots().of(pipeline)) {
       std::vector<Parked> abandoned;
       {

@@ -15,7 +15,7 @@
 
 #include "ferry/rpc/error.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 namespace fs = std::filesystem;
@@ -318,4 +318,4 @@ NamedValues load_checkpoint_by_tensor_name(const std::string& dir, const NamedSt
   return read_extra(folder, manifest);
 }
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

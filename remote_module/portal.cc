@@ -22,7 +22,7 @@
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 using rpc::Error;
@@ -334,4 +334,4 @@ void install_portal_functions(rpc::FunctionRegistry& registry) {
   });
 }
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

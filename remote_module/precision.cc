@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-namespace ferry {
+namespace ferry::remote_module {
 
 Precision parse_precision(const std::string& name) {
   if (name == "32" || name == "32-true") return Precision::Float32;
@@ -19,4 +19,4 @@ const char* precision_name(Precision precision) {
   return precision == Precision::BFloat16Mixed ? "bf16-mixed" : "32";
 }
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

@@ -6,7 +6,7 @@
 
 #include "ferry/rpc/rpc.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 
 RemoteModule RemoteModule::create(const std::string& worker, const std::string& type,
                                   StageConfig config) {
@@ -146,4 +146,4 @@ void RemoteModule::set_precision(Precision precision) const {
   call("set_precision", "ferry.stage.precision", {static_cast<int64_t>(precision)});
 }
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

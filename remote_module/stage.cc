@@ -9,7 +9,7 @@
 
 #include "ferry/rpc/error.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 struct Registry {
@@ -127,4 +127,4 @@ double config_double(const StageConfig& config, const std::string& stage, const 
   return value.isInt() ? static_cast<double>(value.toInt()) : value.toDouble();
 }
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

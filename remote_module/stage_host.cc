@@ -14,15 +14,15 @@
 #include <mutex>
 #include <set>
 
+#include "ferry/core/compute_thread.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/precision.h"
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/collective_group.h"
-#include "ferry/rpc/compute_thread.h"
 #include "ferry/rpc/rpc.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 // A stage as an IValue, so that an RRef can own it and free it with the last reference.
@@ -182,7 +182,7 @@ void load_state(Stage& stage, const c10::Dict<std::string, at::Tensor>& state, b
 // One forward of `module`'s stage on the compute thread, timed for its stats.
 c10::IValue forward_here(const rpc::RRefPtr& module, const c10::IValue& inputs) {
   auto holder = holder_of(module);
-  return rpc::on_compute_thread([&] {
+  return core::on_compute_thread([&] {
     std::lock_guard<std::mutex> lock(holder->mutex);
     auto start = std::chrono::steady_clock::now();
     try {
@@ -268,12 +268,12 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
       throw rpc::Error(rpc::ErrorKind::InvalidArgument,
                        fmt::format("config of stage \"{}\" must be a dict", type));
     }
-    std::unique_ptr<Stage> stage = rpc::on_compute_thread([&] { return make_stage(type, typed); });
+    std::unique_ptr<Stage> stage = core::on_compute_thread([&] { return make_stage(type, typed); });
     return c10::IValue(c10::make_intrusive<StageHolder>(type, std::move(stage)));
   });
   registry.add("ferry.stage.load_torchscript", [](std::string path) {
     std::unique_ptr<Stage> stage =
-        rpc::on_compute_thread([&] { return load_torchscript_stage(path); });
+        core::on_compute_thread([&] { return load_torchscript_stage(path); });
     return c10::IValue(c10::make_intrusive<StageHolder>("torchscript " + path, std::move(stage)));
   });
   registry.add("ferry.stage.forward", [](rpc::RRefPtr module, c10::IValue inputs) {
@@ -352,7 +352,7 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
   });
   registry.add("ferry.stage.state_dict", [](rpc::RRefPtr module) {
     auto holder = holder_of(module);
-    return rpc::on_compute_thread([&] {
+    return core::on_compute_thread([&] {
       std::lock_guard<std::mutex> lock(holder->mutex);
       return state_of(*holder->stage);
     });
@@ -360,7 +360,7 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
   registry.add("ferry.stage.load_state_dict",
                [](rpc::RRefPtr module, c10::Dict<std::string, at::Tensor> state, bool strict) {
                  auto holder = holder_of(module);
-                 rpc::run_on_compute_thread([&] {
+                 core::run_on_compute_thread([&] {
                    std::lock_guard<std::mutex> lock(holder->mutex);
                    try {
                      load_state(*holder->stage, state, strict);
@@ -394,7 +394,7 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
                    };
                  }
                  int64_t layers = 0;
-                 rpc::run_on_compute_thread([&] {
+                 core::run_on_compute_thread([&] {
                    std::lock_guard<std::mutex> lock(holder->mutex);
                    layers = holder->stage->take_step_statistics(sum);
                  });
@@ -402,7 +402,7 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
                });
   registry.add("ferry.stage.to", [](rpc::RRefPtr module, std::string device) {
     auto holder = holder_of(module);
-    rpc::run_on_compute_thread([&] {
+    core::run_on_compute_thread([&] {
       std::lock_guard<std::mutex> lock(holder->mutex);
       const c10::Device target(device);
       if (target.is_cuda()) {
@@ -420,4 +420,4 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
   });
 }
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

@@ -10,7 +10,7 @@
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/error.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 // Where registrations record their failures while a plugin loads; null otherwise.
@@ -59,4 +59,4 @@ std::vector<std::string> load_stage_plugin(const std::string& path) {
   return added;
 }
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

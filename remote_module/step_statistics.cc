@@ -1,6 +1,6 @@
 #include "ferry/remote_module/step_statistics.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 thread_local ForwardPass current;
@@ -13,4 +13,4 @@ ForwardPassScope::ForwardPassScope(ForwardPass pass) : previous_(current) { curr
 
 ForwardPassScope::~ForwardPassScope() { current = previous_; }
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

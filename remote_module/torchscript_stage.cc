@@ -9,7 +9,7 @@
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/error.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 // "forward(Tensor x0, Tensor x1)": what a stage's forward takes, for errors.
@@ -100,4 +100,4 @@ std::unique_ptr<Stage> load_torchscript_stage(const std::string& path) {
   }
 }
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "ferry/core/compute_thread.h"
 #include "ferry/rpc/grad_observer.h"
 
 namespace ferry::rpc {
@@ -93,6 +94,16 @@ std::atomic<GradObserver*> current_observer{nullptr};
 }  // namespace
 
 void set_grad_observer(std::shared_ptr<GradObserver> observer) {
+  // Work handed to the compute thread runs in the autograd context current where it was handed.
+  static std::once_flag carried;
+  std::call_once(carried, [] {
+    core::carry_to_compute_thread([]() -> core::EnterCaptured {
+      GradObserver* observer = grad_observer();
+      GradTag context = observer ? observer->current() : GradTag{};
+      if (!context.valid()) return nullptr;
+      return [observer, context] { return observer->enter(context); };
+    });
+  });
   // Replaced observers stay alive: another thread may be inside one through grad_observer().
   static std::vector<std::shared_ptr<GradObserver>> kept;
   std::lock_guard<std::mutex> lock(observer_mutex());

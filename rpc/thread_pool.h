@@ -1,6 +1,6 @@
 // A fixed set of threads running queued tasks in order of submission. Resource type.
-// submit() may be called from any thread, including pool threads; the destructor drains nothing:
-// it runs what is queued, then joins.
+// submit() may be called from any thread, including pool threads. The destructor lets the threads
+// run what is queued, then joins them. A task that throws is logged; the pool goes on.
 #pragma once
 
 #include <condition_variable>

@@ -4,16 +4,19 @@
 
 namespace {
 
-std::unique_ptr<ferry::Stage> make_affine(const ferry::StageConfig& config) {
+std::unique_ptr<ferry::remote_module::Stage> make_affine(
+    const ferry::remote_module::StageConfig& config) {
   const std::string type = "custom.affine";
-  torch::manual_seed(ferry::config_int(config, type, "seed", 0));
-  auto linear = std::make_shared<torch::nn::LinearImpl>(ferry::config_int(config, type, "in"),
-                                                        ferry::config_int(config, type, "out"));
-  const bool tanh = ferry::config_int(config, type, "tanh", 0) != 0;
-  return std::make_unique<ferry::ModuleStage>(linear, [linear, tanh](std::vector<c10::IValue>& in) {
-    at::Tensor y = linear->forward(in.at(0).toTensor());
-    return c10::IValue(tanh ? torch::tanh(y) : y);
-  });
+  torch::manual_seed(ferry::remote_module::config_int(config, type, "seed", 0));
+  auto linear = std::make_shared<torch::nn::LinearImpl>(
+      ferry::remote_module::config_int(config, type, "in"),
+      ferry::remote_module::config_int(config, type, "out"));
+  const bool tanh = ferry::remote_module::config_int(config, type, "tanh", 0) != 0;
+  return std::make_unique<ferry::remote_module::ModuleStage>(
+      linear, [linear, tanh](std::vector<c10::IValue>& in) {
+        at::Tensor y = linear->forward(in.at(0).toTensor());
+        return c10::IValue(tanh ? torch::tanh(y) : y);
+      });
 }
 
 FERRY_REGISTER_STAGE("custom.affine", make_affine);

@@ -13,8 +13,8 @@
 
 namespace {
 
-ferry::StageConfig affine(int64_t in, int64_t out, bool tanh, int64_t seed) {
-  ferry::StageConfig config = ferry::stage_config();
+ferry::remote_module::StageConfig affine(int64_t in, int64_t out, bool tanh, int64_t seed) {
+  ferry::remote_module::StageConfig config = ferry::remote_module::stage_config();
   config.insert("in", in);
   config.insert("out", out);
   config.insert("tanh", int64_t{tanh});
@@ -31,13 +31,13 @@ int train() {
     std::fprintf(stderr, "custom-master: the world has no worker\n");
     return 2;
   }
-  const std::vector<ferry::StageConfig> configs = {affine(4, 32, true, 1), affine(32, 32, true, 2),
-                                                   affine(32, 1, false, 3)};
-  std::vector<ferry::RemoteModule> stages;
+  const std::vector<ferry::remote_module::StageConfig> configs = {
+      affine(4, 32, true, 1), affine(32, 32, true, 2), affine(32, 1, false, 3)};
+  std::vector<ferry::remote_module::RemoteModule> stages;
   std::vector<ferry::rpc::RRefPtr> params;
   for (size_t k = 0; k < configs.size(); ++k) {
-    stages.push_back(
-        ferry::RemoteModule::create(workers[k % workers.size()], "custom.affine", configs[k]));
+    stages.push_back(ferry::remote_module::RemoteModule::create(workers[k % workers.size()],
+                                                                "custom.affine", configs[k]));
     for (auto& p : stages.back().remote_parameters()) params.push_back(p);
     std::printf("stage %zu on %s\n", k, stages.back().worker().c_str());
   }
@@ -52,7 +52,7 @@ int train() {
   for (int step = 0; step < 150; ++step) {
     ferry::dist_autograd::Context context;
     // Activations go from worker to worker; only x leaves this process.
-    at::Tensor out = ferry::RemoteModule::forward_chain(stages, {x}).toTensor();
+    at::Tensor out = ferry::remote_module::RemoteModule::forward_chain(stages, {x}).toTensor();
     at::Tensor loss = torch::mse_loss(out, y);
     ferry::dist_autograd::backward(context.id(), {loss});
     optimizer.step(context.id());
@@ -67,7 +67,7 @@ int train() {
 
 int main() {
   // Every process of the world installs these before init, the master too.
-  ferry::install_stage_functions(ferry::rpc::default_registry());
+  ferry::remote_module::install_stage_functions(ferry::rpc::default_registry());
   ferry::dist_autograd::install(ferry::rpc::default_registry());
   ferry::rpc::Options options;
   options.name = "master";

@@ -7,7 +7,7 @@
 #include <cstdio>
 
 int main() {
-  ferry::install_stage_functions(ferry::rpc::default_registry());
+  ferry::remote_module::install_stage_functions(ferry::rpc::default_registry());
   ferry::dist_autograd::install(ferry::rpc::default_registry());
   try {
     ferry::rpc::init();

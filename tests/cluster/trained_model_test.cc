@@ -49,7 +49,7 @@ CommandResult TrainedModel::trained_;
 
 // Every stage's tensors of a checkpoint, by name.
 c10::Dict<std::string, at::Tensor> tensors_of(const std::string& folder) {
-  return ferry::merged_state(ferry::read_checkpoint(folder));
+  return ferry::remote_module::merged_state(ferry::remote_module::read_checkpoint(folder));
 }
 
 void expect_same_tensors(const c10::Dict<std::string, at::Tensor>& a,
@@ -72,7 +72,8 @@ TEST_F(TrainedModel, ExportWritesTheWholeModelForAnyKeptEpochAndPythonLoadsIt) {
               HasSubstr("model = smp.Unet(\"resnet18\", encoder_weights=None, classes=1)"));
 
   const auto exported = ferry::models::read_weights(out);
-  expect_same_tensors(exported, tensors_of(ferry::latest_checkpoint_folder(dir_ + "/ckpt")));
+  expect_same_tensors(exported,
+                      tensors_of(ferry::remote_module::latest_checkpoint_folder(dir_ + "/ckpt")));
   // Loading it into a whole U-Net finds every tensor and leaves none over: strict loading.
   ferry::models::Unet whole(18, 1);
   const ferry::models::LoadReport report = ferry::models::load_state_dict(*whole, exported);
@@ -243,7 +244,7 @@ TEST(Predict, SaysWhichFileOrSettingIsWrong) {
   c10::Dict<std::string, at::Tensor> state;
   for (const auto& p : net->named_parameters()) state.insert(p.key(), p.value());
   for (const auto& b : net->named_buffers()) state.insert(b.key(), b.value());
-  ferry::save_state_dict(state, model);
+  ferry::remote_module::save_state_dict(state, model);
   const std::string data = write_images(dir + "/wrong-data");
   CommandResult deeper = run(std::string(FERRY_MASTER) + " predict --model unet-resnet34 --data " +
                              data + " --out " + dir + "/o --weights " + model);

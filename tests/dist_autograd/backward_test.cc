@@ -96,10 +96,12 @@ TEST(DistBackward, FanInCombinesResultsOfTwoWorkersOnAThird) {
 // first and fail on the second.
 TEST(DistBackward, APartThatRunsTwiceKeepsTheGraphOfThePartsBeforeIt) {
   LocalWorld world(three_workers());
-  const StageConfig first_config = testing::mlp_config(3, 4, 3, 1);
-  const StageConfig second_config = testing::mlp_config(3, 4, 3, 2);
-  RemoteModule first = RemoteModule::create("a", "test.mlp", first_config);
-  RemoteModule second = RemoteModule::create("b", "test.mlp", second_config);
+  const remote_module::StageConfig first_config = testing::mlp_config(3, 4, 3, 1);
+  const remote_module::StageConfig second_config = testing::mlp_config(3, 4, 3, 2);
+  remote_module::RemoteModule first =
+      remote_module::RemoteModule::create("a", "test.mlp", first_config);
+  remote_module::RemoteModule second =
+      remote_module::RemoteModule::create("b", "test.mlp", second_config);
   torch::manual_seed(3);
   at::Tensor x = torch::randn({2, 3});
   Context context;
@@ -109,8 +111,10 @@ TEST(DistBackward, APartThatRunsTwiceKeepsTheGraphOfThePartsBeforeIt) {
   backward(context.id(), {(v1 * v2).sum()});
   std::vector<at::Tensor> got = get_gradients(context.id(), first.remote_parameters());
 
-  std::unique_ptr<Stage> local_first = make_stage("test.mlp", first_config);
-  std::unique_ptr<Stage> local_second = make_stage("test.mlp", second_config);
+  std::unique_ptr<remote_module::Stage> local_first =
+      remote_module::make_stage("test.mlp", first_config);
+  std::unique_ptr<remote_module::Stage> local_second =
+      remote_module::make_stage("test.mlp", second_config);
   at::Tensor local_u = local_second->forward({local_first->forward({x})}).toTensor();
   (4 * local_u * local_u).sum().backward();
   std::vector<at::Tensor> want;
@@ -120,9 +124,10 @@ TEST(DistBackward, APartThatRunsTwiceKeepsTheGraphOfThePartsBeforeIt) {
 
 TEST(DistBackward, SkipConnectionsThroughAListOfFeatures) {
   LocalWorld world(three_workers());
-  StageConfig config = stage_config();
+  remote_module::StageConfig config = remote_module::stage_config();
   config.insert("channels", 2);
-  RemoteModule pyramid = RemoteModule::create("a", "test.pyramid", config);
+  remote_module::RemoteModule pyramid =
+      remote_module::RemoteModule::create("a", "test.pyramid", config);
   torch::manual_seed(3);
   at::Tensor x = torch::randn({1, 2, 4, 4}).requires_grad_(true);
   Context context;
@@ -339,13 +344,14 @@ TEST(DistBackward, UnetStageToStageChainEqualsOneProcessAndSkipsThisProcess) {
 
 TEST(DistBackward, AFailingStageInAChainIsNamed) {
   LocalWorld world(three_workers());
-  StageConfig encoder = stage_config();
+  remote_module::StageConfig encoder = remote_module::stage_config();
   encoder.insert("depth", int64_t{18});
-  std::vector<RemoteModule> chain = {RemoteModule::create("a", "unet.encoder", encoder),
-                                     RemoteModule::create("b", "unet.head", stage_config())};
+  std::vector<remote_module::RemoteModule> chain = {
+      remote_module::RemoteModule::create("a", "unet.encoder", encoder),
+      remote_module::RemoteModule::create("b", "unet.head", remote_module::stage_config())};
   Context context;
   try {
-    RemoteModule::forward_chain(chain, {torch::randn({2, 3, 64, 64})});
+    remote_module::RemoteModule::forward_chain(chain, {torch::randn({2, 3, 64, 64})});
     FAIL() << "a head fed the encoder's list of features should fail";
   } catch (const rpc::Error& e) {
     std::string what = e.what();
@@ -360,7 +366,7 @@ TEST(DistBackward, AFailingStageInAChainIsNamed) {
 TEST(DistBackward, AStageFreesItsActivationsOnceItsBackwardRanUnlessTheGraphIsRetained) {
   LocalWorld world(three_workers());
   models::RemoteUnet split = split_unet(18);
-  const RemoteModule& encoder = split.stages().front().module;
+  const remote_module::RemoteModule& encoder = split.stages().front().module;
   ASSERT_EQ(encoder.worker(), "a");
   auto live = [] { return rpc::rpc_sync("a", "tensor_live_bytes", {}).toInt(); };
   const int64_t gradient_bytes = encoder.parameter_bytes();

@@ -34,15 +34,15 @@ LocalWorld::Settings two_workers() {
 
 // Two MLP stages on two workers, chained.
 struct TwoStages {
-  static StageConfig first_config() { return mlp_config(4, 8, 2, 5); }
-  static StageConfig second_config() { return mlp_config(2, 6, 1, 6); }
+  static remote_module::StageConfig first_config() { return mlp_config(4, 8, 2, 5); }
+  static remote_module::StageConfig second_config() { return mlp_config(2, 6, 1, 6); }
 
   explicit TwoStages(const std::string& first_worker = "a", const std::string& second_worker = "b")
-      : first(RemoteModule::create(first_worker, "test.mlp", first_config())),
-        second(RemoteModule::create(second_worker, "test.mlp", second_config())) {}
+      : first(remote_module::RemoteModule::create(first_worker, "test.mlp", first_config())),
+        second(remote_module::RemoteModule::create(second_worker, "test.mlp", second_config())) {}
 
-  RemoteModule first;
-  RemoteModule second;
+  remote_module::RemoteModule first;
+  remote_module::RemoteModule second;
 
   std::vector<rpc::RRefPtr> parameters() const {
     auto all = first.remote_parameters();
@@ -62,7 +62,8 @@ at::Tensor batch(int step) {
   return torch::randn({3, 4});
 }
 
-void expect_same_parameters(const RemoteModule& a, const RemoteModule& b, double tolerance) {
+void expect_same_parameters(const remote_module::RemoteModule& a,
+                            const remote_module::RemoteModule& b, double tolerance) {
   auto sa = a.state_dict();
   auto sb = b.state_dict();
   for (const auto& entry : sa) {
@@ -109,7 +110,7 @@ TEST_P(OptimizerKinds, ThreeStepsEqualTorchOptimInOneProcess) {
     local->step();
   }
   size_t i = 0;
-  for (const RemoteModule* stage : {&stages.first, &stages.second}) {
+  for (const remote_module::RemoteModule* stage : {&stages.first, &stages.second}) {
     for (const auto& entry : stage->state_dict()) {
       ASSERT_LT(i, local_params.size());
       EXPECT_TRUE(torch::allclose(entry.value(), local_params[i], 1e-5, 1e-7)) << entry.key();
@@ -162,11 +163,12 @@ TEST(DistributedOptimizer, StateInACheckpointResumesExactly) {
     TwoStages before;
     DistributedOptimizer optimizer(OptimizerSpec::adam(0.01), before.parameters());
     for (int step = 0; step < 2; ++step) before.train_step(optimizer, batch(step));
-    save_checkpoint(dir, {{"first", before.first}, {"second", before.second}}, 2,
-                    {{"optimizer", optimizer.state_dict()}, {"step", int64_t{2}}});
+    remote_module::save_checkpoint(dir, {{"first", before.first}, {"second", before.second}}, 2,
+                                   {{"optimizer", optimizer.state_dict()}, {"step", int64_t{2}}});
   }
   TwoStages after;
-  NamedValues extra = load_checkpoint(dir, {{"first", after.first}, {"second", after.second}});
+  remote_module::NamedValues extra =
+      remote_module::load_checkpoint(dir, {{"first", after.first}, {"second", after.second}});
   ASSERT_EQ(extra.at("step").toInt(), 2);
   DistributedOptimizer optimizer(OptimizerSpec::adam(0.01), after.parameters());
   optimizer.load_state_dict(extra.at("optimizer"));

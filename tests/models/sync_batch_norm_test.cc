@@ -148,7 +148,7 @@ TEST(SyncBatchNorm2d, AStepsMicroBatchesMoveTheRunningStatisticsOnceAsTheirConca
   SyncBatchNorm2d micro = made(7);
   micro->take_step_statistics({});
   {
-    ForwardPassScope step({/*step=*/11, /*recompute=*/false});
+    remote_module::ForwardPassScope step({/*step=*/11, /*recompute=*/false});
     at::Tensor first = micro(whole.narrow(0, 0, 3));
     // The micro-batch is normalised by its own statistics, as a batch norm on it alone would.
     expect_close(
@@ -167,7 +167,7 @@ TEST(SyncBatchNorm2d, AStepsMicroBatchesMoveTheRunningStatisticsOnceAsTheirConca
 
   const at::Tensor mean = micro->running_mean.clone();
   {
-    ForwardPassScope recompute({/*step=*/11, /*recompute=*/true});
+    remote_module::ForwardPassScope recompute({/*step=*/11, /*recompute=*/true});
     micro(whole.narrow(0, 0, 3));
   }
   EXPECT_TRUE(torch::equal(micro->running_mean, mean)) << "a recomputation moved them";
@@ -175,7 +175,7 @@ TEST(SyncBatchNorm2d, AStepsMicroBatchesMoveTheRunningStatisticsOnceAsTheirConca
   const at::Tensor next = batch(4, 8);
   one(next);
   {
-    ForwardPassScope step({/*step=*/12, /*recompute=*/false});
+    remote_module::ForwardPassScope step({/*step=*/12, /*recompute=*/false});
     micro(next);
   }
   expect_close(micro->running_mean, one->running_mean, "running mean after the next step");
@@ -214,9 +214,8 @@ TEST(SyncBatchNorm2d, TwoReplicasOfAUnetAreAsPreciseAsOneOnTheWholeBatch) {
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       try {
-        ModuleStage(replicas[r], {}).take_step_statistics([&sum](std::vector<at::Tensor>& t) {
-          sum(t);
-        });
+        remote_module::ModuleStage(replicas[r], {})
+            .take_step_statistics([&sum](std::vector<at::Tensor>& t) { sum(t); });
         const at::Tensor mine = torch::arange(r, 8, 2);
         train(*replicas[r], batch->images.index_select(0, mine),
               batch->masks.index_select(0, mine));

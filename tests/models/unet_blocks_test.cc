@@ -148,11 +148,11 @@ TEST(UnetBlocks, AStageGivenTheWrongCarrySaysWhatItTakes) {
               HasSubstr("blocks [4, 4) are not a range of the U-Net-ResNet-18's 15 blocks"));
 
   register_unet_stages();
-  StageConfig config = stage_config();
+  remote_module::StageConfig config = remote_module::stage_config();
   config.insert("depth", int64_t{18});
   config.insert("first", int64_t{1});
   config.insert("last", int64_t{3});
-  auto stage = make_stage("unet.blocks", config);
+  auto stage = remote_module::make_stage("unet.blocks", config);
   EXPECT_THAT(error_of([&] { stage->forward({c10::IValue(int64_t{1})}); }),
               HasSubstr("stage \"unet.blocks\" (blocks layer1.0..layer1.1) takes the image or the "
                         "carry list of the stage before, not 1 value of type Int"));
@@ -162,11 +162,11 @@ TEST(UnetBlocks, StagesOfTheBlockTypeReturnTheCarryAndTheLastTheLogits) {
   register_unet_stages();
   const int64_t n = static_cast<int64_t>(unet_blocks(18).size());
   auto make = [&](int64_t first, int64_t last) {
-    StageConfig config = stage_config();
+    remote_module::StageConfig config = remote_module::stage_config();
     config.insert("depth", int64_t{18});
     config.insert("first", first);
     config.insert("last", last);
-    return make_stage("unet.blocks", config);
+    return remote_module::make_stage("unet.blocks", config);
   };
   auto front = make(0, 5), back = make(5, n);
   c10::IValue carry = front->forward({torch::randn({2, 3, 64, 64})});
@@ -179,12 +179,12 @@ TEST(UnetBlocks, StagesOfTheBlockTypeReturnTheCarryAndTheLastTheLogits) {
 
 TEST(UnetBlocks, FrozenBatchNormKeepsItsStatisticsAndGetsNoGradientInTrainMode) {
   register_unet_stages();
-  StageConfig config = stage_config();
+  remote_module::StageConfig config = remote_module::stage_config();
   config.insert("depth", int64_t{18});
   config.insert("first", int64_t{0});
   config.insert("last", int64_t{3});
   config.insert("freeze_batchnorm", int64_t{1});
-  auto stage = make_stage("unet.blocks", config);
+  auto stage = remote_module::make_stage("unet.blocks", config);
   stage->train(true);
   auto buffers_before = stage->named_buffers();
   std::map<std::string, at::Tensor> before;

@@ -62,17 +62,17 @@ TEST(Unet, UnknownDepthIsAClearError) {
 
 TEST(Unet, StagesTogetherEqualTheWholeModel) {
   register_unet_stages();
-  StageConfig config = stage_config();
+  remote_module::StageConfig config = remote_module::stage_config();
   config.insert("depth", 18);
-  auto encoder = make_stage("unet.encoder", config);
-  auto decoder = make_stage("unet.decoder", config);
-  auto head = make_stage("unet.head", config);
+  auto encoder = remote_module::make_stage("unet.encoder", config);
+  auto decoder = remote_module::make_stage("unet.decoder", config);
+  auto head = remote_module::make_stage("unet.head", config);
   Unet net(18, 1);
   {
     torch::NoGradGuard no_grad;
     auto params = net->named_parameters(true);
     auto buffers = net->named_buffers(true);
-    const std::pair<const char*, Stage*> parts[] = {
+    const std::pair<const char*, remote_module::Stage*> parts[] = {
         {"encoder.", encoder.get()}, {"decoder.", decoder.get()}, {"segmentation_head.", head.get()}};
     for (const auto& [prefix, stage] : parts) {
       for (auto named : {stage->named_parameters(), stage->named_buffers()}) {

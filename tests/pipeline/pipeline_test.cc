@@ -17,7 +17,7 @@
 #include "tests/support/error_of.h"
 #include "tests/support/test_stages.h"
 
-namespace ferry {
+namespace ferry::pipeline {
 namespace {
 
 using testing::error_of;
@@ -37,21 +37,21 @@ int64_t kept_on(const char* worker) {
 
 // Three MLP stages (no batch norm, no dropout) on workers a, b and c: in -> width -> width -> 1.
 struct Chain {
-  std::vector<StageConfig> configs;
-  std::vector<RemoteModule> stages;
+  std::vector<remote_module::StageConfig> configs;
+  std::vector<remote_module::RemoteModule> stages;
 
   Chain(int64_t in, int64_t width) {
     configs = {mlp_config(in, width, width, 1), mlp_config(width, width, width, 2),
                mlp_config(width, width, 1, 3)};
     const char* workers[] = {"a", "b", "c"};
     for (size_t s = 0; s < configs.size(); ++s) {
-      stages.push_back(RemoteModule::create(workers[s], "test.mlp", configs[s]));
+      stages.push_back(remote_module::RemoteModule::create(workers[s], "test.mlp", configs[s]));
     }
   }
 
   std::vector<rpc::RRefPtr> parameters() const {
     std::vector<rpc::RRefPtr> out;
-    for (const RemoteModule& stage : stages) {
+    for (const remote_module::RemoteModule& stage : stages) {
       for (auto& p : stage.remote_parameters()) out.push_back(p);
     }
     return out;
@@ -60,7 +60,7 @@ struct Chain {
   // The full batch through the same weights in this process: loss and parameter gradients.
   std::pair<double, std::vector<at::Tensor>> reference(const at::Tensor& x,
                                                        const at::Tensor& y) const {
-    std::vector<std::unique_ptr<Stage>> local;
+    std::vector<std::unique_ptr<remote_module::Stage>> local;
     for (size_t s = 0; s < stages.size(); ++s) {
       local.push_back(testing::make_local_stage("test.mlp", configs[s], stages[s].state_dict()));
     }
@@ -245,8 +245,9 @@ TEST(Pipeline, FailuresAreNamedAndTheNextStepStartsClean) {
     EXPECT_GT(pipe.step(x, y, mse).loss, 0);
   }
   // A stage that cannot take its input: the error names the micro-batch, the stage and worker.
-  std::vector<RemoteModule> wrong = {chain.stages[0],
-                                     RemoteModule::create("b", "test.mlp", mlp_config(5, 4, 1, 1))};
+  std::vector<remote_module::RemoteModule> wrong = {
+      chain.stages[0],
+      remote_module::RemoteModule::create("b", "test.mlp", mlp_config(5, 4, 1, 1))};
   Pipeline broken(wrong, options(Schedule::GPipe, 2));
   dist_autograd::Context context;
   std::string error = error_of([&] { broken.step(x, y, mse); });
@@ -301,10 +302,10 @@ TEST(Pipeline, MisuseIsAClearError) {
   // A hand-made request with a micro-batch the stage cannot order.
   const std::int64_t id = 999;
   const std::string self = rpc::self().name;
-  rpc::rpc_sync(
-      "a", "ferry.pipeline.setup",
-      {id, std::int64_t{0}, std::int64_t{1}, rpc::to_ivalue(chain.stages[0].module_rref()), self,
-       self, self, std::int64_t{4}, false, routes_to_ivalue({}), c10::List<std::string>({"a"})});
+  rpc::rpc_sync("a", "ferry.pipeline.setup",
+                {id, std::int64_t{0}, std::int64_t{1},
+                 rpc::to_ivalue(chain.stages[0].module_rref()), self, self, self, std::int64_t{4},
+                 false, remote_module::routes_to_ivalue({}), c10::List<std::string>({"a"})});
   auto forward = [&](std::int64_t microbatch) {
     rpc::rpc_sync("a", "ferry.pipeline.forward",
                   {id, std::int64_t{0}, microbatch, c10::ivalue::Tuple::create({x})});
@@ -359,4 +360,4 @@ TEST(Pipeline, TraceHasATrackPerStageAndEveryMicroBatch) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::pipeline

@@ -15,7 +15,7 @@
 #include "ferry/pipeline/pipeline.h"
 #include "tests/support/cluster.h"
 
-namespace ferry {
+namespace ferry::pipeline {
 namespace {
 
 using models::RemoteUnet;
@@ -145,11 +145,11 @@ std::vector<RemoteUnet::StagePlan> six_stages() {
 TEST(UnetPartitions, EachSkipIsRoutedStraightToTheStageThatUsesIt) {
   // layer1.0 keeps the stem's output as the skip decoder.3 uses: it goes from stage 1 to stage 3,
   // past stage 2, which takes only the activation and gives the four deeper features to stage 3.
-  const Routes want = {{{1, 0}}, {{3, 0}, {2, 0}}, {{3, 1}, {3, 2}, {3, 3}, {3, 4}},
-                       {{4, 0}}, {{5, 0}},         {}};
+  const remote_module::Routes want = {{{1, 0}}, {{3, 0}, {2, 0}}, {{3, 1}, {3, 2}, {3, 3}, {3, 4}},
+                                      {{4, 0}}, {{5, 0}},         {}};
   EXPECT_EQ(RemoteUnet::routes_of(kDepth, six_stages()), want);
   // Cut at the three seams, every skip goes to the next stage anyway.
-  const Routes seams = {{{1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}}, {{2, 0}}, {}};
+  const remote_module::Routes seams = {{{1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}}, {{2, 0}}, {}};
   EXPECT_EQ(RemoteUnet::routes_of(kDepth, RemoteUnet::seams(kDepth, {"a", "b", "c"})), seams);
 }
 
@@ -232,4 +232,4 @@ TEST(UnetPartitions, APlanThatDoesNotCoverTheBlocksIsRefusedBeforeAnythingIsBuil
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::pipeline

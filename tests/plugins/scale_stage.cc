@@ -6,14 +6,14 @@
 
 namespace {
 
-class ScaleStage final : public ferry::Stage {
+class ScaleStage final : public ferry::remote_module::Stage {
  public:
   explicit ScaleStage(double factor) : scale_(at::full({1}, factor).set_requires_grad(true)) {}
   c10::IValue forward(std::vector<c10::IValue> inputs) override {
     return inputs.at(0).toTensor() * scale_;
   }
-  ferry::NamedTensors named_parameters() override { return {{"scale", scale_}}; }
-  ferry::NamedTensors named_buffers() override { return {}; }
+  ferry::remote_module::NamedTensors named_parameters() override { return {{"scale", scale_}}; }
+  ferry::remote_module::NamedTensors named_buffers() override { return {}; }
   void train(bool on) override { training_ = on; }
   bool is_training() override { return training_; }
   void to(const c10::Device& device) override {
@@ -25,9 +25,10 @@ class ScaleStage final : public ferry::Stage {
   bool training_ = true;
 };
 
-std::unique_ptr<ferry::Stage> make_scale(const ferry::StageConfig& config) {
+std::unique_ptr<ferry::remote_module::Stage> make_scale(
+    const ferry::remote_module::StageConfig& config) {
   return std::make_unique<ScaleStage>(
-      ferry::config_double(config, "test.plugin.scale", "factor", 1.0));
+      ferry::remote_module::config_double(config, "test.plugin.scale", "factor", 1.0));
 }
 
 FERRY_REGISTER_STAGE("test.plugin.scale", make_scale);

@@ -10,7 +10,7 @@
 
 #include "tests/support/cluster.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 using ferry::testing::LocalWorld;
@@ -156,4 +156,4 @@ TEST(Checkpoint, ReadsBackWithoutStagesAndMergesItsStagesIntoOneStateDict) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::remote_module

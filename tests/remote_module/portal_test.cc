@@ -8,7 +8,7 @@
 #include "ferry/rpc/error.h"
 #include "tests/support/error_of.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 using ferry::testing::kind_and_error_of;
@@ -58,4 +58,4 @@ TEST(Portal, RoutesThatCannotBeFollowedAreNamed) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::remote_module

@@ -13,7 +13,7 @@
 #include "tests/support/error_of.h"
 #include "tests/support/wait.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 using ferry::testing::kind_and_error_of;
@@ -162,9 +162,9 @@ TEST(RemoteModule, BadRequestsAreClearErrorsAndTheWorkerKeepsServing) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::remote_module
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 std::unique_ptr<Stage> make_identity(const StageConfig&) {
@@ -219,4 +219,4 @@ TEST(RemoteModule, MovingToADeviceThisWorkerLacksIsANamedError) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::remote_module

@@ -19,7 +19,7 @@
 #include "tests/support/error_of.h"
 #include "tests/support/training_runs.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 using ferry::testing::error_of;
@@ -97,4 +97,4 @@ TEST(StagePlugin, AWorkerWhosePluginFailsSaysWhichAndExits) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::remote_module

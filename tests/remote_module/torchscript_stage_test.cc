@@ -14,7 +14,7 @@
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 using ferry::testing::error_of;
@@ -79,9 +79,9 @@ TEST(TorchScriptStage, MissingOrBrokenFilesAreNamed) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::remote_module
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 TEST(TorchScriptStage, GradientsFlowThroughTheLoadedStageAsThroughTheModule) {
@@ -180,4 +180,4 @@ TEST(TorchScriptStage, PartsExportedFromPythonChainAsTracedAndMatchTheWholeModel
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::remote_module

@@ -9,7 +9,7 @@
 #include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 namespace {
 
 using ferry::testing::LocalWorld;
@@ -51,4 +51,4 @@ TEST(FerryWorker, HostsTorchScriptStagesAndExitsCleanlyAtShutdown) {
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::remote_module

@@ -45,7 +45,7 @@ struct SlowBackward : torch::autograd::Function<SlowBackward> {
 void register_test_functions(rpc::FunctionRegistry& registry) {
   register_test_stages();
   models::register_unet_stages();
-  install_stage_functions(registry);
+  remote_module::install_stage_functions(registry);
   dist_autograd::install(registry);
   pipeline::install(registry);
   registry.add("double_it", [](at::Tensor x) { return x * 2; });

@@ -7,16 +7,16 @@
 namespace ferry::testing {
 namespace {
 
-std::unique_ptr<Stage> make_mlp(const StageConfig& config) {
-  int64_t in = config_int(config, "test.mlp", "in");
-  int64_t hidden = config_int(config, "test.mlp", "hidden");
-  int64_t out = config_int(config, "test.mlp", "out");
-  torch::manual_seed(config_int(config, "test.mlp", "seed", 0));
+std::unique_ptr<remote_module::Stage> make_mlp(const remote_module::StageConfig& config) {
+  int64_t in = remote_module::config_int(config, "test.mlp", "in");
+  int64_t hidden = remote_module::config_int(config, "test.mlp", "hidden");
+  int64_t out = remote_module::config_int(config, "test.mlp", "out");
+  torch::manual_seed(remote_module::config_int(config, "test.mlp", "seed", 0));
   auto net = std::make_shared<torch::nn::SequentialImpl>(
       torch::nn::Linear(in, hidden), torch::nn::ReLU(),
-      torch::nn::Dropout(config_double(config, "test.mlp", "dropout", 0.0)),
+      torch::nn::Dropout(remote_module::config_double(config, "test.mlp", "dropout", 0.0)),
       torch::nn::Linear(hidden, out));
-  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+  return std::make_unique<remote_module::ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     if (inputs.size() != 1 || !inputs[0].isTensor()) {
       throw rpc::Error(rpc::ErrorKind::InvalidArgument, "test.mlp takes one tensor");
     }
@@ -38,10 +38,11 @@ struct PyramidImpl : torch::nn::Module {
   torch::nn::BatchNorm2d norm;
 };
 
-std::unique_ptr<Stage> make_pyramid(const StageConfig& config) {
-  torch::manual_seed(config_int(config, "test.pyramid", "seed", 0));
-  auto net = std::make_shared<PyramidImpl>(config_int(config, "test.pyramid", "channels"));
-  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+std::unique_ptr<remote_module::Stage> make_pyramid(const remote_module::StageConfig& config) {
+  torch::manual_seed(remote_module::config_int(config, "test.pyramid", "seed", 0));
+  auto net =
+      std::make_shared<PyramidImpl>(remote_module::config_int(config, "test.pyramid", "channels"));
+  return std::make_unique<remote_module::ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     return c10::IValue(net->forward(inputs.at(0).toTensor()));
   });
 }
@@ -50,15 +51,15 @@ std::unique_ptr<Stage> make_pyramid(const StageConfig& config) {
 
 void register_test_stages() {
   static bool done = [] {
-    register_stage("test.mlp", make_mlp);
-    register_stage("test.pyramid", make_pyramid);
+    remote_module::register_stage("test.mlp", make_mlp);
+    remote_module::register_stage("test.pyramid", make_pyramid);
     return true;
   }();
   (void)done;
 }
 
-StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
-  StageConfig config = stage_config();
+remote_module::StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
+  remote_module::StageConfig config = remote_module::stage_config();
   config.insert("in", in);
   config.insert("hidden", hidden);
   config.insert("out", out);
@@ -66,9 +67,10 @@ StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
   return config;
 }
 
-std::unique_ptr<Stage> make_local_stage(const std::string& type, const StageConfig& config,
-                                        const c10::Dict<std::string, at::Tensor>& state) {
-  std::unique_ptr<Stage> stage = make_stage(type, config);
+std::unique_ptr<remote_module::Stage> make_local_stage(
+    const std::string& type, const remote_module::StageConfig& config,
+    const c10::Dict<std::string, at::Tensor>& state) {
+  std::unique_ptr<remote_module::Stage> stage = remote_module::make_stage(type, config);
   torch::NoGradGuard no_grad;
   for (auto named : {stage->named_parameters(), stage->named_buffers()}) {
     for (auto& [name, tensor] : named) tensor.copy_(state.at(name));

@@ -14,11 +14,12 @@ namespace ferry::testing {
 void register_test_stages();
 
 // A "test.mlp" configuration without dropout.
-StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed);
+remote_module::StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed);
 
 // A stage built here, as a worker would build it, holding `state` (from RemoteModule::state_dict)
 // so that a test can compare a remote stage with a local one.
-std::unique_ptr<Stage> make_local_stage(const std::string& type, const StageConfig& config,
-                                        const c10::Dict<std::string, at::Tensor>& state);
+std::unique_ptr<remote_module::Stage> make_local_stage(
+    const std::string& type, const remote_module::StageConfig& config,
+    const c10::Dict<std::string, at::Tensor>& state);
 
 }  // namespace ferry::testing

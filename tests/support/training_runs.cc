@@ -98,7 +98,7 @@ std::string rewind_checkpoint(const std::string& dir) {
 }
 
 SavedCheckpoint read_checkpoint(const std::string& folder) {
-  ferry::SavedCheckpoint saved = ferry::read_checkpoint(folder);
+  ferry::remote_module::SavedCheckpoint saved = ferry::remote_module::read_checkpoint(folder);
   SavedCheckpoint out;
   out.values = saved.extra;
   for (const auto& [stage, state] : saved.stages) {

@@ -46,7 +46,7 @@ class RemoteUnet {
 
   struct Stage {
     StagePlan plan;
-    RemoteModule module;
+    remote_module::RemoteModule module;
     double forward_s = 0;  // its forward calls as this process saw them, network included
     const std::string& name() const { return plan.name; }
   };
@@ -61,8 +61,8 @@ class RemoteUnet {
   // Every stage's parameters in stage order: the same order as a local Unet's parameters(),
   // whatever the cut.
   std::vector<rpc::RRefPtr> parameters() const;
-  NamedStages named() const;
-  std::vector<RemoteModule> modules() const;
+  remote_module::NamedStages named() const;
+  std::vector<remote_module::RemoteModule> modules() const;
   // A one-process Unet holding exactly the stages' current parameters and buffers.
   Unet local_copy() const;
   // Loads a weights file (see read_weights) into the stages: names of a whole U-Net
@@ -74,9 +74,9 @@ class RemoteUnet {
 
   // Where each element of each stage's output goes (portal.h): the activation to the next stage,
   // each skip feature to the stage whose blocks use it. Pipelines over modules() take them too.
-  const Routes& routes() const { return routes_; }
+  const remote_module::Routes& routes() const { return routes_; }
   // The routes of `plan` (checked as create() does).
-  static Routes routes_of(int64_t depth, const std::vector<StagePlan>& plan);
+  static remote_module::Routes routes_of(int64_t depth, const std::vector<StagePlan>& plan);
 
   int64_t depth() const { return depth_; }
   int64_t classes() const { return classes_; }
@@ -90,7 +90,7 @@ class RemoteUnet {
   int64_t depth_ = 0;
   int64_t classes_ = 0;
   std::vector<Stage> stages_;
-  Routes routes_;
+  remote_module::Routes routes_;
 };
 
 }  // namespace ferry::models

@@ -34,7 +34,7 @@ struct BatchStatistics {
 };
 
 class SyncBatchNorm2dImpl : public torch::nn::Cloneable<SyncBatchNorm2dImpl>,
-                            public StepStatistics {
+                            public remote_module::StepStatistics {
  public:
   explicit SyncBatchNorm2dImpl(int64_t features)
       : SyncBatchNorm2dImpl(torch::nn::BatchNormOptions(features)) {}
@@ -43,7 +43,7 @@ class SyncBatchNorm2dImpl : public torch::nn::Cloneable<SyncBatchNorm2dImpl>,
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
   at::Tensor forward(const at::Tensor& input);
-  void take_step_statistics(SumOverReplicas sum) override;
+  void take_step_statistics(remote_module::SumOverReplicas sum) override;
 
   torch::nn::BatchNormOptions options;
   at::Tensor weight, bias;                                    // undefined unless affine
@@ -54,7 +54,7 @@ class SyncBatchNorm2dImpl : public torch::nn::Cloneable<SyncBatchNorm2dImpl>,
   void update_running_statistics(const BatchStatistics& batch, std::int64_t step);
 
   bool step_statistics_ = false;
-  SumOverReplicas sum_;
+  remote_module::SumOverReplicas sum_;
   std::int64_t step_ = 0;                // the step `step_stats_` is of; 0: none
   BatchStatistics step_stats_;           // over the step's forwards so far
   at::Tensor mean_before_, var_before_;  // the running statistics before the step

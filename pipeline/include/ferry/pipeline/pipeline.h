@@ -34,12 +34,10 @@
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/rpc/registry.h"
 
-namespace ferry {
+namespace ferry::pipeline {
 
-namespace pipeline {
 // Adds the "ferry.pipeline.*" functions to `registry`.
 void install(rpc::FunctionRegistry& registry);
-}  // namespace pipeline
 
 enum class Schedule { GPipe, OneFOneB };
 // "gpipe" or "1f1b". Throws std::invalid_argument listing both for anything else.
@@ -55,7 +53,7 @@ struct PipelineOptions {
   std::vector<std::string> stage_names;
   // Where each element of each stage's output list goes (portal.h; RemoteUnet::routes()). Empty:
   // each stage's whole output goes to the next.
-  Routes routes;
+  remote_module::Routes routes;
 };
 
 class Pipeline {
@@ -66,7 +64,7 @@ class Pipeline {
   // `stages` in order; the first takes the input, the last returns one tensor. Throws
   // rpc::Error(InvalidArgument) for no stages, M < 1, a checkpoint position out of range or routes
   // that do not fit the stages, and the error of a worker that cannot take part.
-  Pipeline(std::vector<RemoteModule> stages, PipelineOptions options);
+  Pipeline(std::vector<remote_module::RemoteModule> stages, PipelineOptions options);
   // Tells the workers to forget this pipeline (bounded; failures are logged).
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
@@ -84,7 +82,7 @@ class Pipeline {
   StepResult step(const at::Tensor& input, const at::Tensor& target, const Loss& loss);
 
   // Every step so far, on this process's clock.
-  const pipeline::Timeline& timeline() const { return *timeline_; }
+  const Timeline& timeline() const { return *timeline_; }
 
   // Memory of each stage since the last call (or since this pipeline was made), MiB. One call per
   // stage; each starts new peaks.
@@ -100,18 +98,18 @@ class Pipeline {
   std::vector<StageMemory> memory_peaks();
 
   const PipelineOptions& options() const { return options_; }
-  const std::vector<RemoteModule>& stages() const { return stages_; }
+  const std::vector<remote_module::RemoteModule>& stages() const { return stages_; }
 
  private:
   // What a failed step left on the workers goes, so that the next step starts clean.
   void discard_step();
 
-  std::vector<RemoteModule> stages_;
+  std::vector<remote_module::RemoteModule> stages_;
   PipelineOptions options_;
   std::int64_t id_;
   std::vector<std::int64_t> clock_offsets_ns_;  // each stage worker's steady clock less ours
   std::vector<std::int64_t> memory_base_;       // each stage worker's live bytes at the last call
-  std::unique_ptr<pipeline::Timeline> timeline_;
+  std::unique_ptr<Timeline> timeline_;
 };
 
-}  // namespace ferry
+}  // namespace ferry::pipeline

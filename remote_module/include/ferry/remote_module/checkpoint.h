@@ -15,7 +15,7 @@
 
 #include "ferry/remote_module/remote_module.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 
 using NamedStages = std::vector<std::pair<std::string, RemoteModule>>;
 // Other values saved beside the stages, by name: the optimizer's state, the step reached.
@@ -60,4 +60,4 @@ c10::Dict<std::string, at::Tensor> merged_state(const SavedCheckpoint& checkpoin
 // tensors), so that `path` holds either its old content or all of the new.
 void save_state_dict(const c10::Dict<std::string, at::Tensor>& state, const std::string& path);
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

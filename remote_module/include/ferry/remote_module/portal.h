@@ -25,7 +25,7 @@
 
 #include "ferry/rpc/registry.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 
 // Where one element of a stage's output list goes: a stage (its position in the chain) and the
 // position in that stage's input list.
@@ -95,4 +95,4 @@ void drop_pipelined_portals();
 // Adds the "ferry.portal.*" functions to `registry`.
 void install_portal_functions(rpc::FunctionRegistry& registry);
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

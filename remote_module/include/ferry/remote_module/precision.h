@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace ferry {
+namespace ferry::remote_module {
 
 enum class Precision { Float32, BFloat16Mixed };
 
@@ -14,4 +14,4 @@ enum class Precision { Float32, BFloat16Mixed };
 Precision parse_precision(const std::string& name);
 const char* precision_name(Precision precision);
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

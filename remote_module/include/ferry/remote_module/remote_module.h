@@ -14,7 +14,7 @@
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/rref.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 
 // What a stage's worker knows of it. Value type.
 struct StageStats {
@@ -96,4 +96,4 @@ class RemoteModule {
   rpc::RRefPtr module_;
 };
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

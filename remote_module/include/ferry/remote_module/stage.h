@@ -20,7 +20,7 @@ namespace torch::nn {
 class Module;
 }
 
-namespace ferry {
+namespace ferry::remote_module {
 
 // A stage's configuration: string keys, values of any type (LibTorch has no typed dict of IValues).
 using StageConfig = c10::impl::GenericDict;
@@ -95,12 +95,12 @@ struct StageRegistration {
 };
 }  // namespace detail
 
-}  // namespace ferry
+}  // namespace ferry::remote_module
 
 // Registers a stage type at start-up, or when the plugin holding it loads:
 // FERRY_REGISTER_STAGE("unet.encoder", make_encoder);
-#define FERRY_REGISTER_STAGE(type, factory)                                                  \
-  static ::ferry::detail::StageRegistration FERRY_STAGE_CONCAT(ferry_stage_, __LINE__)(type, \
-                                                                                       factory)
+#define FERRY_REGISTER_STAGE(type, factory)                                    \
+  static ::ferry::remote_module::detail::StageRegistration FERRY_STAGE_CONCAT( \
+      ferry_stage_, __LINE__)(type, factory)
 #define FERRY_STAGE_CONCAT_INNER(a, b) a##b
 #define FERRY_STAGE_CONCAT(a, b) FERRY_STAGE_CONCAT_INNER(a, b)

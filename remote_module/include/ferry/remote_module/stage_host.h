@@ -10,7 +10,7 @@
 #include "ferry/rpc/registry.h"
 #include "ferry/rpc/rref.h"
 
-namespace ferry {
+namespace ferry::remote_module {
 
 // Adds the "ferry.stage.*" functions to `registry` (normally rpc::default_registry()).
 void install_stage_functions(rpc::FunctionRegistry& registry);
@@ -26,4 +26,4 @@ std::vector<at::Tensor> stage_parameters_here(const rpc::RRefPtr& module);
 // The stage's type, as errors name it.
 std::string stage_type_here(const rpc::RRefPtr& module);
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-namespace ferry {
+namespace ferry::remote_module {
 
 // Loads the shared library at `path` and returns the stage types it registered. Throws
 // rpc::Error(InvalidArgument) naming the file when it is missing, does not load (with dlerror's
 // reason), registers a type that exists already, or registers none.
 std::vector<std::string> load_stage_plugin(const std::string& path);
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

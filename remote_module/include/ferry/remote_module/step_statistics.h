@@ -12,7 +12,7 @@
 #include <functional>
 #include <vector>
 
-namespace ferry {
+namespace ferry::remote_module {
 
 // Replaces each tensor by its sum over the replicas of the stage. Every replica calls it with
 // tensors of the same shapes, in the same order.
@@ -48,4 +48,4 @@ class StepStatistics {
   virtual void take_step_statistics(SumOverReplicas sum) = 0;
 };
 
-}  // namespace ferry
+}  // namespace ferry::remote_module

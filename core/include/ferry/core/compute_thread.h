@@ -6,28 +6,39 @@
 // machine that made a U-Net stage's forward 1.5x slower on a worker than the same code on one
 // thread (`ferry-bench autograd`). Pool threads hand such work here and wait for it.
 //
-// The work runs with the caller's LibTorch thread-local state (grad mode and the like) and the
-// caller's distributed autograd context, so it behaves as if run where it was called.
+// The work runs with the caller's LibTorch thread-local state (grad mode and the like) and with
+// whatever per-thread state of their own the layers above carry over (rpc carries the caller's
+// distributed autograd context), so it behaves as if run where it was called.
 // Work must not wait for other work of the same process's compute thread: a request that the
 // compute thread waits on must not itself need the compute thread.
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <utility>
 
-namespace ferry::rpc {
+namespace ferry::core {
 
 // Runs `work` on the compute thread and returns when it has; rethrows what it threw. On the
 // compute thread itself it runs at once.
 void run_on_compute_thread(const std::function<void()>& work);
 
 // Queues `work` on the compute thread and returns at once; it runs after what is queued already,
-// with the caller's thread-local state and autograd context. It must not throw (that would end
+// as if where it was called. It must not throw (that would end
 // the process): it reports failures through whatever it completes. For handlers that answer
 // with a future instead of holding a pool thread while their work waits its turn.
 void post_to_compute_thread(std::function<void()> work);
+
+// Enters, on the compute thread, state captured on a caller's thread; what it returns is held
+// while the work runs and then destroyed, which leaves that state. Empty: nothing to enter.
+using EnterCaptured = std::function<std::shared_ptr<void>()>;
+// Adds per-thread state that work handed to the compute thread takes along: from now on,
+// `capture` runs on the thread that hands work over (any thread) and what it returns runs on the
+// compute thread before the work. For a layer whose state core/ cannot know of; kept for the
+// life of the process.
+void carry_to_compute_thread(std::function<EnterCaptured()> capture);
 
 // The same as run_on_compute_thread, returning what `work` returns.
 template <typename F>
@@ -42,4 +53,4 @@ auto on_compute_thread(F&& work) -> std::invoke_result_t<F&> {
   }
 }
 
-}  // namespace ferry::rpc
+}  // namespace ferry::core

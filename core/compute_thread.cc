@@ -1,4 +1,4 @@
-#include "ferry/rpc/compute_thread.h"
+#include "ferry/core/compute_thread.h"
 
 #include <ATen/ThreadLocalState.h>
 
@@ -8,10 +8,9 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
-#include "ferry/rpc/grad_observer.h"
-
-namespace ferry::rpc {
+namespace ferry::core {
 namespace {
 
 class ComputeThread {
@@ -55,15 +54,30 @@ ComputeThread& compute_thread() {
   return *thread;
 }
 
+std::mutex carriers_mutex;
+std::vector<std::function<EnterCaptured()>>& carriers() {
+  static auto* list = new std::vector<std::function<EnterCaptured()>>();
+  return *list;
+}
+
 // `work` wrapped to run there as if where it was called: with the caller's LibTorch
-// thread-local state and autograd context.
+// thread-local state and what the carriers capture.
 std::function<void()> as_if_here(std::function<void()> work) {
-  GradObserver* observer = grad_observer();
-  GradTag context = observer ? observer->current() : GradTag{};
-  return [work = std::move(work), state = at::ThreadLocalState(), observer, context] {
+  std::vector<EnterCaptured> captured;
+  {
+    std::lock_guard<std::mutex> lock(carriers_mutex);
+    for (const auto& capture : carriers()) {
+      EnterCaptured enter = capture();
+      if (enter) captured.push_back(std::move(enter));
+    }
+  }
+  return [work = std::move(work), state = at::ThreadLocalState(), captured = std::move(captured)] {
     at::ThreadLocalStateGuard guard(state);
-    std::shared_ptr<void> entered = context.valid() ? observer->enter(context) : nullptr;
+    std::vector<std::shared_ptr<void>> entered;
+    entered.reserve(captured.size());
+    for (const EnterCaptured& enter : captured) entered.push_back(enter());
     work();
+    while (!entered.empty()) entered.pop_back();  // left in the reverse order of entering
   };
 }
 
@@ -93,4 +107,9 @@ void post_to_compute_thread(std::function<void()> work) {
   compute_thread().post(as_if_here(std::move(work)));
 }
 
-}  // namespace ferry::rpc
+void carry_to_compute_thread(std::function<EnterCaptured()> capture) {
+  std::lock_guard<std::mutex> lock(carriers_mutex);
+  carriers().push_back(std::move(capture));
+}
+
+}  // namespace ferry::core

@@ -13,6 +13,12 @@
 namespace ferry::models {
 namespace {
 
+using remote_module::config_int;
+using remote_module::ModuleStage;
+using remote_module::register_stage;
+using remote_module::Stage;
+using remote_module::StageConfig;
+
 at::Tensor one_tensor(const std::vector<c10::IValue>& inputs, const char* stage) {
   if (inputs.size() != 1 || !inputs[0].isTensor()) {
     throw std::invalid_argument(fmt::format("stage \"{}\" takes one tensor", stage));
@@ -20,27 +26,27 @@ at::Tensor one_tensor(const std::vector<c10::IValue>& inputs, const char* stage)
   return inputs[0].toTensor();
 }
 
-void seed_from(const remote_module::StageConfig& config, const char* stage) {
-  torch::manual_seed(static_cast<uint64_t>(remote_module::config_int(config, stage, "seed", 0)));
+void seed_from(const StageConfig& config, const char* stage) {
+  torch::manual_seed(static_cast<uint64_t>(config_int(config, stage, "seed", 0)));
 }
 
-std::unique_ptr<remote_module::Stage> make_encoder(const remote_module::StageConfig& config) {
+std::unique_ptr<Stage> make_encoder(const StageConfig& config) {
   seed_from(config, "unet.encoder");
-  auto net = std::make_shared<ResNetEncoderImpl>(
-      remote_module::config_int(config, "unet.encoder", "depth", 34),
-      remote_module::config_int(config, "unet.encoder", "in_channels", 3));
-  return std::make_unique<remote_module::ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+  auto net =
+      std::make_shared<ResNetEncoderImpl>(config_int(config, "unet.encoder", "depth", 34),
+                                          config_int(config, "unet.encoder", "in_channels", 3));
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     std::vector<at::Tensor> features = net->forward(one_tensor(inputs, "unet.encoder"));
     return c10::IValue(
         c10::List<at::Tensor>(std::vector<at::Tensor>(features.begin() + 1, features.end())));
   });
 }
 
-std::unique_ptr<remote_module::Stage> make_decoder(const remote_module::StageConfig& config) {
+std::unique_ptr<Stage> make_decoder(const StageConfig& config) {
   seed_from(config, "unet.decoder");
-  int64_t depth = remote_module::config_int(config, "unet.decoder", "depth", 34);
+  int64_t depth = config_int(config, "unet.decoder", "depth", 34);
   auto net = std::make_shared<UnetDecoderImpl>(resnet_channels(depth));
-  return std::make_unique<remote_module::ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     if (inputs.size() != 1 || !inputs[0].isTensorList()) {
       throw std::invalid_argument("stage \"unet.decoder\" takes the encoder's list of features");
     }
@@ -48,61 +54,58 @@ std::unique_ptr<remote_module::Stage> make_decoder(const remote_module::StageCon
   });
 }
 
-std::unique_ptr<remote_module::Stage> make_head(const remote_module::StageConfig& config) {
+std::unique_ptr<Stage> make_head(const StageConfig& config) {
   seed_from(config, "unet.head");
-  auto net = std::make_shared<SegmentationHeadImpl>(
-      remote_module::config_int(config, "unet.head", "in_channels", 16),
-      remote_module::config_int(config, "unet.head", "classes", 1));
-  return std::make_unique<remote_module::ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+  auto net =
+      std::make_shared<SegmentationHeadImpl>(config_int(config, "unet.head", "in_channels", 16),
+                                             config_int(config, "unet.head", "classes", 1));
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     return c10::IValue(net->forward(one_tensor(inputs, "unet.head")));
   });
 }
 
 // "unet.blocks": a range of the U-Net's blocks (unet_blocks.h).
-std::unique_ptr<remote_module::Stage> make_blocks(const remote_module::StageConfig& config) {
+std::unique_ptr<Stage> make_blocks(const StageConfig& config) {
   const char* type = "unet.blocks";
-  int64_t depth = remote_module::config_int(config, type, "depth", 34);
+  int64_t depth = config_int(config, type, "depth", 34);
   int64_t count = static_cast<int64_t>(unet_blocks(depth).size());
-  auto net =
-      std::make_shared<UnetBlocksImpl>(depth, remote_module::config_int(config, type, "classes", 1),
-                                       remote_module::config_int(config, type, "first", 0),
-                                       remote_module::config_int(config, type, "last", count),
-                                       remote_module::config_int(config, type, "seed", 0),
-                                       remote_module::config_int(config, type, "in_channels", 3));
-  if (remote_module::config_int(config, type, "freeze_batchnorm", 0) != 0) net->freeze_batchnorm();
+  auto net = std::make_shared<UnetBlocksImpl>(
+      depth, config_int(config, type, "classes", 1), config_int(config, type, "first", 0),
+      config_int(config, type, "last", count), config_int(config, type, "seed", 0),
+      config_int(config, type, "in_channels", 3));
+  if (config_int(config, type, "freeze_batchnorm", 0) != 0) net->freeze_batchnorm();
   const bool ends_model = net->last() == count;
-  return std::make_unique<remote_module::ModuleStage>(
-      net, [net, ends_model](std::vector<c10::IValue>& inputs) {
-        std::vector<at::Tensor> carry;
-        if (inputs.size() == 1 && inputs[0].isTensor()) {
-          carry.push_back(inputs[0].toTensor());
-        } else if (inputs.size() == 1 && inputs[0].isTensorList()) {
-          carry = inputs[0].toTensorVector();
-        } else {
-          throw std::invalid_argument(
-              fmt::format("stage \"unet.blocks\" (blocks {}) takes the image or the "
-                          "carry list of the stage before, not {} value{}",
-                          net->range_name(), inputs.size(),
-                          inputs.size() == 1 ? " of type " + inputs[0].tagKind() : "s"));
-        }
-        carry = net->forward(std::move(carry));
-        if (ends_model) return c10::IValue(carry.back());
-        return c10::IValue(c10::List<at::Tensor>(std::move(carry)));
-      });
+  return std::make_unique<ModuleStage>(net, [net, ends_model](std::vector<c10::IValue>& inputs) {
+    std::vector<at::Tensor> carry;
+    if (inputs.size() == 1 && inputs[0].isTensor()) {
+      carry.push_back(inputs[0].toTensor());
+    } else if (inputs.size() == 1 && inputs[0].isTensorList()) {
+      carry = inputs[0].toTensorVector();
+    } else {
+      throw std::invalid_argument(
+          fmt::format("stage \"unet.blocks\" (blocks {}) takes the image or the "
+                      "carry list of the stage before, not {} value{}",
+                      net->range_name(), inputs.size(),
+                      inputs.size() == 1 ? " of type " + inputs[0].tagKind() : "s"));
+    }
+    carry = net->forward(std::move(carry));
+    if (ends_model) return c10::IValue(carry.back());
+    return c10::IValue(c10::List<at::Tensor>(std::move(carry)));
+  });
 }
 
 // "synthetic.mlp": `layers` times Linear(width, width) then ReLU. Stages of equal width and
 // layers cost the same, which is what a pipeline benchmark needs to compare against the ideal.
-std::unique_ptr<remote_module::Stage> make_synthetic_mlp(const remote_module::StageConfig& config) {
+std::unique_ptr<Stage> make_synthetic_mlp(const StageConfig& config) {
   seed_from(config, "synthetic.mlp");
-  int64_t width = remote_module::config_int(config, "synthetic.mlp", "width");
-  int64_t layers = remote_module::config_int(config, "synthetic.mlp", "layers", 4);
+  int64_t width = config_int(config, "synthetic.mlp", "width");
+  int64_t layers = config_int(config, "synthetic.mlp", "layers", 4);
   auto net = std::make_shared<torch::nn::SequentialImpl>();
   for (int64_t i = 0; i < layers; ++i) {
     net->push_back(torch::nn::Linear(width, width));
     net->push_back(torch::nn::ReLU());
   }
-  return std::make_unique<remote_module::ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     return c10::IValue(net->forward(one_tensor(inputs, "synthetic.mlp")));
   });
 }
@@ -111,11 +114,11 @@ std::unique_ptr<remote_module::Stage> make_synthetic_mlp(const remote_module::St
 
 void register_unet_stages() {
   static bool done = [] {
-    remote_module::register_stage("unet.encoder", make_encoder);
-    remote_module::register_stage("unet.decoder", make_decoder);
-    remote_module::register_stage("unet.head", make_head);
-    remote_module::register_stage("unet.blocks", make_blocks);
-    remote_module::register_stage("synthetic.mlp", make_synthetic_mlp);
+    register_stage("unet.encoder", make_encoder);
+    register_stage("unet.decoder", make_decoder);
+    register_stage("unet.head", make_head);
+    register_stage("unet.blocks", make_blocks);
+    register_stage("synthetic.mlp", make_synthetic_mlp);
     return true;
   }();
   (void)done;

@@ -7,16 +7,22 @@
 namespace ferry::testing {
 namespace {
 
-std::unique_ptr<remote_module::Stage> make_mlp(const remote_module::StageConfig& config) {
-  int64_t in = remote_module::config_int(config, "test.mlp", "in");
-  int64_t hidden = remote_module::config_int(config, "test.mlp", "hidden");
-  int64_t out = remote_module::config_int(config, "test.mlp", "out");
-  torch::manual_seed(remote_module::config_int(config, "test.mlp", "seed", 0));
+using remote_module::config_double;
+using remote_module::config_int;
+using remote_module::ModuleStage;
+using remote_module::Stage;
+using remote_module::StageConfig;
+
+std::unique_ptr<Stage> make_mlp(const StageConfig& config) {
+  int64_t in = config_int(config, "test.mlp", "in");
+  int64_t hidden = config_int(config, "test.mlp", "hidden");
+  int64_t out = config_int(config, "test.mlp", "out");
+  torch::manual_seed(config_int(config, "test.mlp", "seed", 0));
   auto net = std::make_shared<torch::nn::SequentialImpl>(
       torch::nn::Linear(in, hidden), torch::nn::ReLU(),
-      torch::nn::Dropout(remote_module::config_double(config, "test.mlp", "dropout", 0.0)),
+      torch::nn::Dropout(config_double(config, "test.mlp", "dropout", 0.0)),
       torch::nn::Linear(hidden, out));
-  return std::make_unique<remote_module::ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     if (inputs.size() != 1 || !inputs[0].isTensor()) {
       throw rpc::Error(rpc::ErrorKind::InvalidArgument, "test.mlp takes one tensor");
     }
@@ -38,11 +44,10 @@ struct PyramidImpl : torch::nn::Module {
   torch::nn::BatchNorm2d norm;
 };
 
-std::unique_ptr<remote_module::Stage> make_pyramid(const remote_module::StageConfig& config) {
-  torch::manual_seed(remote_module::config_int(config, "test.pyramid", "seed", 0));
-  auto net =
-      std::make_shared<PyramidImpl>(remote_module::config_int(config, "test.pyramid", "channels"));
-  return std::make_unique<remote_module::ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
+std::unique_ptr<Stage> make_pyramid(const StageConfig& config) {
+  torch::manual_seed(config_int(config, "test.pyramid", "seed", 0));
+  auto net = std::make_shared<PyramidImpl>(config_int(config, "test.pyramid", "channels"));
+  return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     return c10::IValue(net->forward(inputs.at(0).toTensor()));
   });
 }
@@ -58,8 +63,8 @@ void register_test_stages() {
   (void)done;
 }
 
-remote_module::StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
-  remote_module::StageConfig config = remote_module::stage_config();
+StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, int64_t seed) {
+  StageConfig config = remote_module::stage_config();
   config.insert("in", in);
   config.insert("hidden", hidden);
   config.insert("out", out);
@@ -67,10 +72,9 @@ remote_module::StageConfig mlp_config(int64_t in, int64_t hidden, int64_t out, i
   return config;
 }
 
-std::unique_ptr<remote_module::Stage> make_local_stage(
-    const std::string& type, const remote_module::StageConfig& config,
-    const c10::Dict<std::string, at::Tensor>& state) {
-  std::unique_ptr<remote_module::Stage> stage = remote_module::make_stage(type, config);
+std::unique_ptr<Stage> make_local_stage(const std::string& type, const StageConfig& config,
+                                        const c10::Dict<std::string, at::Tensor>& state) {
+  std::unique_ptr<Stage> stage = remote_module::make_stage(type, config);
   torch::NoGradGuard no_grad;
   for (auto named : {stage->named_parameters(), stage->named_buffers()}) {
     for (auto& [name, tensor] : named) tensor.copy_(state.at(name));

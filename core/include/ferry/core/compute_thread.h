@@ -26,9 +26,9 @@ namespace ferry::core {
 void run_on_compute_thread(const std::function<void()>& work);
 
 // Queues `work` on the compute thread and returns at once; it runs after what is queued already,
-// as if where it was called. It must not throw (that would end
-// the process): it reports failures through whatever it completes. For handlers that answer
-// with a future instead of holding a pool thread while their work waits its turn.
+// as if where it was called. It must not throw (that would end the process): it reports
+// failures through whatever it completes. For handlers that answer with a future instead of
+// holding a pool thread while their work waits its turn.
 void post_to_compute_thread(std::function<void()> work);
 
 // Enters, on the compute thread, state captured on a caller's thread; what it returns is held

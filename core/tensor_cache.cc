@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <malloc.h>
 #include <sys/mman.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -72,6 +73,13 @@ std::size_t max_cached_bytes() {
   return static_cast<std::size_t>(mib.value_or(kDefaultMaxCachedMib)) << 20;
 }
 
+// LibTorch 2.3 made Allocator::allocate non-const.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define FERRY_ALLOCATE_CONST
+#else
+#define FERRY_ALLOCATE_CONST const
+#endif
+
 // The context of every block is its own address, as LibTorch's raw_allocate() requires. Small
 // blocks come from the default allocator's C heap, so malloc_usable_size() gives their size back
 // when they are released, without a table.
@@ -79,7 +87,7 @@ class TensorCache final : public c10::Allocator {
  public:
   TensorCache() : fallback_(c10::GetDefaultCPUAllocator()), max_cached_(max_cached_bytes()) {}
 
-  c10::DataPtr allocate(std::size_t n) const override {
+  c10::DataPtr allocate(std::size_t n) FERRY_ALLOCATE_CONST override {
     check_budget(n);
     if (n < kLargeBytes) {
       c10::DataPtr small = fallback_->allocate(n);

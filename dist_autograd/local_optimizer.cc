@@ -9,6 +9,9 @@
 #include <cstring>
 #include <mutex>
 #include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 #include "dist_autograd/context_store.h"
 #include "dist_autograd/install.h"
@@ -44,9 +47,23 @@ c10::intrusive_ptr<LocalOptimizer> local_of(const c10::IValue& ref) {
   return owned_value(ref, "optimizer").toCustomClass<LocalOptimizer>();
 }
 
-// How torch::optim keys a parameter's state.
-std::string state_key(const at::Tensor& param) {
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
+// How torch::optim keys a parameter's state: by its TensorImpl's address, written out as text
+// in LibTorch 1.x, as the pointer itself in 2.x.
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+template <typename Key>
+Key state_key_of(c10::TensorImpl* impl) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << impl;
+    return text.str();
+  } else {
+    return impl;
+  }
+}
+
+StateKey state_key(const at::Tensor& param) {
+  return state_key_of<StateKey>(param.unsafeGetTensorImpl());
 }
 
 at::Tensor to_bytes(const std::string& s) {

@@ -8,6 +8,7 @@
 #include <torch/cuda.h>
 #include <torch/custom_class.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <functional>
@@ -95,35 +96,50 @@ c10::IValue moved_to(const c10::IValue& value, const c10::Device& device) {
 // optimizer step changes the weights they were cast from.
 class BFloat16Autocast {
  public:
-  explicit BFloat16Autocast(const c10::Device& device) : cuda_(device.is_cuda()) {
-    if (cuda_) {
-      was_enabled_ = at::autocast::is_enabled();
-      was_dtype_ = at::autocast::get_autocast_gpu_dtype();
-      at::autocast::set_enabled(true);
-      at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-    } else {
-      was_enabled_ = at::autocast::is_cpu_enabled();
-      was_dtype_ = at::autocast::get_autocast_cpu_dtype();
-      at::autocast::set_cpu_enabled(true);
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    }
+  explicit BFloat16Autocast(const c10::Device& device) : type_(device.type()) {
+    was_enabled_ = enabled(type_);
+    was_dtype_ = dtype(type_);
+    set(type_, true, at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~BFloat16Autocast() {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    if (cuda_) {
-      at::autocast::set_enabled(was_enabled_);
-      at::autocast::set_autocast_gpu_dtype(was_dtype_);
-    } else {
-      at::autocast::set_cpu_enabled(was_enabled_);
-      at::autocast::set_autocast_cpu_dtype(was_dtype_);
-    }
+    set(type_, was_enabled_, was_dtype_);
   }
   BFloat16Autocast(const BFloat16Autocast&) = delete;
   BFloat16Autocast& operator=(const BFloat16Autocast&) = delete;
 
  private:
-  bool cuda_;
+  // LibTorch 2.4 takes the device type; the per-device functions before it are deprecated there.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  static bool enabled(c10::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
+  static at::ScalarType dtype(c10::DeviceType type) {
+    return at::autocast::get_autocast_dtype(type);
+  }
+  static void set(c10::DeviceType type, bool on, at::ScalarType dtype) {
+    at::autocast::set_autocast_enabled(type, on);
+    at::autocast::set_autocast_dtype(type, dtype);
+  }
+#else
+  static bool enabled(c10::DeviceType type) {
+    return type == c10::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+  }
+  static at::ScalarType dtype(c10::DeviceType type) {
+    return type == c10::kCUDA ? at::autocast::get_autocast_gpu_dtype()
+                              : at::autocast::get_autocast_cpu_dtype();
+  }
+  static void set(c10::DeviceType type, bool on, at::ScalarType dtype) {
+    if (type == c10::kCUDA) {
+      at::autocast::set_enabled(on);
+      at::autocast::set_autocast_gpu_dtype(dtype);
+    } else {
+      at::autocast::set_cpu_enabled(on);
+      at::autocast::set_autocast_cpu_dtype(dtype);
+    }
+  }
+#endif
+
+  c10::DeviceType type_;
   bool was_enabled_;
   at::ScalarType was_dtype_;
 };
@@ -222,7 +238,7 @@ rpc::FuturePtr forward_routed(const c10::List<c10::IValue>& stages, const c10::I
                                  index, count, routes.size()));
   }
   std::vector<std::string> workers;
-  for (const c10::IValue& stage : stages) workers.push_back(rpc::to_rref(stage)->ownerName());
+  for (c10::IValue stage : stages) workers.push_back(rpc::to_rref(stage)->ownerName());
   const Flow flow{flow_id, -1};
   const c10::IValue args =
       index > 0 ? gather_portals(routes, workers, index, flow, inputs).inputs : inputs;

@@ -19,9 +19,8 @@ void sh(const std::string& command) {
   if (ran.status != 0) throw std::runtime_error(command + ": " + ran.output);
 }
 
-void sh_quiet(const std::string& command) {
-  (void)std::system((command + " >/dev/null 2>&1").c_str());
-}
+// Runs a shell command whose failure does not matter (removing what may not be there).
+void sh_quiet(const std::string& command) { core::run_command(command + " >/dev/null 2>&1"); }
 
 // Removes namespaces and bridges of earlier test processes that are gone.
 void remove_leftovers() {

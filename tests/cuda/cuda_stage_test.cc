@@ -23,12 +23,6 @@ namespace {
 using testing::LocalWorld;
 using testing::mlp_config;
 
-LocalWorld::Settings two_workers() {
-  LocalWorld::Settings settings;
-  settings.peer_names = {"a", "b"};
-  return settings;
-}
-
 // Two MLP stages, the first on `first_device` of worker a, the second on b's CPU.
 struct TwoStages {
   explicit TwoStages(const std::string& first_device)
@@ -60,7 +54,7 @@ void expect_same_weights(const RemoteModule& a, const RemoteModule& b, double to
 
 TEST(CudaStage, TheWorkerHasTheDevice) {
   ASSERT_TRUE(torch::cuda::is_available()) << "this test needs a CUDA device here";
-  LocalWorld world(two_workers());
+  LocalWorld world;  // workers a and b
   TwoStages stages("cuda:0");
   StageStats stats = stages.first.stats();
   EXPECT_GT(stats.parameters, 0);
@@ -68,7 +62,7 @@ TEST(CudaStage, TheWorkerHasTheDevice) {
 
 TEST(CudaStage, ForwardBackwardAndStepsMatchTheSameStagesOnTheCpu) {
   ASSERT_TRUE(torch::cuda::is_available()) << "this test needs a CUDA device here";
-  LocalWorld world(two_workers());
+  LocalWorld world;  // workers a and b
   TwoStages gpu("cuda:0");
   TwoStages cpu("cpu");
   expect_same_weights(gpu.first, cpu.first, 0);
@@ -98,7 +92,7 @@ TEST(CudaStage, ForwardBackwardAndStepsMatchTheSameStagesOnTheCpu) {
 
 TEST(CudaStage, BFloat16MixedRunsUnderCudaAutocastAndStillTrains) {
   ASSERT_TRUE(torch::cuda::is_available()) << "this test needs a CUDA device here";
-  LocalWorld world(two_workers());
+  LocalWorld world;  // workers a and b
   TwoStages stages("cuda:0");
   torch::manual_seed(3);
   at::Tensor x = torch::randn({8, 6});
@@ -126,7 +120,7 @@ TEST(CudaStage, BFloat16MixedRunsUnderCudaAutocastAndStillTrains) {
 
 TEST(CudaStage, APipelineWithAStageOnTheDeviceMatchesTheCpuOne) {
   ASSERT_TRUE(torch::cuda::is_available()) << "this test needs a CUDA device here";
-  LocalWorld world(two_workers());
+  LocalWorld world;  // workers a and b
   TwoStages gpu("cuda:0");
   TwoStages cpu("cpu");
   torch::manual_seed(11);

@@ -8,7 +8,6 @@
 #include <future>
 #include <mutex>
 #include <thread>
-#include <vector>
 
 namespace ferry::core {
 namespace {
@@ -54,30 +53,25 @@ ComputeThread& compute_thread() {
   return *thread;
 }
 
-std::mutex carriers_mutex;
-std::vector<std::function<EnterCaptured()>>& carriers() {
-  static auto* list = new std::vector<std::function<EnterCaptured()>>();
-  return *list;
+// Never destroyed either: a thread may hand work over while the process exits.
+std::mutex carrier_mutex;
+std::function<EnterCaptured()>& carrier() {  // guarded by carrier_mutex
+  static auto* capture = new std::function<EnterCaptured()>();
+  return *capture;
 }
 
 // `work` wrapped to run there as if where it was called: with the caller's LibTorch
-// thread-local state and what the carriers capture.
+// thread-local state and what the carrier captures.
 std::function<void()> as_if_here(std::function<void()> work) {
-  std::vector<EnterCaptured> captured;
+  EnterCaptured enter;
   {
-    std::lock_guard<std::mutex> lock(carriers_mutex);
-    for (const auto& capture : carriers()) {
-      EnterCaptured enter = capture();
-      if (enter) captured.push_back(std::move(enter));
-    }
+    std::lock_guard<std::mutex> lock(carrier_mutex);
+    if (carrier()) enter = carrier()();
   }
-  return [work = std::move(work), state = at::ThreadLocalState(), captured = std::move(captured)] {
+  return [work = std::move(work), state = at::ThreadLocalState(), enter = std::move(enter)] {
     at::ThreadLocalStateGuard guard(state);
-    std::vector<std::shared_ptr<void>> entered;
-    entered.reserve(captured.size());
-    for (const EnterCaptured& enter : captured) entered.push_back(enter());
+    std::shared_ptr<void> entered = enter ? enter() : nullptr;
     work();
-    while (!entered.empty()) entered.pop_back();  // left in the reverse order of entering
   };
 }
 
@@ -108,8 +102,8 @@ void post_to_compute_thread(std::function<void()> work) {
 }
 
 void carry_to_compute_thread(std::function<EnterCaptured()> capture) {
-  std::lock_guard<std::mutex> lock(carriers_mutex);
-  carriers().push_back(std::move(capture));
+  std::lock_guard<std::mutex> lock(carrier_mutex);
+  carrier() = std::move(capture);
 }
 
 }  // namespace ferry::core

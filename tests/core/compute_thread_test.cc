@@ -98,7 +98,7 @@ TEST(ComputeThread, PostReturnsBeforeTheWorkRuns) {
 // A layer's per-thread state, as rpc's autograd context is: 0 where nothing was entered.
 thread_local int carried_tag = 0;
 
-TEST(ComputeThread, CarriersTakeTheCallersStateOverAndLeaveItAfterward) {
+TEST(ComputeThread, TheCarrierTakesTheCallersStateOverAndLeavesItAfterward) {
   static std::once_flag added;
   std::call_once(added, [] {
     carry_to_compute_thread([]() -> EnterCaptured {

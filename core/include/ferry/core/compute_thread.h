@@ -34,10 +34,10 @@ void post_to_compute_thread(std::function<void()> work);
 // Enters, on the compute thread, state captured on a caller's thread; what it returns is held
 // while the work runs and then destroyed, which leaves that state. Empty: nothing to enter.
 using EnterCaptured = std::function<std::shared_ptr<void>()>;
-// Adds per-thread state that work handed to the compute thread takes along: from now on,
-// `capture` runs on the thread that hands work over (any thread) and what it returns runs on the
-// compute thread before the work. For a layer whose state core/ cannot know of; kept for the
-// life of the process.
+// Per-thread state that work handed to the compute thread takes along: from now on, `capture`
+// runs on the thread that hands work over (any thread) and what it returns runs on the compute
+// thread before the work. For the layer whose state core/ cannot know of (rpc's autograd
+// context); one per process, a later call replaces it.
 void carry_to_compute_thread(std::function<EnterCaptured()> capture);
 
 // The same as run_on_compute_thread, returning what `work` returns.

@@ -34,6 +34,62 @@ at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& target) {
   return torch::binary_cross_entropy_with_logits(logits, target);
 }
 
+// The largest relative difference between the split's and one process's gradients of the same
+// weights on the same batch, before any step changes them.
+double gradient_error(models::RemoteUnet& split, models::Unet& local, const at::Tensor& x,
+                      const at::Tensor& target) {
+  dist_autograd::Context context;
+  dist_autograd::backward(context, {loss_of(split.forward(x), target)});
+  std::vector<at::Tensor> dist = dist_autograd::get_gradients(context.id(), split.parameters());
+  loss_of(local->forward(x), target).backward();
+  std::vector<at::Tensor> want;
+  for (const auto& p : local->parameters()) want.push_back(p.grad());
+  return models::max_relative_error(dist, want);
+}
+
+// Autograd contexts still held here and on the three workers: none, once every step released
+// its own.
+int64_t contexts_left() {
+  int64_t left = static_cast<int64_t>(dist_autograd::context_count());
+  for (int rank = 1; rank <= 3; ++rank) {
+    left += dist_autograd::context_count(fmt::format("worker{}", rank));
+  }
+  return left;
+}
+
+nlohmann::ordered_json header(const AutogradBenchSettings& settings, int threads) {
+  nlohmann::ordered_json out;
+  out["benchmark"] = "autograd";
+  out["model"] = fmt::format("unet-resnet{}", settings.depth);
+  out["batch"] = settings.batch;
+  out["image_size"] = settings.image_size;
+  out["threads_per_process"] = threads;
+  out["steps"] = settings.steps;
+  return out;
+}
+
+// Each stage's own compute, from its worker's clocks: forward of the stage, backward of the
+// worker's parts. Read between steps, outside the timed part.
+std::vector<double> worker_clocks(const models::RemoteUnet& split) {
+  std::vector<double> clocks;
+  for (const auto& stage : split.stages()) {
+    clocks.push_back(stage.module.stats().forward_s);
+    clocks.push_back(dist_autograd::backward_seconds(stage.module.worker()));
+  }
+  return clocks;
+}
+
+// What each stage computed between two readings of worker_clocks, into `parts`.
+void add_stage_parts(const models::RemoteUnet& split, const std::vector<double>& before,
+                     const std::vector<double>& after,
+                     std::map<std::string, std::vector<double>>& parts) {
+  for (size_t k = 0; k < split.stages().size(); ++k) {
+    const std::string& name = split.stages()[k].name();
+    parts["stage_" + name + "_forward_s"].push_back(after[2 * k] - before[2 * k]);
+    parts["stage_" + name + "_backward_s"].push_back(after[2 * k + 1] - before[2 * k + 1]);
+  }
+}
+
 // The measurement itself, with the world up; stages and optimizer are gone when it returns.
 nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int threads) {
   models::RemoteUnet split =
@@ -46,17 +102,7 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
       (torch::rand({settings.batch, 1, settings.image_size, settings.image_size}) > 0.5)
           .to(torch::kFloat);
 
-  // Gradients of the same weights on the same batch, before any step changes them.
-  double grad_error;
-  {
-    dist_autograd::Context context;
-    dist_autograd::backward(context.id(), {loss_of(split.forward(x), target)});
-    std::vector<at::Tensor> dist = dist_autograd::get_gradients(context.id(), split.parameters());
-    loss_of(local->forward(x), target).backward();
-    std::vector<at::Tensor> want;
-    for (const auto& p : local->parameters()) want.push_back(p.grad());
-    grad_error = models::max_relative_error(dist, want);
-  }
+  const double grad_error = gradient_error(split, local, x, target);
 
   dist_autograd::DistributedOptimizer optimizer(dist_autograd::OptimizerSpec::sgd(kLr, kMomentum),
                                                 split.parameters());
@@ -64,16 +110,6 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
                                     torch::optim::SGDOptions(kLr).momentum(kMomentum));
   std::vector<double> dist_steps, via_master_steps, local_steps;
   std::map<std::string, std::vector<double>> parts;
-  // Each stage's own compute, from its worker's clocks: forward of the stage, backward of the
-  // worker's parts. Read between steps, outside the timed part.
-  auto worker_clocks = [&split] {
-    std::vector<double> clocks;
-    for (const auto& stage : split.stages()) {
-      clocks.push_back(stage.module.stats().forward_s);
-      clocks.push_back(dist_autograd::backward_seconds(stage.module.worker()));
-    }
-    return clocks;
-  };
   // One distributed step: activations through this process, or `direct` from worker to worker.
   auto dist_step = [&](bool direct, double& f, double& b, double& o) {
     return seconds_of([&] {
@@ -86,10 +122,10 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
   };
   for (int step = 0; step < settings.warmup + settings.steps; ++step) {
     bool timed = step >= settings.warmup;
-    std::vector<double> clocks_before = worker_clocks();
+    std::vector<double> clocks_before = worker_clocks(split);
     double f = 0, b = 0, o = 0;
     double dist = dist_step(true, f, b, o);
-    std::vector<double> clocks_after = worker_clocks();
+    std::vector<double> clocks_after = worker_clocks(split);
     double mf = 0, mb = 0, mo = 0;
     double via_master = dist_step(false, mf, mb, mo);
     double lf = 0, lb = 0, lo = 0;
@@ -101,12 +137,7 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
       lo = seconds_of([&] { local_optimizer.step(); });
     });
     if (!timed) continue;
-    for (size_t k = 0; k < split.stages().size(); ++k) {
-      const std::string& name = split.stages()[k].name();
-      parts["stage_" + name + "_forward_s"].push_back(clocks_after[2 * k] - clocks_before[2 * k]);
-      parts["stage_" + name + "_backward_s"].push_back(clocks_after[2 * k + 1] -
-                                                       clocks_before[2 * k + 1]);
-    }
+    add_stage_parts(split, clocks_before, clocks_after, parts);
     dist_steps.push_back(dist);
     via_master_steps.push_back(via_master);
     local_steps.push_back(one);
@@ -122,23 +153,12 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
       parts[name].push_back(value);
     }
     std::cerr << fmt::format(
-        "step {}: stage to stage {:.3f} s (forward {:.3f}, backward {:.3f}, "
-        "optimizer {:.3f}), through the master {:.3f} s ({:.3f}, {:.3f}, "
-        "{:.3f}), one process {:.3f} s ({:.3f}, {:.3f}, {:.3f})\n",
+        "step {}: stage to stage {:.3f} s ({:.3f}, {:.3f}, {:.3f}), through the master {:.3f} s "
+        "({:.3f}, {:.3f}, {:.3f}), one process {:.3f} s ({:.3f}, {:.3f}, {:.3f})\n",
         step - settings.warmup, dist, f, b, o, via_master, mf, mb, mo, one, lf, lb, lo);
   }
 
-  int64_t contexts_left = static_cast<int64_t>(dist_autograd::context_count());
-  for (int rank = 1; rank <= 3; ++rank) {
-    contexts_left += dist_autograd::context_count(fmt::format("worker{}", rank));
-  }
-  nlohmann::ordered_json out;
-  out["benchmark"] = "autograd";
-  out["model"] = fmt::format("unet-resnet{}", settings.depth);
-  out["batch"] = settings.batch;
-  out["image_size"] = settings.image_size;
-  out["threads_per_process"] = threads;
-  out["steps"] = settings.steps;
+  nlohmann::ordered_json out = header(settings, threads);
   out["max_rel_grad_err"] = grad_error;
   out["dist_step_s"] = median(dist_steps);
   out["local_step_s"] = median(local_steps);
@@ -146,7 +166,7 @@ nlohmann::ordered_json measure(const AutogradBenchSettings& settings, int thread
   out["via_master_step_s"] = median(via_master_steps);
   out["via_master_ratio"] = median(via_master_steps) / median(local_steps);
   for (const auto& [name, values] : parts) out[name] = median(values);
-  out["contexts_left"] = contexts_left;
+  out["contexts_left"] = contexts_left();
   return out;
 }
 

@@ -22,22 +22,8 @@ std::string self_path(const char* argv0) {
   return std::string(buf, n);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Every process of a benchmark shares this machine's cores, this one included (it drives the
-  // split and trains the one-process baseline). libgomp reads the setting when it loads, so the
-  // benchmark starts itself again with it; its workers inherit it. See
-  // core::kSharedMachineSpinCount.
-  if (!std::getenv("GOMP_SPINCOUNT")) {
-    setenv("GOMP_SPINCOUNT", ferry::core::kSharedMachineSpinCount, 1);
-    std::string self = self_path(argv[0]);
-    execv(self.c_str(), argv);
-  }
-  CLI::App app("Ferry benchmarks: each prints one JSON object as its last line");
-  app.require_subcommand(1);
-  ferry::bench::RpcBenchSettings rpc;
-  rpc.self_path = self_path(argv[0]);
+// Each sub-command's flags, into its settings.
+CLI::App* add_rpc(CLI::App& app, ferry::bench::RpcBenchSettings& rpc) {
   auto* rpc_cmd =
       app.add_subcommand("rpc", "RPC latency, bandwidth and throughput against raw TCP");
   rpc_cmd->add_option("--rtt-iterations", rpc.rtt_iterations, "round trips timed");
@@ -46,21 +32,22 @@ int main(int argc, char** argv) {
   rpc_cmd->add_option("--echo-mib", rpc.echo_mib, "tensor sizes of the echo measurement, MiB");
   rpc_cmd->add_option("--echo-repeats", rpc.echo_repeats, "repeats of each echo size");
   rpc_cmd->add_option("--repeats", rpc.repeats, "repeats of the throughput measurement");
-  ferry::bench::AutogradBenchSettings autograd;
-  autograd.self_path = rpc.self_path;
-  auto add_step_options = [&autograd](CLI::App* cmd) {
-    cmd->add_option("--depth", autograd.depth, "ResNet depth of the encoder");
-    cmd->add_option("--batch", autograd.batch, "images per step");
-    cmd->add_option("--image-size", autograd.image_size, "image height and width");
-    cmd->add_option("--steps", autograd.steps, "timed steps of each kind");
-    cmd->add_option("--warmup", autograd.warmup, "untimed steps first");
-    cmd->add_option("--threads", autograd.threads, "intra-op threads per process");
-  };
-  auto* autograd_cmd = app.add_subcommand(
+  return rpc_cmd;
+}
+
+CLI::App* add_autograd(CLI::App& app, ferry::bench::AutogradBenchSettings& autograd) {
+  auto* cmd = app.add_subcommand(
       "autograd", "U-Net training step split over three workers against one process");
-  add_step_options(autograd_cmd);
-  ferry::bench::TrainBenchSettings train;
-  train.self_path = rpc.self_path;
+  cmd->add_option("--depth", autograd.depth, "ResNet depth of the encoder");
+  cmd->add_option("--batch", autograd.batch, "images per step");
+  cmd->add_option("--image-size", autograd.image_size, "image height and width");
+  cmd->add_option("--steps", autograd.steps, "timed steps of each kind");
+  cmd->add_option("--warmup", autograd.warmup, "untimed steps first");
+  cmd->add_option("--threads", autograd.threads, "intra-op threads per process");
+  return cmd;
+}
+
+CLI::App* add_train(CLI::App& app, ferry::bench::TrainBenchSettings& train) {
   auto* train_cmd = app.add_subcommand(
       "train", "the training job with data-parallel replicas of a 2-stage U-Net against one copy");
   train_cmd->add_option("--model", train.model, "unet-resnet18|34|50|101|152");
@@ -71,8 +58,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--repeats", train.repeats, "jobs of each configuration");
   train_cmd->add_option("--partition", train.partition, "the first block of the second stage");
   train_cmd->add_option("--log-file", train.log_file, "where the jobs' own output goes");
-  ferry::bench::PipelineBenchSettings pipeline;
-  pipeline.self_path = rpc.self_path;
+  return train_cmd;
+}
+
+CLI::App* add_pipeline(CLI::App& app, ferry::bench::PipelineBenchSettings& pipeline) {
   auto* pipeline_cmd = app.add_subcommand(
       "pipeline", "naive model parallelism against GPipe and 1F1B over 1-8 micro-batches");
   pipeline_cmd->add_option("--model", pipeline.model, "synthetic (balanced stages) or unet");
@@ -92,8 +81,10 @@ int main(int argc, char** argv) {
   pipeline_cmd->add_flag("!--no-pin", pipeline.pin, "do not pin each worker to a core");
   pipeline_cmd->add_option("--trace", pipeline.trace_file,
                            "write a Chrome trace of the last configuration's steps");
-  ferry::bench::MemoryBenchSettings memory;
-  memory.self_path = rpc.self_path;
+  return pipeline_cmd;
+}
+
+CLI::App* add_memory(CLI::App& app, ferry::bench::MemoryBenchSettings& memory) {
   auto* memory_cmd = app.add_subcommand(
       "memory", "each stage's peak memory, and the largest batch within one process's budget");
   memory_cmd->add_option("--depth", memory.depth, "ResNet depth of the U-Net's encoder");
@@ -105,6 +96,37 @@ int main(int argc, char** argv) {
   memory_cmd->add_option("--max-batch", memory.max_batch, "the largest batch tried");
   memory_cmd->add_option("--resolution", memory.resolution, "the bisection's last step");
   memory_cmd->add_option("--optimizer", memory.optimizer, "sgd|adam|adamw");
+  return memory_cmd;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Every process of a benchmark shares this machine's cores, this one included (it drives the
+  // split and trains the one-process baseline). libgomp reads the setting when it loads, so the
+  // benchmark starts itself again with it; its workers inherit it. See
+  // core::kSharedMachineSpinCount.
+  if (!std::getenv("GOMP_SPINCOUNT")) {
+    setenv("GOMP_SPINCOUNT", ferry::core::kSharedMachineSpinCount, 1);
+    std::string self = self_path(argv[0]);
+    execv(self.c_str(), argv);
+  }
+  CLI::App app("Ferry benchmarks: each prints one JSON object as its last line");
+  app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();
+  const std::string self = self_path(argv[0]);
+  ferry::bench::RpcBenchSettings rpc;
+  ferry::bench::AutogradBenchSettings autograd;
+  ferry::bench::TrainBenchSettings train;
+  ferry::bench::PipelineBenchSettings pipeline;
+  ferry::bench::MemoryBenchSettings memory;
+  rpc.self_path = autograd.self_path = train.self_path = pipeline.self_path = memory.self_path =
+      self;
+  CLI::App* rpc_cmd = add_rpc(app, rpc);
+  CLI::App* autograd_cmd = add_autograd(app, autograd);
+  CLI::App* train_cmd = add_train(app, train);
+  CLI::App* pipeline_cmd = add_pipeline(app, pipeline);
+  CLI::App* memory_cmd = add_memory(app, memory);
   auto* peer_cmd = app.add_subcommand("rpc-peer", "the peer process of `rpc` (started by it)");
   peer_cmd->group("");
   CLI11_PARSE(app, argc, argv);

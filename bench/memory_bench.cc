@@ -18,16 +18,13 @@
 #include "bench/stats.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/core/processes.h"
+#include "ferry/trainer/worker_loop.h"
 
 namespace ferry::bench {
 namespace {
 
 // Runs a shell command and keeps what it prints.
 core::CommandOutput run(const std::string& command) { return core::run_command(command); }
-
-bool out_of_memory(const std::string& output) {
-  return output.find(core::kOverBudget) != std::string::npos;
-}
 
 class Bench {
  public:
@@ -113,7 +110,7 @@ class Bench {
  private:
   // A run that failed for another reason than memory makes the benchmark meaningless.
   void check_failure(const core::CommandOutput& r) {
-    if (!out_of_memory(r.output)) {
+    if (r.status != trainer::kExitOutOfMemory) {
       throw std::runtime_error("a run failed for another reason than memory:\n" + r.output);
     }
   }

@@ -10,7 +10,6 @@
 
 #include "bench/processes.h"
 #include "bench/stats.h"
-#include "examples/stage_plan.h"
 #include "ferry/core/local_world.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
@@ -18,6 +17,7 @@
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/rpc/options.h"
 #include "ferry/rpc/rpc.h"
+#include "ferry/trainer/stage_plan.h"
 
 namespace ferry::bench {
 namespace {
@@ -52,14 +52,14 @@ struct Model {
 };
 
 // The U-Net's cut, measured and balanced here before any worker starts.
-examples::StagePlan unet_plan(const PipelineBenchSettings& s) {
-  examples::PlanSettings plan;
+trainer::StagePlan unet_plan(const PipelineBenchSettings& s) {
+  trainer::PlanSettings plan;
   plan.model = fmt::format("unet-resnet{}", s.depth);
   plan.image_size = s.image_size;
   plan.batch_size = s.batch;
   plan.stages = s.stages;
   plan.balance = s.balance;
-  return examples::plan_stages(plan);
+  return trainer::plan_stages(plan);
 }
 
 std::vector<std::string> worker_names(int p) {
@@ -68,7 +68,7 @@ std::vector<std::string> worker_names(int p) {
   return out;
 }
 
-Model build(const PipelineBenchSettings& s, int p, const examples::StagePlan& plan) {
+Model build(const PipelineBenchSettings& s, int p, const trainer::StagePlan& plan) {
   Model m;
   torch::manual_seed(0);
   if (s.model == "unet") {
@@ -109,7 +109,7 @@ Model build(const PipelineBenchSettings& s, int p, const examples::StagePlan& pl
 }
 
 nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinned,
-                               const examples::StagePlan& plan) {
+                               const trainer::StagePlan& plan) {
   Model model = build(s, p, plan);
   std::vector<Config> configs;
   configs.push_back({"naive", pipeline::Schedule::GPipe, 1, nullptr, {}, {}, {}});
@@ -161,7 +161,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   out["benchmark"] = "pipeline";
   out["model"] = model.name;
   out["p"] = p;
-  if (s.model == "unet") out["plan"] = examples::plan_json(plan);
+  if (s.model == "unet") out["plan"] = trainer::plan_json(plan);
   out["batch"] = s.batch;
   out["pinned"] = pinned;
   out["threads_per_process"] = 1;
@@ -197,7 +197,7 @@ int run_pipeline_bench(const PipelineBenchSettings& s) {
     return 2;
   }
   at::set_num_threads(1);
-  examples::StagePlan plan;
+  trainer::StagePlan plan;
   if (s.model == "unet") plan = unet_plan(s);
   const int p =
       s.model == "unet" ? static_cast<int>(plan.stages.size()) : (s.stages == 0 ? 2 : s.stages);

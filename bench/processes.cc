@@ -48,13 +48,7 @@ void reap_process(pid_t pid, std::chrono::milliseconds grace) {
 }
 
 void init_loopback_master(const std::string& name, int world_size, int port) {
-  rpc::Options options;
-  options.name = name;
-  options.rank = 0;
-  options.world_size = world_size;
-  options.master_addr = "127.0.0.1";
-  options.master_port = port;
-  rpc::init(options);
+  rpc::init(rpc::loopback_options(name, 0, world_size, port));
 }
 
 std::string binary_dir(const std::string& self_path) {

@@ -41,16 +41,12 @@ int run_rpc_peer() {
   return 0;
 }
 
-int run_rpc_bench(const RpcBenchSettings& settings) {
-  register_bench_functions();
-  int port = core::pick_free_port();
-  pid_t peer = spawn_process(settings.self_path, {"rpc-peer"}, core::loopback_world_env(1, 2, port));
-  init_loopback_master("bench", 2, port);
-  const std::string to = "worker1";
-  nlohmann::ordered_json out;
-  out["benchmark"] = "rpc";
+namespace {
 
-  // Round trip of a small call against a raw TCP ping-pong of a similar size.
+// Round trip of a small call, plain and inline, against a raw TCP ping-pong of a similar size.
+void measure_round_trips(const RpcBenchSettings& settings, const std::string& to,
+                         RawEchoClient& raw, std::vector<char>& buffer,
+                         nlohmann::ordered_json& out) {
   at::Tensor small = torch::randn({10});
   for (int i = 0; i < 200; ++i) rpc::rpc_sync(to, "add", {small, small});
   // The same call registered inline (served on the peer's loop thread), alternating with it.
@@ -62,8 +58,6 @@ int run_rpc_bench(const RpcBenchSettings& settings) {
                            rpc::rpc_sync(to, "add_inline", {small, small});
                          }));
   }
-  RawEchoClient raw("127.0.0.1", static_cast<int>(rpc::rpc_sync(to, "raw_port").toInt()));
-  std::vector<char> buffer(64);
   for (int i = 0; i < 200; ++i) raw.echo(buffer, 80);
   std::vector<double> raw_rtt;
   for (int i = 0; i < settings.rtt_iterations; ++i) {
@@ -79,7 +73,10 @@ int run_rpc_bench(const RpcBenchSettings& settings) {
   std::cerr << fmt::format("rtt: rpc p50 {:.1f} us, inline {:.1f} us, raw tcp p50 {:.1f} us\n",
                            percentile(rtt, 0.5), percentile(rtt_inline, 0.5),
                            percentile(raw_rtt, 0.5));
+}
 
+void measure_echoes(const RpcBenchSettings& settings, const std::string& to, RawEchoClient& raw,
+                    std::vector<char>& buffer, nlohmann::ordered_json& out) {
   // Echo of a large tensor: bytes moved in both directions per second, beside the same echo over
   // raw TCP and the raw one-way stream (what iperf3 reports). The three are interleaved within
   // each repeat, and the ratio is the median of the repeats' own ratios, so that the load of a
@@ -111,8 +108,11 @@ int run_rpc_bench(const RpcBenchSettings& settings) {
   out["raw_tcp_echo_gbps"] = raw_echo;
   out["raw_tcp_stream_gbps"] = raw_stream;
   out["echo_ratio"] = ratios;
+}
 
-  // Many small calls in flight.
+// Many small calls in flight.
+void measure_async_calls(const RpcBenchSettings& settings, const std::string& to,
+                         nlohmann::ordered_json& out) {
   std::vector<double> rates;
   for (int r = 0; r < std::max(1, settings.repeats / 2); ++r) {
     std::deque<rpc::FuturePtr> window;
@@ -132,7 +132,24 @@ int run_rpc_bench(const RpcBenchSettings& settings) {
   out["async_window"] = settings.async_window;
   std::cerr << fmt::format("async: {:.0f} calls/s with {} in flight\n", median(rates),
                            settings.async_window);
+}
 
+}  // namespace
+
+int run_rpc_bench(const RpcBenchSettings& settings) {
+  register_bench_functions();
+  int port = core::pick_free_port();
+  pid_t peer =
+      spawn_process(settings.self_path, {"rpc-peer"}, core::loopback_world_env(1, 2, port));
+  init_loopback_master("bench", 2, port);
+  const std::string to = "worker1";
+  nlohmann::ordered_json out;
+  out["benchmark"] = "rpc";
+  RawEchoClient raw("127.0.0.1", static_cast<int>(rpc::rpc_sync(to, "raw_port").toInt()));
+  std::vector<char> buffer(64);
+  measure_round_trips(settings, to, raw, buffer, out);
+  measure_echoes(settings, to, raw, buffer, out);
+  measure_async_calls(settings, to, out);
   rpc::shutdown();
   reap_process(peer);
   out["threads"] = at::get_num_threads();

@@ -8,7 +8,10 @@
 #include <opencv2/imgproc.hpp>
 #include <random>
 #include <stdexcept>
+#include <string_view>
+#include <vector>
 
+#include "ferry/core/files.h"
 #include "ferry/data/dataset.h"
 
 namespace ferry::data {
@@ -88,13 +91,21 @@ void write_mask(const at::Tensor& mask, const std::string& path) {
   at::Tensor bytes = mask.gt(0).to(at::kByte).mul(255).contiguous();
   cv::Mat image(static_cast<int>(bytes.size(0)), static_cast<int>(bytes.size(1)), CV_8UC1,
                 bytes.data_ptr());
-  bool written = false;
+  // Encoded in memory, then written atomically: a mask on disk is whole or absent.
+  std::vector<uchar> encoded;
+  bool done = false;
   try {
-    written = cv::imwrite(path, image);
+    done = cv::imencode(fs::path(path).extension().string(), image, encoded);
   } catch (const cv::Exception& e) {
     fail(fmt::format("cannot write mask \"{}\": {}", path, e.what()));
   }
-  if (!written) fail(fmt::format("cannot write mask \"{}\"", path));
+  if (!done) fail(fmt::format("cannot write mask \"{}\": no image format for its extension", path));
+  try {
+    core::write_file_atomically(
+        path, std::string_view(reinterpret_cast<const char*>(encoded.data()), encoded.size()));
+  } catch (const std::runtime_error& e) {
+    fail(fmt::format("cannot write mask: {}", e.what()));
+  }
 }
 
 FolderDataset::FolderDataset(const std::string& dir, Options options) : options_(options) {

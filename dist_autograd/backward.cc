@@ -29,16 +29,17 @@
 #include "dist_autograd/install.h"
 #include "dist_autograd/owned_value.h"
 #include "dist_autograd/recv_backward.h"
-#include "dist_autograd/when_all.h"
 #include "ferry/core/compute_thread.h"
 #include "ferry/core/message_of.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/rpc/error.h"
+#include "ferry/rpc/fan_out.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::dist_autograd {
 namespace {
 
+using rpc::FuturePtr;
 using torch::autograd::AccumulateGrad;
 using torch::autograd::Edge;
 using torch::autograd::edge_list;
@@ -177,26 +178,40 @@ class PartResult {
 };
 
 // The error of a part that failed here.
-rpc::Error part_failed(std::int64_t context_id, const std::string& what) {
-  return rpc::Error(rpc::ErrorKind::RemoteException,
+rpc::Error part_failed(std::int64_t context_id, const std::string& what,
+                       rpc::ErrorKind kind = rpc::ErrorKind::RemoteException) {
+  return rpc::Error(kind,
                     fmt::format("distributed backward of context {} failed on worker \"{}\": {}",
                                 context_id, self_name(), what));
 }
 
-// Passes the first failure among `calls` on unchanged when another worker raised it (its message
-// already names that worker), or says what happened to the call (a worker died, a deadline).
+// The error of a part whose computation threw `failure`: running out of memory stays
+// OutOfMemory, so that the master can tell it from other failures.
+rpc::Error part_failed(std::int64_t context_id, std::exception_ptr failure) {
+  const rpc::Failure told = rpc::failure_of(failure);
+  return part_failed(
+      context_id, told.message,
+      told.kind == rpc::ErrorKind::OutOfMemory ? told.kind : rpc::ErrorKind::RemoteException);
+}
+
+// Passes the failure among `calls` that rpc::first_failure picks on unchanged when another worker
+// raised it (its message already names that worker), or says what happened to the call (a worker
+// died, a deadline).
 void rethrow_first_failure(std::int64_t context_id, const std::vector<FuturePtr>& calls) {
+  std::vector<std::exception_ptr> failures;
   for (const auto& call : calls) {
-    if (!call->hasError()) continue;
-    try {
-      std::rethrow_exception(call->exception_ptr());
-    } catch (const rpc::Error& e) {
-      if (!e.cause().empty()) throw e.restated(e.cause());
-      throw e.restated(
-          fmt::format("distributed backward of context {} failed: {}", context_id, e.what()));
-    } catch (const std::exception& e) {
-      throw part_failed(context_id, e.what());
-    }
+    failures.push_back(call->hasError() ? call->exception_ptr() : nullptr);
+  }
+  const std::exception_ptr failure = rpc::first_failure(failures);
+  if (!failure) return;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const rpc::Error& e) {
+    if (!e.cause().empty()) throw e.restated(e.cause());
+    throw e.restated(
+        fmt::format("distributed backward of context {} failed: {}", context_id, e.what()));
+  } catch (const std::exception&) {
+    throw part_failed(context_id, failure);
   }
 }
 
@@ -229,8 +244,8 @@ FuturePtr run_part(ContextState& context, std::int64_t part, const edge_list& ro
           engine_roots, engine_grads, keep_graph, /*create_graph=*/false,
           /*accumulate_grad=*/false, ends);
       for (size_t i = 0; i < ends.size(); ++i) result.add(ends[i], captured[i]);
-    } catch (const std::exception& e) {
-      throw part_failed(context.id(), core::message_of(e));
+    } catch (const std::exception&) {
+      throw part_failed(context.id(), std::current_exception());
     }
   }
   part_nanoseconds +=
@@ -238,7 +253,7 @@ FuturePtr run_part(ContextState& context, std::int64_t part, const edge_list& ro
           .count();
   std::vector<FuturePtr> calls = result.send(reached_by_other_parts(context, part), runs_once);
   std::int64_t id = context.id();
-  return when_all(calls)->then(
+  return rpc::when_all(calls)->then(
       [id, calls](c10::ivalue::Future&) {
         rethrow_first_failure(id, calls);
         return c10::IValue();

@@ -11,9 +11,9 @@
 
 #include "dist_autograd/context_store.h"
 #include "dist_autograd/install.h"
-#include "dist_autograd/when_all.h"
 #include "ferry/core/log.h"
 #include "ferry/rpc/error.h"
+#include "ferry/rpc/fan_out.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::dist_autograd {
@@ -52,7 +52,7 @@ rpc::FuturePtr release_on(std::int64_t id, const std::set<int>& ranks, int skip)
                 e.what());
     }
   }
-  return when_all(calls)->then(
+  return rpc::when_all(calls)->then(
       [id, calls](c10::ivalue::Future&) {
         for (const auto& call : calls) {
           // A dead worker has nothing left to free; say so and go on.
@@ -238,6 +238,7 @@ std::int64_t context_count(const std::string& worker) {
 }
 
 void install(rpc::FunctionRegistry& registry) {
+  if (registry.contains("ferry.autograd.release")) return;
   registry.add_async("ferry.autograd.release", [](std::vector<c10::IValue>& args) {
     std::int64_t id = args.at(0).toInt();
     int from = static_cast<int>(args.at(1).toInt());

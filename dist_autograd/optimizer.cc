@@ -8,8 +8,8 @@
 #include <atomic>
 #include <map>
 
-#include "dist_autograd/when_all.h"
 #include "ferry/rpc/error.h"
+#include "ferry/rpc/fan_out.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::dist_autograd {
@@ -59,20 +59,11 @@ DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec,
     for (size_t i : owner.indices) refs.push_back(rpc::to_ivalue(replicas[owner.replica][i]));
     owner.optimizer = rpc::remote(owner.worker, "ferry.optim.create", {spec_.name, options, refs});
   }
-  std::vector<std::string> failed;
-  for (const Owner& owner : owners_) {
-    auto ready = owner.optimizer->ready();
-    ready->wait();
-    if (ready->hasError()) {
-      failed.push_back(
-          fmt::format("on worker \"{}\": {}", owner.worker, ready->tryRetrieveErrorMessage()));
-    }
-  }
-  if (!failed.empty()) {
-    throw rpc::Error(
-        rpc::ErrorKind::RemoteException,
-        fmt::format("could not build optimizer \"{}\" {}", spec_.name, fmt::join(failed, "; ")));
-  }
+  // Every owner builds its optimizer at once; a worker that cannot is named, and a lost one stays
+  // lost for the caller.
+  rpc::FanOut built;
+  for (const Owner& owner : owners_) built.add(owner.optimizer->ready(), owner.worker);
+  built.wait(fmt::format("building optimizer \"{}\"", spec_.name));
   if (replica_count_ == 1) return;
   // One group per set of owners that hold the same parameters; all join at once, as they must.
   static std::atomic<std::int64_t> instances{0};
@@ -109,52 +100,14 @@ void DistributedOptimizer::check_lines_up(size_t first, int replica) const {
 std::vector<c10::IValue> DistributedOptimizer::on_owners(
     const std::string& what, const std::string& function,
     const std::function<std::vector<c10::IValue>(const Owner&)>& extra, int replica) const {
-  std::vector<FuturePtr> calls;
-  std::vector<const Owner*> called;
+  rpc::FanOut calls;
   for (const Owner& owner : owners_) {
     if (replica >= 0 && owner.replica != replica) continue;
-    called.push_back(&owner);
     std::vector<c10::IValue> args{rpc::to_ivalue(owner.optimizer)};
     for (auto& arg : extra(owner)) args.push_back(std::move(arg));
-    calls.push_back(rpc::rpc_async(owner.worker, function, std::move(args)));
+    calls.call(owner.worker, function, std::move(args));
   }
-  when_all(calls)->wait();
-  std::vector<std::string> failed;
-  std::vector<c10::IValue> results;
-  // A worker that died (PeerDied) or went silent (Timeout) stays so for the caller, which may put
-  // a spare in its place, even when another worker failed first because of it (its replicas'
-  // all-reduce); otherwise the first failure's kind.
-  rpc::ErrorKind kind = rpc::ErrorKind::RemoteException;
-  std::string concerned;  // the worker of the failure whose kind is reported
-  auto lost = [](rpc::ErrorKind k) {
-    return k == rpc::ErrorKind::PeerDied || k == rpc::ErrorKind::Timeout;
-  };
-  for (size_t i = 0; i < calls.size(); ++i) {
-    if (!calls[i]->hasError()) {
-      results.push_back(calls[i]->value());
-      continue;
-    }
-    std::string cause = calls[i]->tryRetrieveErrorMessage();
-    try {
-      std::rethrow_exception(calls[i]->exception_ptr());
-    } catch (const rpc::Error& e) {
-      if (!e.cause().empty()) cause = e.cause();
-      if (failed.empty() || (lost(e.kind()) && !lost(kind))) {
-        kind = e.kind();
-        concerned = e.worker().empty() ? called[i]->worker : e.worker();
-      }
-    } catch (...) {
-      if (failed.empty()) concerned = called[i]->worker;
-    }
-    failed.push_back(fmt::format("on worker \"{}\": {}", called[i]->worker, cause));
-  }
-  if (!failed.empty()) {
-    throw rpc::Error(
-        kind,
-        fmt::format("optimizer \"{}\": {} failed {}", spec_.name, what, fmt::join(failed, "; ")),
-        "", concerned);
-  }
-  return results;
+  return calls.wait(fmt::format("optimizer \"{}\": {}", spec_.name, what));
 }
 
 void DistributedOptimizer::step(std::int64_t context_id) {

@@ -211,6 +211,13 @@ class Unpickler {
   }
 
   void step(uint8_t op) {
+    if (!step_scalar(op) && !step_structure(op)) {
+      malformed(fmt::format("opcode 0x{:02x} at byte {} is not supported", op, pos_ - 1));
+    }
+  }
+
+  // Protocol marks and scalars: booleans, integers, floats, strings. False for other opcodes.
+  bool step_scalar(uint8_t op) {
     switch (op) {
       case 0x80: byte(); break;         // PROTO
       case 0x95: take(8); break;        // FRAME
@@ -249,6 +256,15 @@ class Unpickler {
       case 0x8d: push_string(little<uint64_t>()); break; // BINUNICODE8
       case 'T': push_string(little<uint32_t>()); break;  // BINSTRING
       case 'U': push_string(byte()); break;              // SHORT_BINSTRING
+      default: return false;
+    }
+    return true;
+  }
+
+  // Globals, tuples, lists, dicts, the memo, storages and object construction. False for other
+  // opcodes.
+  bool step_structure(uint8_t op) {
+    switch (op) {
       case 'c': {                       // GLOBAL
         std::string module = line();
         push_global(module, line());
@@ -298,8 +314,9 @@ class Unpickler {
       case '0': pop(); break;           // POP
       case '1': pop_to_mark(); break;   // POP_MARK
       case '2': stack_.push_back(top()); break;  // DUP
-      default: malformed(fmt::format("opcode 0x{:02x} at byte {} is not supported", op, pos_ - 1));
+      default: return false;
     }
+    return true;
   }
 
   caffe2::serialize::PyTorchStreamReader& archive_;

@@ -95,36 +95,43 @@ UnetBlocksImpl::UnetBlocksImpl(int64_t depth, int64_t classes, int64_t first, in
     fail(fmt::format("blocks [{}, {}) are not a range of the U-Net-ResNet-{}'s {} blocks", first,
                      last, depth, n));
   }
+  add_stem(seed, in_channels);
+  add_encoder(seed, depth);
+  add_decoder(seed, depth, in_channels);
+  add_head(seed, classes);
+}
+
+void UnetBlocksImpl::seed_block(int64_t seed, int64_t k) const {
+  torch::manual_seed(static_cast<uint64_t>(seed * 1000 + k));
+}
+
+void UnetBlocksImpl::add_stem(int64_t seed, int64_t in_channels) {
+  if (!wanted(0)) return;
+  seed_block(seed, 0);
+  auto encoder = container(*this, {"encoder"});
+  auto conv1 = encoder->register_module(
+      "conv1", nn::Conv2d(nn::Conv2dOptions(in_channels, 64, 7).stride(2).padding(3).bias(false)));
+  auto bn1 = encoder->register_module("bn1", SyncBatchNorm2d(64));
+  detail::init_encoder_convolutions(*conv1);
+  runs_.push_back([conv1, bn1](std::vector<at::Tensor> carry) {
+    carry.back() = torch::relu(bn1->forward(conv1->forward(carry.back())));
+    return carry;
+  });
+  modules_.push_back({conv1, bn1});
+}
+
+void UnetBlocksImpl::add_encoder(int64_t seed, int64_t depth) {
   const detail::ResNetLayout layout = detail::resnet_layout(depth);
   const int64_t expansion = layout.bottleneck ? 4 : 1;
-  const std::vector<int64_t> channels = resnet_channels(depth, in_channels);
-  int64_t k = 0;  // the block being walked past or built
-  auto wanted = [&] { return k >= first && k < last; };
-  auto seed_block = [&] { torch::manual_seed(static_cast<uint64_t>(seed * 1000 + k)); };
-
-  if (wanted()) {
-    seed_block();
-    auto encoder = container(*this, {"encoder"});
-    auto conv1 = encoder->register_module(
-        "conv1",
-        nn::Conv2d(nn::Conv2dOptions(in_channels, 64, 7).stride(2).padding(3).bias(false)));
-    auto bn1 = encoder->register_module("bn1", SyncBatchNorm2d(64));
-    detail::init_encoder_convolutions(*conv1);
-    runs_.push_back([conv1, bn1](std::vector<at::Tensor> carry) {
-      carry.back() = torch::relu(bn1->forward(conv1->forward(carry.back())));
-      return carry;
-    });
-    modules_.push_back({conv1, bn1});
-  }
-  ++k;
+  int64_t k = 1;  // after the stem
   int64_t in = 64;
   for (int l = 0; l < 4; ++l) {
     for (int64_t b = 0; b < layout.blocks[l]; ++b, ++k) {
       const int64_t stride = (b == 0 && l > 0) ? 2 : 1;
       const int64_t block_in = in;
       in = kPlanes[l] * expansion;
-      if (!wanted()) continue;
-      seed_block();
+      if (!wanted(k)) continue;
+      seed_block(seed, k);
       auto layer = container(*this, {"encoder", fmt::format("layer{}", l + 1)});
       auto block = layer->register_module(
           std::to_string(b),
@@ -141,14 +148,19 @@ UnetBlocksImpl::UnetBlocksImpl(int64_t depth, int64_t classes, int64_t first, in
       modules_.push_back({block});
     }
   }
+}
+
+void UnetBlocksImpl::add_decoder(int64_t seed, int64_t depth, int64_t in_channels) {
+  const std::vector<int64_t> channels = resnet_channels(depth, in_channels);
   // Skips deepest first; the input image is never one.
   const int64_t skips[5] = {channels[4], channels[3], channels[2], channels[1], 0};
-  in = channels[5];
+  int64_t k = static_cast<int64_t>(all_.size()) - 6;  // the decoder's 5 blocks, then the head
+  int64_t in = channels[5];
   for (int i = 0; i < 5; ++i, ++k) {
     const int64_t block_in = in;
     in = kDecoderChannels[i];
-    if (!wanted()) continue;
-    seed_block();
+    if (!wanted(k)) continue;
+    seed_block(seed, k);
     auto blocks = container(*this, {"decoder", "blocks"});
     auto block = blocks->register_module(
         std::to_string(i), detail::DecoderBlock(block_in, skips[i], kDecoderChannels[i]).ptr());
@@ -162,20 +174,23 @@ UnetBlocksImpl::UnetBlocksImpl(int64_t depth, int64_t classes, int64_t first, in
     });
     modules_.push_back({block});
   }
-  if (wanted()) {
-    seed_block();
-    auto head = container(*this, {"segmentation_head"});
-    // "0": segmentation_models_pytorch's head is a Sequential whose convolution comes first.
-    auto conv =
-        head->register_module("0", nn::Conv2d(nn::Conv2dOptions(in, classes, 3).padding(1)));
-    nn::init::xavier_uniform_(conv->weight);
-    nn::init::zeros_(conv->bias);
-    runs_.push_back([conv](std::vector<at::Tensor> carry) {
-      carry.back() = conv->forward(carry.back());
-      return carry;
-    });
-    modules_.push_back({conv});
-  }
+}
+
+void UnetBlocksImpl::add_head(int64_t seed, int64_t classes) {
+  const int64_t k = static_cast<int64_t>(all_.size()) - 1;
+  if (!wanted(k)) return;
+  seed_block(seed, k);
+  auto head = container(*this, {"segmentation_head"});
+  // "0": segmentation_models_pytorch's head is a Sequential whose convolution comes first.
+  auto conv = head->register_module(
+      "0", nn::Conv2d(nn::Conv2dOptions(kDecoderChannels[4], classes, 3).padding(1)));
+  nn::init::xavier_uniform_(conv->weight);
+  nn::init::zeros_(conv->bias);
+  runs_.push_back([conv](std::vector<at::Tensor> carry) {
+    carry.back() = conv->forward(carry.back());
+    return carry;
+  });
+  modules_.push_back({conv});
 }
 
 std::string UnetBlocksImpl::range_name() const {

@@ -12,6 +12,7 @@
 #include "ferry/core/log.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/rpc/error.h"
+#include "ferry/rpc/fan_out.h"
 #include "ferry/rpc/rpc.h"
 #include "pipeline/master_step.h"
 #include "pipeline/stage_events.h"
@@ -80,33 +81,28 @@ Pipeline::Pipeline(std::vector<remote_module::RemoteModule> stages, PipelineOpti
   const c10::IValue routes = remote_module::routes_to_ivalue(options_.routes);
   id_ = (static_cast<std::int64_t>(rpc::self().rank) << 40) | pipeline_counter.fetch_add(1);
   const std::string master = rpc::self().name;
-  std::vector<rpc::FuturePtr> calls;
+  // A lost worker stays PeerDied (a spare may take over), a bad stage InvalidArgument.
+  rpc::FanOut calls;
   std::vector<std::string> names;
   for (std::int64_t s = 0; s < p; ++s) {
     const remote_module::RemoteModule& stage = stages_[s];
     // Under 1F1B stage s holds at most p - s micro-batches; GPipe holds them all.
     std::int64_t limit =
         options_.schedule == Schedule::OneFOneB ? p - s : std::numeric_limits<std::int64_t>::max();
-    calls.push_back(rpc::rpc_async(
+    calls.call(
         stage.worker(), "ferry.pipeline.setup",
         {id_, s, p, rpc::to_ivalue(stage.module_rref()), s > 0 ? stages_[s - 1].worker() : master,
          s + 1 < p ? stages_[s + 1].worker() : master, master, limit,
-         static_cast<bool>(checkpoint[s]), routes, workers}));
+         static_cast<bool>(checkpoint[s]), routes, workers},
+        fmt::format("pipeline stage {} (\"{}\") on worker \"{}\" cannot take part", s, stage.type(),
+                    stage.worker()));
     names.push_back(fmt::format("stage {}: {} on {}", s,
                                 static_cast<size_t>(s) < options_.stage_names.size()
                                     ? options_.stage_names[s]
                                     : stage.type(),
                                 stage.worker()));
   }
-  for (size_t s = 0; s < calls.size(); ++s) {
-    calls[s]->wait();
-    // A lost worker stays PeerDied (a spare may take over), a bad stage InvalidArgument.
-    if (calls[s]->hasError()) {
-      rpc::rethrow_as(calls[s]->exception_ptr(),
-                      fmt::format("pipeline stage {} (\"{}\") on worker \"{}\" cannot take part", s,
-                                  stages_[s].type(), stages_[s].worker()));
-    }
-  }
+  calls.wait();
   std::map<std::string, std::int64_t> offsets;
   for (const remote_module::RemoteModule& stage : stages_) {
     if (!offsets.count(stage.worker())) offsets[stage.worker()] = clock_offset_ns(stage.worker());

@@ -25,9 +25,9 @@
 #include "ferry/remote_module/step_statistics.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
-#include "pipeline/in_order.h"
-#include "pipeline/slot_table.h"
-#include "pipeline/wire.h"
+#include "pipeline/stage_slot.h"
+#include "remote_module/portal_flow.h"
+#include "remote_module/stage_here.h"
 
 namespace ferry::pipeline {
 namespace {
@@ -35,67 +35,6 @@ namespace {
 using rpc::Error;
 using rpc::ErrorKind;
 using rpc::FuturePtr;
-
-// What one micro-batch's forward left for its backward.
-struct Saved {
-  std::vector<at::Tensor> leaves;   // the inputs that require grad (none on the first stage)
-  std::vector<at::Tensor> anchors;  // of the inputs that came by portal (gather_portals)
-  c10::IValue inputs;               // checkpointed stages only: to run forward again
-  c10::IValue output;               // the output, graph attached (not for checkpointed stages)
-  at::Tensor rng_state;             // checkpointed stages: the random state of the first run
-  std::int64_t bytes = 0;           // what the micro-batch holds here until its backward
-};
-
-struct Parked {
-  std::function<void()> work;
-  FuturePtr done;
-};
-
-// One stage of one pipeline on this worker.
-struct Slot {
-  std::int64_t pipeline = 0;
-  std::int64_t index = 0;
-  std::int64_t count = 0;
-  rpc::RRefPtr module;
-  std::string type;
-  std::string previous, next, master;
-  std::int64_t limit = 0;  // forwards whose backward has not run yet
-  bool checkpoint = false;
-  remote_module::Routes routes;      // empty: the whole output goes to the next stage
-  std::vector<std::string> workers;  // of every stage, for portals
-
-  std::mutex mutex;                                              // guards what follows
-  std::map<std::pair<std::int64_t, std::int64_t>, Saved> saved;  // (context, micro-batch)
-  std::int64_t in_flight = 0;
-  std::deque<Parked> parked;
-  InOrder<Parked> forwards, backwards;  // micro-batch order
-  std::vector<std::int64_t> events;     // kEventFields per event
-  std::int64_t activation_bytes = 0;    // held by the micro-batches in `saved`
-  std::int64_t activation_peak = 0;     // the most since the last reset
-};
-using SlotPtr = std::shared_ptr<Slot>;
-
-SlotTable<Slot>& slots() {
-  static SlotTable<Slot> table;
-  return table;
-}
-
-SlotPtr slot_of(std::int64_t pipeline, std::int64_t index) {
-  return slots().at(pipeline, index, rpc::self().name);
-}
-
-void record(Slot& slot, EventKind kind, std::int64_t microbatch, std::int64_t start,
-            std::int64_t end) {
-  std::lock_guard<std::mutex> lock(slot.mutex);
-  slot.events.insert(slot.events.end(), {kind, microbatch, start, end});
-}
-
-void fail_abandoned(std::vector<Parked>& abandoned) {
-  for (Parked& p : abandoned) {
-    p.done->setError(std::make_exception_ptr(
-        Error(ErrorKind::RemoteException, "the pipeline step was abandoned")));
-  }
-}
 
 // The floating-point tensors of a stage's inputs or outputs, in the order the wire carries them;
 // gradients travel in this order.
@@ -284,25 +223,45 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
   }
 }
 
+// What the micro-batch's forward kept here, taken out of the slot for its backward.
+Saved take_saved(Slot& slot, std::int64_t context, std::int64_t microbatch) {
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  auto it = slot.saved.find({context, microbatch});
+  if (it == slot.saved.end()) {
+    throw Error(ErrorKind::InvalidArgument,
+                "no forward of it is kept here (discarded, or backward ran already)");
+  }
+  Saved saved = std::move(it->second);
+  slot.saved.erase(it);
+  slot.activation_bytes -= saved.bytes;
+  return saved;
+}
+
+// The gradients of the stage's inputs on to the stage before; `done` completes when its backward
+// has (the first stage's at once). The backward's events are recorded before `done` can
+// complete: the master reads them once it has.
+void send_input_grads(Slot& slot, std::int64_t microbatch, std::int64_t start,
+                      const c10::List<at::Tensor>& input_grads, const FuturePtr& done) {
+  std::int64_t computed = now_ns();
+  record(slot, kBackwardEvent, microbatch, start, computed);
+  if (slot.index == 0) {
+    done->markCompleted(c10::IValue());
+    return;
+  }
+  FuturePtr call = rpc::rpc_async(slot.previous, "ferry.pipeline.backward",
+                                  {slot.pipeline, slot.index - 1, microbatch, input_grads});
+  record(slot, kSendBackwardEvent, microbatch, computed, now_ns());
+  complete_with(call, done);
+}
+
 // On the compute thread.
 void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                   std::vector<at::Tensor> grads, const FuturePtr& done) {
   std::int64_t start = now_ns();
   bool had_forward = false;
   try {
-    Saved saved;
-    {
-      std::lock_guard<std::mutex> lock(slot->mutex);
-      auto it = slot->saved.find({context, microbatch});
-      if (it == slot->saved.end()) {
-        throw Error(ErrorKind::InvalidArgument,
-                    "no forward of it is kept here (discarded, or backward ran already)");
-      }
-      saved = std::move(it->second);
-      slot->saved.erase(it);
-      slot->activation_bytes -= saved.bytes;
-      had_forward = true;
-    }
+    Saved saved = take_saved(*slot, context, microbatch);
+    had_forward = true;
     c10::IValue output = saved.output;
     if (slot->checkpoint) {
       RngStateGuard same_randomness(saved.rng_state);
@@ -352,17 +311,7 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     saved = Saved();
     output = c10::IValue();
     roots.clear();
-    // Events are recorded before `done` can complete: the master reads them once it has.
-    std::int64_t computed = now_ns();
-    record(*slot, kBackwardEvent, microbatch, start, computed);
-    if (slot->index > 0) {
-      FuturePtr call = rpc::rpc_async(slot->previous, "ferry.pipeline.backward",
-                                      {slot->pipeline, slot->index - 1, microbatch, input_grads});
-      record(*slot, kSendBackwardEvent, microbatch, computed, now_ns());
-      complete_with(call, done);
-    } else {
-      done->markCompleted(c10::IValue());
-    }
+    send_input_grads(*slot, microbatch, start, input_grads, done);
   } catch (...) {
     done->setError(failure_in(*slot, "backward", microbatch));
   }
@@ -390,34 +339,29 @@ void check_args(const std::vector<c10::IValue>& args, const char* function, size
 
 }  // namespace
 
-void install_stage_runtime(rpc::FunctionRegistry& registry) {
-  registry.add(
-      "ferry.pipeline.setup",
-      [](std::int64_t pipeline, std::int64_t index, std::int64_t count, rpc::RRefPtr module,
-         std::string previous, std::string next, std::string master, std::int64_t limit,
-         bool checkpoint, c10::IValue routes, std::vector<std::string> workers) {
-        if (!module->isOwner()) {
-          throw Error(ErrorKind::InvalidArgument,
-                      fmt::format("stage {} of pipeline {} is not owned by worker "
-                                  "\"{}\"",
-                                  index, pipeline, rpc::self().name));
-        }
-        auto slot = std::make_shared<Slot>();
-        slot->pipeline = pipeline;
-        slot->index = index;
-        slot->count = count;
-        slot->module = module;
-        slot->type = remote_module::stage_type_here(module);
-        slot->previous = std::move(previous);
-        slot->next = std::move(next);
-        slot->master = std::move(master);
-        slot->limit = limit;
-        slot->checkpoint = checkpoint;
-        slot->routes = remote_module::routes_from_ivalue(routes);
-        slot->workers = std::move(workers);
-        remote_module::check_routes(slot->routes, static_cast<size_t>(count));
-        slots().put(pipeline, index, std::move(slot));
-      });
+SlotTable<Slot>& slots() {
+  static SlotTable<Slot> table;
+  return table;
+}
+
+SlotPtr slot_of(std::int64_t pipeline, std::int64_t index) {
+  return slots().at(pipeline, index, rpc::self().name);
+}
+
+void record(Slot& slot, EventKind kind, std::int64_t microbatch, std::int64_t start,
+            std::int64_t end) {
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  slot.events.insert(slot.events.end(), {kind, microbatch, start, end});
+}
+
+void fail_abandoned(std::vector<Parked>& abandoned) {
+  for (Parked& p : abandoned) {
+    p.done->setError(std::make_exception_ptr(
+        Error(ErrorKind::RemoteException, "the pipeline step was abandoned")));
+  }
+}
+
+void install_stage_steps(rpc::FunctionRegistry& registry) {
   registry.add_async("ferry.pipeline.forward", [](std::vector<c10::IValue>& args) {
     std::int64_t arrived = now_ns();
     check_args(args, "ferry.pipeline.forward", 3, &c10::IValue::isTuple, "a tuple of inputs");
@@ -467,66 +411,14 @@ void install_stage_runtime(rpc::FunctionRegistry& registry) {
     fail_abandoned(abandoned);
     return done;
   });
-  registry.add("ferry.pipeline.events", [](std::int64_t pipeline, std::int64_t index) {
-    SlotPtr slot = slot_of(pipeline, index);
-    std::vector<std::int64_t> events;
-    {
-      std::lock_guard<std::mutex> lock(slot->mutex);
-      events.swap(slot->events);
-    }
-    auto n = static_cast<std::int64_t>(events.size()) / kEventFields;
-    return torch::tensor(events, torch::kInt64).reshape({n, kEventFields});
-  });
-  // After a failed step: what it left (kept graphs, parked forwards) goes; parked requests fail.
-  registry.add("ferry.pipeline.discard", [](std::int64_t pipeline) {
-    remote_module::drop_pipelined_portals();
-    for (const SlotPtr& slot : slots().of(pipeline)) {
-      std::vector<Parked> abandoned;
-      {
-        std::lock_guard<std::mutex> lock(slot->mutex);
-        slot->saved.clear();
-        slot->activation_bytes = 0;
-        slot->in_flight = 0;
-        for (Parked& p : slot->parked) abandoned.push_back(std::move(p));
-        slot->parked.clear();
-        // A late request of this step fails at once.
-        slot->forwards.abandon(&abandoned);
-        slot->backwards.abandon(&abandoned);
-      }
-      fail_abandoned(abandoned);
-    }
-  });
-  // Micro-batches whose forward is kept, parked or waiting for its turn here, over every pipeline
-  // (for tests).
-  registry.add("ferry.pipeline.kept", []() {
-    std::int64_t kept = 0;
-    for (const SlotPtr& slot : slots().all()) {
-      std::lock_guard<std::mutex> lock(slot->mutex);
-      kept += static_cast<std::int64_t>(slot->saved.size() + slot->parked.size() +
-                                        slot->forwards.waiting());
-    }
-    return kept;
-  });
-  registry.add("ferry.pipeline.teardown", [](std::int64_t pipeline) { slots().erase(pipeline); });
-  registry.add("ferry.pipeline.clock", []() { return now_ns(); });
-  // The stage's activation peak and this process's tensor memory (live, peak); `reset` starts
-  // new peaks from now.
-  registry.add("ferry.pipeline.memory", [](std::int64_t pipeline, std::int64_t index, bool reset) {
-    SlotPtr slot = slot_of(pipeline, index);
-    std::int64_t activation_peak;
-    {
-      std::lock_guard<std::mutex> lock(slot->mutex);
-      activation_peak = slot->activation_peak;
-      if (reset) slot->activation_peak = slot->activation_bytes;
-    }
-    core::TensorMemory memory = core::tensor_memory();
-    if (reset) core::reset_tensor_memory_peak();
-    return std::vector<std::int64_t>{activation_peak, memory.live_bytes, memory.peak_bytes};
-  });
 }
 
 void install(rpc::FunctionRegistry& registry) {
-  install_stage_runtime(registry);
+  remote_module::install(registry);
+  dist_autograd::install(registry);
+  if (registry.contains("ferry.pipeline.setup")) return;
+  install_stage_control(registry);
+  install_stage_steps(registry);
   install_master_inbox(registry);
 }
 

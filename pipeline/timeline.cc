@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "ferry/core/files.h"
+
 namespace ferry::pipeline {
 namespace {
 
@@ -156,9 +158,12 @@ void Timeline::write_chrome_trace(const std::string& path) const {
                       {"dur", std::max(0.0, span.end_s - span.start_s) * 1e6},
                       {"args", args}});
   }
-  std::ofstream out(path);
-  out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-  if (!out) throw std::runtime_error(fmt::format("cannot write the trace to \"{}\"", path));
+  try {
+    core::write_file_atomically(
+        path, nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() + "\n");
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("cannot write the trace: {}", e.what()));
+  }
 }
 
 }  // namespace ferry::pipeline

@@ -38,7 +38,6 @@ inline std::int64_t now_ns() {
 
 inline double seconds(std::int64_t ns) { return static_cast<double>(ns) * 1e-9; }
 
-void install_stage_runtime(rpc::FunctionRegistry& registry);  // stage_runtime.cc
-void install_master_inbox(rpc::FunctionRegistry& registry);   // master_step.cc
+void install_master_inbox(rpc::FunctionRegistry& registry);  // master_step.cc
 
 }  // namespace ferry::pipeline

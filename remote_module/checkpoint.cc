@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "ferry/core/files.h"
 #include "ferry/rpc/error.h"
 
 namespace ferry::remote_module {
@@ -24,41 +25,23 @@ namespace fs = std::filesystem;
   throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
 }
 
-// Writes `bytes` to `path` so that `path` holds either its old content or all of `bytes`.
+// The files of a checkpoint, through core's atomic write and whole-file read; a failure is this
+// layer's error, naming the file.
 void write_atomically(const fs::path& path, const std::vector<char>& bytes) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail(fmt::format("cannot write \"{}\": {}", tmp.string(), strerror(errno)));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) {
-      ::close(fd);
-      fail(fmt::format("cannot write \"{}\": {}", tmp.string(), strerror(errno)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    fail(fmt::format("cannot flush \"{}\" to disk: {}", tmp.string(), strerror(errno)));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) fail(fmt::format("cannot rename \"{}\": {}", tmp.string(), ec.message()));
-}
-
-void sync_directory(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
+  try {
+    core::write_file_atomically(path.string(), std::string_view(bytes.data(), bytes.size()));
+  } catch (const std::runtime_error& e) {
+    fail(e.what());
   }
 }
 
 std::vector<char> read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(fmt::format("cannot read \"{}\"", path.string()));
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  try {
+    const std::string bytes = core::read_whole_file(path.string());
+    return std::vector<char>(bytes.begin(), bytes.end());
+  } catch (const std::runtime_error& e) {
+    fail(e.what());
+  }
 }
 
 int checkpoint_number(const fs::path& path) {
@@ -118,10 +101,8 @@ std::string save_checkpoint(const std::string& dir, const NamedStages& stages, i
   }
   std::string text = manifest.dump(2);
   write_atomically(folder / "manifest.json", std::vector<char>(text.begin(), text.end()));
-  sync_directory(folder);
   std::string latest = folder.filename().string();
   write_atomically(root / "LATEST", std::vector<char>(latest.begin(), latest.end()));
-  sync_directory(root);
 
   // Older folders without a manifest are debris of saves that died; of the complete ones, the
   // newest `keep` stay (this one among them).

@@ -21,6 +21,7 @@
 
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
+#include "remote_module/portal_flow.h"
 
 namespace ferry::remote_module {
 namespace {

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ferry/rpc/fan_out.h"
 #include "ferry/rpc/rpc.h"
+#include "remote_module/portal_flow.h"
 
 namespace ferry::remote_module {
 
@@ -122,24 +124,16 @@ void RemoteModule::to(const std::string& device) const { call("to", "ferry.stage
 int64_t RemoteModule::take_step_statistics(const std::vector<RemoteModule>& replicas,
                                            const std::string& key) {
   // Every copy joins the group at once: each call returns only when all have joined.
-  std::vector<rpc::FuturePtr> calls;
+  rpc::FanOut calls;
   for (size_t r = 0; r < replicas.size(); ++r) {
-    calls.push_back(
-        rpc::rpc_async(replicas[r].worker_, "ferry.stage.take_step_statistics",
-                       {rpc::to_ivalue(replicas[r].module_), key, static_cast<int64_t>(r),
-                        static_cast<int64_t>(replicas.size())}));
+    calls.call(replicas[r].worker_, "ferry.stage.take_step_statistics",
+               {rpc::to_ivalue(replicas[r].module_), key, static_cast<int64_t>(r),
+                static_cast<int64_t>(replicas.size())},
+               fmt::format("step statistics of stage \"{}\" on worker \"{}\"", replicas[r].type_,
+                           replicas[r].worker_));
   }
-  int64_t layers = 0;
-  for (size_t r = 0; r < replicas.size(); ++r) {
-    calls[r]->wait();
-    if (calls[r]->hasError()) {
-      rpc::rethrow_as(calls[r]->exception_ptr(),
-                      fmt::format("step statistics of stage \"{}\" on worker \"{}\"",
-                                  replicas[r].type_, replicas[r].worker_));
-    }
-    layers = calls[r]->value().toInt();
-  }
-  return layers;
+  const std::vector<c10::IValue> layers = calls.wait();
+  return layers.empty() ? 0 : layers.back().toInt();
 }
 
 void RemoteModule::set_precision(Precision precision) const {

@@ -22,6 +22,8 @@
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/collective_group.h"
 #include "ferry/rpc/rpc.h"
+#include "remote_module/portal_flow.h"
+#include "remote_module/stage_here.h"
 
 namespace ferry::remote_module {
 namespace {
@@ -267,9 +269,10 @@ std::vector<at::Tensor> stage_parameters_here(const rpc::RRefPtr& module) {
 
 std::string stage_type_here(const rpc::RRefPtr& module) { return holder_of(module)->type; }
 
-void install_stage_functions(rpc::FunctionRegistry& registry) {
-  register_holder_class();
-  install_portal_functions(registry);
+namespace {
+
+// Building a stage on this worker: a registered type from its config, or a TorchScript file.
+void install_building(rpc::FunctionRegistry& registry) {
   registry.add("ferry.stage.create", [](std::string type, c10::IValue config) {
     StageConfig typed = stage_config();
     if (config.isGenericDict()) {
@@ -292,6 +295,10 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
         core::on_compute_thread([&] { return load_torchscript_stage(path); });
     return c10::IValue(c10::make_intrusive<StageHolder>("torchscript " + path, std::move(stage)));
   });
+}
+
+// Running it: a forward, a chain of forwards from worker to worker, train or eval mode.
+void install_running(rpc::FunctionRegistry& registry) {
   registry.add("ferry.stage.forward", [](rpc::RRefPtr module, c10::IValue inputs) {
     return forward_here(module, inputs);
   });
@@ -325,6 +332,10 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
     std::lock_guard<std::mutex> lock(holder->mutex);
     holder->stage->train(on);
   });
+}
+
+// Looking into it: sizes and counters, parameters as RRefs, its state to save and restore.
+void install_inspecting(rpc::FunctionRegistry& registry) {
   registry.add("ferry.stage.info", [](rpc::RRefPtr module) {
     auto holder = holder_of(module);
     std::lock_guard<std::mutex> lock(holder->mutex);
@@ -385,6 +396,10 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
                    }
                  });
                });
+}
+
+// How it computes: precision, batch-norm statistics over a whole step, device.
+void install_settings(rpc::FunctionRegistry& registry) {
   registry.add("ferry.stage.precision", [](rpc::RRefPtr module, int64_t precision) {
     if (precision != static_cast<int64_t>(Precision::Float32) &&
         precision != static_cast<int64_t>(Precision::BFloat16Mixed)) {
@@ -434,6 +449,18 @@ void install_stage_functions(rpc::FunctionRegistry& registry) {
       holder->device = target;
     });
   });
+}
+
+}  // namespace
+
+void install(rpc::FunctionRegistry& registry) {
+  if (registry.contains("ferry.stage.create")) return;
+  register_holder_class();
+  install_portal_functions(registry);
+  install_building(registry);
+  install_running(registry);
+  install_inspecting(registry);
+  install_settings(registry);
 }
 
 }  // namespace ferry::remote_module

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ferry/core/backoff.h"
 #include "ferry/core/log.h"
 #include "rpc/agent_state.h"
 
@@ -16,17 +17,18 @@ void Agent::State::drain_own_calls(Clock::time_point deadline) {
 
 void Agent::State::barrier(Clock::time_point deadline) {
   rendezvous->arrive_shutdown();
-  for (int attempt = 0;; ++attempt) {
-    std::vector<int> missing = rendezvous->missing_shutdown(lost());
-    if (missing.empty()) break;
-    if (Clock::now() >= deadline) {
-      std::vector<std::string> names;
-      for (int r : missing) names.push_back(workers[r].describe());
-      log::warn("shutdown: {} did not reach shutdown in time; going on without them",
-                fmt::join(names, ", "));
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 + attempt * 5, 50)));
+  std::vector<int> missing;
+  const bool all = core::poll_with_backoff(
+      [&] {
+        missing = rendezvous->missing_shutdown(lost());
+        return missing.empty();
+      },
+      deadline, std::chrono::milliseconds(50));
+  if (!all) {
+    std::vector<std::string> names;
+    for (int r : missing) names.push_back(workers[r].describe());
+    log::warn("shutdown: {} did not reach shutdown in time; going on without them",
+              fmt::join(names, ", "));
   }
   if (self.rank == 0) {
     // The store lives in this process: keep it up until the others are done reading it.

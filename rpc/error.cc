@@ -1,5 +1,6 @@
 #include "ferry/rpc/error.h"
 
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include "ferry/core/message_of.h"
@@ -24,9 +25,15 @@ const char* to_string(ErrorKind kind) {
       return "InvalidArgument";
     case ErrorKind::Shutdown:
       return "Shutdown";
+    case ErrorKind::OutOfMemory:
+      return "OutOfMemory";
   }
   return "Unknown";
 }
+
+bool is_lost(ErrorKind kind) { return kind == ErrorKind::PeerDied || kind == ErrorKind::Timeout; }
+
+bool is_lost(const Error& e) { return is_lost(e.kind()); }
 
 Failure failure_of(std::exception_ptr error) {
   Failure failure;
@@ -34,6 +41,9 @@ Failure failure_of(std::exception_ptr error) {
     std::rethrow_exception(error);
   } catch (const Error& e) {
     failure = {e.kind(), e.what(), e.cause(), e.worker()};
+  } catch (const c10::OutOfMemoryError& e) {
+    failure.kind = ErrorKind::OutOfMemory;
+    failure.message = core::message_of(e);
   } catch (const std::invalid_argument& e) {
     failure.kind = ErrorKind::InvalidArgument;
     failure.message = e.what();
@@ -43,6 +53,16 @@ Failure failure_of(std::exception_ptr error) {
     failure.message = "unknown exception";
   }
   return failure;
+}
+
+std::exception_ptr first_failure(const std::vector<std::exception_ptr>& failures) {
+  std::exception_ptr first;
+  for (const std::exception_ptr& failure : failures) {
+    if (!failure) continue;
+    if (is_lost(failure_of(failure).kind)) return failure;
+    if (!first) first = failure;
+  }
+  return first;
 }
 
 void rethrow_as(std::exception_ptr error, const std::string& what) {

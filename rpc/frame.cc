@@ -252,7 +252,7 @@ std::vector<at::Tensor> allocate_tensors(TensorDescs descs, const FrameLimits& l
 }
 
 void read_error(wire::ErrorInfo::Reader error, Message& message) {
-  if (error.getKind() > static_cast<std::uint8_t>(ErrorKind::Shutdown)) {
+  if (error.getKind() > static_cast<std::uint8_t>(ErrorKind::OutOfMemory)) {
     throw Error(ErrorKind::BadFrame,
                 fmt::format("unknown error kind {}", static_cast<int>(error.getKind())));
   }

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "ferry/core/environment.h"
+#include "ferry/core/files.h"
 #include "ferry/core/log.h"
 #include "ferry/rpc/error.h"
 #include "rpc/slurm_nodelist.h"
@@ -55,14 +56,12 @@ bool int_from_env(const std::map<std::string, std::string>& env,
 
 // The secret in `path`, less one trailing newline (as `echo` or an editor leaves it).
 std::string read_secret_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error(ErrorKind::Init,
-                fmt::format("{} {}: cannot read it: {}", what, path, std::strerror(errno)));
+  std::string secret;
+  try {
+    secret = core::read_whole_file(path);
+  } catch (const std::runtime_error& e) {
+    throw Error(ErrorKind::Init, fmt::format("{}: {}", what, e.what()));
   }
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  std::string secret = bytes.str();
   if (!secret.empty() && secret.back() == '\n') secret.pop_back();
   if (!secret.empty() && secret.back() == '\r') secret.pop_back();
   if (secret.empty()) throw Error(ErrorKind::Init, fmt::format("{} {} is empty", what, path));
@@ -93,7 +92,20 @@ std::string first_slurm_host(const std::string& nodelist) {
   return prefix + suffix;
 }
 
-Options resolve_options(Options options, const std::map<std::string, std::string>& env) {
+Options loopback_options(const std::string& name, int rank, int world_size, int port) {
+  Options options;
+  options.name = name;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.master_addr = "127.0.0.1";
+  options.master_port = port;
+  return options;
+}
+
+namespace {
+
+// The fields a launcher's variables give, where `options` leaves them unset.
+void fill_from_environment(Options& options, const std::map<std::string, std::string>& env) {
   if (options.rank < 0) {
     int_from_env(env, {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}, 0,
                  &options.rank);
@@ -142,7 +154,10 @@ Options resolve_options(Options options, const std::map<std::string, std::string
       options.secret = read_secret_file(*path, "FERRY_SECRET_FILE");
     }
   }
+}
 
+// Throws Error(Init) naming the first setting that is missing or contradicts another.
+void check_resolved(Options& options) {
   if (options.rank < 0) {
     throw Error(ErrorKind::Init,
                 "rank is not set: pass Options::rank or set RANK (torchrun), SLURM_PROCID (srun) "
@@ -174,6 +189,13 @@ Options resolve_options(Options options, const std::map<std::string, std::string
     throw Error(ErrorKind::Init,
                 fmt::format("num_threads must be at least 1, got {}", options.num_threads));
   }
+}
+
+}  // namespace
+
+Options resolve_options(Options options, const std::map<std::string, std::string>& env) {
+  fill_from_environment(options, env);
+  check_resolved(options);
   return options;
 }
 

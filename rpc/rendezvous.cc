@@ -17,6 +17,7 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "ferry/core/backoff.h"
 #include "ferry/core/log.h"
 #include "ferry/core/message_of.h"
 #include "ferry/rpc/error.h"
@@ -30,11 +31,6 @@ std::vector<uint8_t> bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
 }
 std::string text(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
-
-// Sleeps a little longer each time, so a large world does not flood the store with polls.
-void backoff(int attempt) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 + attempt * 5, 100)));
-}
 
 std::string seconds(std::chrono::milliseconds ms) {
   return fmt::format("{:.1f} s", ms.count() / 1000.0);
@@ -78,26 +74,23 @@ std::vector<WorkerInfo> Rendezvous::join(const WorkerInfo& self, Clock::time_poi
     }
     store_->set(fmt::format("ferry/worker/{}", rank_),
                 bytes(fmt::format("{}\n{}\n{}", self.name, self.host, self.port)));
-    int64_t joined = store_->add("ferry/joined", 1);
-    for (int attempt = 0; joined < world_size_; ++attempt) {
-      if (Clock::now() >= deadline) {
-        std::vector<int> missing;
-        std::vector<std::string> present;
-        for (int r = 0; r < world_size_; ++r) {
-          if (store_->check({fmt::format("ferry/worker/{}", r)})) {
-            present.push_back(std::to_string(r));
-          } else {
-            missing.push_back(r);
-          }
+    store_->add("ferry/joined", 1);
+    if (!core::poll_with_backoff([&] { return store_->add("ferry/joined", 0) >= world_size_; },
+                                 deadline)) {
+      std::vector<int> missing;
+      std::vector<std::string> present;
+      for (int r = 0; r < world_size_; ++r) {
+        if (store_->check({fmt::format("ferry/worker/{}", r)})) {
+          present.push_back(std::to_string(r));
+        } else {
+          missing.push_back(r);
         }
-        throw Error(ErrorKind::Init,
-                    fmt::format("rank {}: the world of {} did not complete in time: rank{} {} "
-                                "never joined (joined: {})",
-                                rank_, world_size_, missing.size() == 1 ? "" : "s",
-                                fmt::join(missing, ", "), fmt::join(present, ", ")));
       }
-      backoff(attempt);
-      joined = store_->add("ferry/joined", 0);
+      throw Error(ErrorKind::Init,
+                  fmt::format("rank {}: the world of {} did not complete in time: rank{} {} "
+                              "never joined (joined: {})",
+                              rank_, world_size_, missing.size() == 1 ? "" : "s",
+                              fmt::join(missing, ", "), fmt::join(present, ", ")));
     }
     for (int r = 0; r < world_size_; ++r) {
       std::istringstream in(text(store_->get(fmt::format("ferry/worker/{}", r))));
@@ -165,19 +158,18 @@ void Rendezvous::leave() {
 }
 
 void Rendezvous::wait_left(const std::set<int>& ignore, Clock::time_point deadline) {
-  for (int attempt = 0;; ++attempt) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      bool all = true;
-      for (int r = 1; r < world_size_ && all; ++r) {
-        all = ignore.count(r) > 0 || store_->check({fmt::format("ferry/left/{}", r)}) ||
-              store_->check({fmt::format("ferry/lost/{}", r)});
-      }
-      if (all) return;
-    }
-    if (Clock::now() >= deadline) return;
-    backoff(attempt);
-  }
+  core::poll_with_backoff(
+      [&] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (int r = 1; r < world_size_; ++r) {
+          if (ignore.count(r) == 0 && !store_->check({fmt::format("ferry/left/{}", r)}) &&
+              !store_->check({fmt::format("ferry/lost/{}", r)})) {
+            return false;
+          }
+        }
+        return true;
+      },
+      deadline);
 }
 
 std::string choose_listen_host(const std::string& master_addr, const std::string& ifname) {

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config ccache
   libtorch-dev libgloo-dev
   libcapnp-dev capnproto
   libuv1-dev libfmt-dev

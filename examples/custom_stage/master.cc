@@ -4,8 +4,8 @@
 // when the loss fell to a tenth.
 #include <ferry/dist_autograd/context.h>
 #include <ferry/dist_autograd/optimizer.h>
+#include <ferry/pipeline/pipeline.h>
 #include <ferry/remote_module/remote_module.h>
-#include <ferry/remote_module/stage_host.h>
 #include <ferry/rpc/rpc.h>
 #include <torch/torch.h>
 
@@ -66,9 +66,8 @@ int train() {
 }  // namespace
 
 int main() {
-  // Every process of the world installs these before init, the master too.
-  ferry::remote_module::install_stage_functions(ferry::rpc::default_registry());
-  ferry::dist_autograd::install(ferry::rpc::default_registry());
+  // Every process of the world installs Ferry's functions before init, the master too.
+  ferry::pipeline::install(ferry::rpc::default_registry());
   ferry::rpc::Options options;
   options.name = "master";
   int code = 2;

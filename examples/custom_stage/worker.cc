@@ -1,14 +1,12 @@
 // custom-worker: a worker binary of one's own, hosting Ferry's stage functions and, compiled in,
 // the "custom.affine" stage type. Rank, world size and master come from the environment.
-#include <ferry/dist_autograd/context.h>
-#include <ferry/remote_module/stage_host.h>
+#include <ferry/pipeline/pipeline.h>
 #include <ferry/rpc/rpc.h>
 
 #include <cstdio>
 
 int main() {
-  ferry::remote_module::install_stage_functions(ferry::rpc::default_registry());
-  ferry::dist_autograd::install(ferry::rpc::default_registry());
+  ferry::pipeline::install(ferry::rpc::default_registry());
   try {
     ferry::rpc::init();
   } catch (const ferry::rpc::Error& e) {

@@ -10,6 +10,7 @@
 
 #include "tests/support/cluster.h"
 #include "tests/support/netns.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/wait.h"
 
 namespace {
@@ -18,7 +19,7 @@ using ferry::testing::NetnsCluster;
 using ferry::testing::read_file;
 
 std::string temp(const std::string& name) {
-  return "/tmp/ferry-multihost-" + std::to_string(getpid()) + "-" + name;
+  return ferry::testing::process_temp_dir().file("multihost-" + name);
 }
 
 const char* kJob =

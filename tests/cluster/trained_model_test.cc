@@ -18,6 +18,7 @@
 #include "ferry/models/unet.h"
 #include "ferry/models/weights.h"
 #include "ferry/remote_module/checkpoint.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/training_runs.h"
 
 namespace {
@@ -29,7 +30,7 @@ using ::testing::HasSubstr;
 class TrainedModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = "/tmp/ferry-trained-model-" + std::to_string(getpid());
+    dir_ = ferry::testing::process_temp_dir().file("trained-model");
     std::filesystem::remove_all(dir_);
     // Two epochs of a 2-stage U-Net-ResNet-18 on 2 workers: two checkpoints kept.
     trained_ = run(std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
@@ -235,7 +236,7 @@ TEST_F(TrainedModel, PredictWritesTheMasksOfTheWeightsAndScoresThem) {
 }
 
 TEST(Predict, SaysWhichFileOrSettingIsWrong) {
-  const std::string dir = "/tmp/ferry-predict-errors-" + std::to_string(getpid());
+  const std::string dir = ferry::testing::process_temp_dir().file("predict-errors");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   // An untrained U-Net-ResNet-18's weights.

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/temp_dir.h"
+#include "tests/support/time_scale.h"
 #include "tests/support/training_runs.h"
 
 namespace {
@@ -34,8 +36,8 @@ using ferry::testing::run;
 using ferry::testing::SavedCheckpoint;
 
 TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
-  std::string metrics = "/tmp/ferry-train-test-" + std::to_string(getpid()) + ".json";
-  std::string logs = "/tmp/ferry-train-logs-" + std::to_string(getpid());
+  std::string metrics = ferry::testing::process_temp_dir().file("train-test.json");
+  std::string logs = ferry::testing::process_temp_dir().file("train-logs");
   CommandResult r = run(std::string(FERRY_LAUNCH) + " --nproc 4 -- " + FERRY_MASTER +
                         " train --model unet-resnet18 --image-size 64 --samples 320 --epochs 3"
                         " --batch-size 8 --optimizer adam --lr 0.003 --metrics-file " +
@@ -71,7 +73,7 @@ TEST(TrainingJob, FourProcessesLearnTheSyntheticSet) {
 // The `inverted` samples after them (in name order: the validation share) have their masks
 // inverted, so that learning the training set makes the validation metrics worse.
 std::string write_folder_data_set(int count, int inverted = 0) {
-  std::string dir = "/tmp/ferry-folder-job-" + std::to_string(getpid());
+  std::string dir = ferry::testing::process_temp_dir().file("folder-job");
   std::filesystem::create_directories(dir + "/images");
   std::filesystem::create_directories(dir + "/masks");
   cv::RNG rng(7);
@@ -143,13 +145,15 @@ TEST(TrainingJob, LauncherStopsTheWorldWhenARankDiesAndSaysWhich) {
       << r.output;
   EXPECT_THAT(r.output, HasSubstr("rank 0 did not end within 1 s; stopping the others"))
       << r.output;
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(40));
+  // Long before the other ranks' minute of sleep.
+  EXPECT_LT(std::chrono::steady_clock::now() - start,
+            ferry::testing::scaled(std::chrono::seconds(40)));
 }
 
 // A worker killed in the middle of a run: the master's own explanation (the stages it held, the
 // checkpoint to resume from) still reaches the user before the launcher stops the world.
 TEST(TrainingJob, UnderTheLauncherTheMasterExplainsALostWorker) {
-  const std::string dir = "/tmp/ferry-lost-under-launch-" + std::to_string(getpid());
+  const std::string dir = ferry::testing::process_temp_dir().file("lost-under-launch");
   const std::string train = std::string(FERRY_MASTER) +
                             " train --model unet-resnet18 --image-size 32 --samples 40"
                             " --batch-size 8 --epochs 40 --checkpoint-dir " +
@@ -192,7 +196,7 @@ TEST(TrainingJob, DescribeGivesEveryStageAndTheTotal) {
 }
 
 TEST(TrainingJob, PipelinedJobLearnsAndWritesATrace) {
-  std::string base = "/tmp/ferry-pipelined-" + std::to_string(getpid());
+  std::string base = ferry::testing::process_temp_dir().file("pipelined");
   CommandResult r = run(std::string(FERRY_LAUNCH) + " --nproc 4 -- " + FERRY_MASTER +
                         " train --model unet-resnet18 --image-size 64 --samples 200 --epochs 2"
                         " --batch-size 8 --optimizer adam --lr 0.003 --pipeline 1f1b"
@@ -275,7 +279,7 @@ TEST(TrainingJob, FourBalancedStagesLearnAndDescribePrintsTheirPlan) {
   EXPECT_EQ(next, 15);  // ResNet-18: stem, 8 residual blocks, 5 decoder blocks, head
   EXPECT_EQ(total, plan["total_parameters"].get<int64_t>());
 
-  std::string metrics = "/tmp/ferry-stages-test-" + std::to_string(getpid()) + ".json";
+  std::string metrics = ferry::testing::process_temp_dir().file("stages-test.json");
   CommandResult r =
       run(std::string(FERRY_LAUNCH) + " --nproc 5 -- " + FERRY_MASTER + " train" + plan_flags +
           " --samples 320 --epochs 3 --lr 0.003 --metrics-file " + metrics);

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/support/temp_dir.h"
 #include "tests/support/training_runs.h"
 
 namespace {
@@ -51,7 +52,7 @@ SavedCheckpoint train_into(const std::string& dir, const std::string& command) {
 // Four batches of two summed into one optimizer step are one step on their eight images
 // together: plain and pipelined.
 TEST(TrainingJob, AccumulatingFourBatchesOfTwoStepsAsOneBatchOfEight) {
-  const std::string base = "/tmp/ferry-accumulate-" + std::to_string(getpid());
+  const std::string base = ferry::testing::process_temp_dir().file("accumulate");
   for (const std::string pipeline : {"", " --pipeline 1f1b --microbatches 2"}) {
     SCOPED_TRACE(pipeline);
     SavedCheckpoint eight = train_into(base, equivalence_job(3) + pipeline + " --batch-size 8");
@@ -73,7 +74,7 @@ TEST(TrainingJob, AccumulatingFourBatchesOfTwoStepsAsOneBatchOfEight) {
 // Data parallel beside model parallel: two replicas of two stages, each on four images of every
 // step, end where one copy trained on the eight images together ends.
 TEST(TrainingJob, TwoReplicasOfTwoStagesStepAsOneCopyOnBothShares) {
-  const std::string base = "/tmp/ferry-replicas-" + std::to_string(getpid());
+  const std::string base = ferry::testing::process_temp_dir().file("replicas");
   for (const std::string pipeline : {"", " --pipeline gpipe --microbatches 2"}) {
     SCOPED_TRACE(pipeline);
     SavedCheckpoint one = train_into(base, equivalence_job(3) + pipeline + " --batch-size 8");
@@ -110,7 +111,7 @@ std::string batchnorm_job(int processes) {
 // of all eight, so they step as one copy on the eight; without it they do not. The bound is
 // float32's: a batch norm's gradients here are within 1e-5 of float64's.
 TEST(TrainingJob, TwoReplicasWithSyncBatchnormStepAsOneCopyOnBothShares) {
-  const std::string base = "/tmp/ferry-syncbn-" + std::to_string(getpid());
+  const std::string base = ferry::testing::process_temp_dir().file("syncbn");
   SavedCheckpoint one = train_into(base, batchnorm_job(3) + " --batch-size 8");
   CommandResult r = run(batchnorm_job(5) + " --batch-size 4 --replicas 2 --sync-batchnorm" +
                         " --checkpoint-dir " + base);
@@ -134,7 +135,7 @@ TEST(TrainingJob, TwoReplicasWithSyncBatchnormStepAsOneCopyOnBothShares) {
 // micro-batches together, and a recomputed forward does not move them again. The first batch
 // norm sees the same images either way, so its statistics are the whole batch's.
 TEST(TrainingJob, SyncBatchnormMovesRunningStatisticsOncePerPipelinedStep) {
-  const std::string base = "/tmp/ferry-syncbn-micro-" + std::to_string(getpid());
+  const std::string base = ferry::testing::process_temp_dir().file("syncbn-micro");
   const std::string pipelined =
       batchnorm_job(3) + " --batch-size 8 --pipeline 1f1b --microbatches 4";
   SavedCheckpoint whole =
@@ -160,7 +161,7 @@ TEST(TrainingJob, SyncBatchnormMovesRunningStatisticsOncePerPipelinedStep) {
 // A run that stops after epoch 1 and resumes goes on along the same learning-rate curve and
 // ends where the uninterrupted run ends.
 TEST(TrainingJob, AScheduleResumesOnTheSameCurve) {
-  const std::string base = "/tmp/ferry-schedule-" + std::to_string(getpid());
+  const std::string base = ferry::testing::process_temp_dir().file("schedule");
   const std::string job = std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
                           " train --model unet-resnet18 --image-size 32 --samples 40"
                           " --batch-size 8 --epochs 2 --optimizer adam --lr 0.01"
@@ -233,7 +234,7 @@ TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
 // FourProcessesLearnTheSyntheticSet), and a run resumed from a checkpoint ends where the
 // uninterrupted one does.
 TEST(TrainingJob, BFloat16MixedHalvesTheBytesLearnsAndResumesExactly) {
-  const std::string base = "/tmp/ferry-bf16-" + std::to_string(getpid());
+  const std::string base = ferry::testing::process_temp_dir().file("bf16");
   const std::string job = std::string(FERRY_LAUNCH) + " --nproc 4 -- " + FERRY_MASTER +
                           " train --model unet-resnet18 --image-size 64 --batch-size 8"
                           " --optimizer adam --lr 0.003";

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "tests/support/cluster.h"
+#include "tests/support/temp_dir.h"
 
 namespace ferry::remote_module {
 namespace {
@@ -25,22 +26,14 @@ StageConfig mlp(int64_t seed) {
   return config;
 }
 
-struct TempDir {
-  TempDir() : path(::testing::TempDir() + "ferry_ckpt_" + std::to_string(::getpid())) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string path;
-};
-
 TEST(Checkpoint, RestoresEveryStageIntoStagesOnOtherWorkers) {
   LocalWorld::Settings settings;
   settings.peer_names = {"a", "b", "c"};
   LocalWorld world(settings);
-  TempDir dir;
+  ferry::testing::TempDir dir("checkpoint");
   NamedStages trained = {{"encoder", RemoteModule::create("a", "test.mlp", mlp(1))},
                          {"head", RemoteModule::create("b", "test.mlp", mlp(2))}};
-  std::string first = save_checkpoint(dir.path, trained);
+  std::string first = save_checkpoint(dir.path(), trained);
   EXPECT_TRUE(fs::exists(first + "/encoder.pt"));
   EXPECT_TRUE(fs::exists(first + "/manifest.json"));
 
@@ -50,7 +43,7 @@ TEST(Checkpoint, RestoresEveryStageIntoStagesOnOtherWorkers) {
   at::Tensor x = torch::randn({4, 6});
   EXPECT_FALSE(torch::equal(resumed[0].second.forward({x}).toTensor(),
                             trained[0].second.forward({x}).toTensor()));
-  load_checkpoint(dir.path, resumed);
+  load_checkpoint(dir.path(), resumed);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_TRUE(torch::equal(resumed[i].second.forward({x}).toTensor(),
                              trained[i].second.forward({x}).toTensor()));
@@ -59,44 +52,44 @@ TEST(Checkpoint, RestoresEveryStageIntoStagesOnOtherWorkers) {
 
 TEST(Checkpoint, LatestMovesOnlyAfterAWholeSaveAndOldOnesArePruned) {
   LocalWorld world;
-  TempDir dir;
+  ferry::testing::TempDir dir("checkpoint");
   NamedStages stages = {{"only", RemoteModule::create("a", "test.mlp", mlp(1))}};
-  std::string first = save_checkpoint(dir.path, stages);
-  std::string second = save_checkpoint(dir.path, stages);
-  std::string third = save_checkpoint(dir.path, stages);
-  std::ifstream latest(dir.path + "/LATEST");
+  std::string first = save_checkpoint(dir.path(), stages);
+  std::string second = save_checkpoint(dir.path(), stages);
+  std::string third = save_checkpoint(dir.path(), stages);
+  std::ifstream latest(dir.path() + "/LATEST");
   std::string name;
   latest >> name;
-  EXPECT_EQ(dir.path + "/" + name, third);
+  EXPECT_EQ(dir.path() + "/" + name, third);
   EXPECT_FALSE(fs::exists(first));
   EXPECT_TRUE(fs::exists(second));
   // A save that dies half way (a folder without manifest, a stray temp file) changes nothing.
-  fs::create_directories(dir.path + "/ckpt-99");
-  std::ofstream(dir.path + "/ckpt-99/only.pt.tmp") << "partial";
-  load_checkpoint(dir.path, stages);
+  fs::create_directories(dir.path() + "/ckpt-99");
+  std::ofstream(dir.path() + "/ckpt-99/only.pt.tmp") << "partial";
+  load_checkpoint(dir.path(), stages);
   // The next save clears that debris.
-  std::string fourth = save_checkpoint(dir.path, stages);
-  EXPECT_EQ(fourth, dir.path + "/ckpt-100");
-  EXPECT_FALSE(fs::exists(dir.path + "/ckpt-99"));
+  std::string fourth = save_checkpoint(dir.path(), stages);
+  EXPECT_EQ(fourth, dir.path() + "/ckpt-100");
+  EXPECT_FALSE(fs::exists(dir.path() + "/ckpt-99"));
   EXPECT_TRUE(fs::exists(third));
   EXPECT_FALSE(fs::exists(second));
 }
 
 TEST(Checkpoint, MissingCheckpointsAndStagesAreNamed) {
   LocalWorld world;
-  TempDir dir;
+  ferry::testing::TempDir dir("checkpoint");
   NamedStages stages = {{"encoder", RemoteModule::create("a", "test.mlp", mlp(1))}};
   try {
-    load_checkpoint(dir.path, stages);
+    load_checkpoint(dir.path(), stages);
     FAIL();
   } catch (const rpc::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no checkpoint in \"" + dir.path + "\""),
+    EXPECT_NE(std::string(e.what()).find("no checkpoint in \"" + dir.path() + "\""),
               std::string::npos);
   }
-  save_checkpoint(dir.path, stages);
+  save_checkpoint(dir.path(), stages);
   NamedStages other = {{"decoder", stages[0].second}};
   try {
-    load_checkpoint(dir.path, other);
+    load_checkpoint(dir.path(), other);
     FAIL();
   } catch (const rpc::Error& e) {
     EXPECT_NE(std::string(e.what()).find("has no stage \"decoder\" (it has: encoder)"),
@@ -110,13 +103,13 @@ TEST(Checkpoint, ReadsBackWithoutStagesAndMergesItsStagesIntoOneStateDict) {
   LocalWorld::Settings settings;
   settings.peer_names = {"a", "b"};
   LocalWorld world(settings);
-  TempDir dir;
+  ferry::testing::TempDir dir("checkpoint");
   NamedStages one = {{"encoder", RemoteModule::create("a", "test.mlp", mlp(1))}};
-  EXPECT_TRUE(checkpoint_folders(dir.path).empty());
-  const std::string first = save_checkpoint(dir.path, one, 2, {{"epoch", int64_t{1}}});
-  const std::string second = save_checkpoint(dir.path, one, 2, {{"epoch", int64_t{2}}});
-  EXPECT_EQ(checkpoint_folders(dir.path), (std::vector<std::string>{first, second}));
-  EXPECT_EQ(latest_checkpoint_folder(dir.path), second);
+  EXPECT_TRUE(checkpoint_folders(dir.path()).empty());
+  const std::string first = save_checkpoint(dir.path(), one, 2, {{"epoch", int64_t{1}}});
+  const std::string second = save_checkpoint(dir.path(), one, 2, {{"epoch", int64_t{2}}});
+  EXPECT_EQ(checkpoint_folders(dir.path()), (std::vector<std::string>{first, second}));
+  EXPECT_EQ(latest_checkpoint_folder(dir.path()), second);
   EXPECT_EQ(read_checkpoint_value(first, "epoch").toInt(), 1);
   try {
     read_checkpoint_value(first, "step");
@@ -136,8 +129,8 @@ TEST(Checkpoint, ReadsBackWithoutStagesAndMergesItsStagesIntoOneStateDict) {
   for (const auto& item : state) EXPECT_TRUE(merged.at(item.key()).equal(item.value()));
 
   // Written as one file, it reads back as the same tensors.
-  save_state_dict(merged, dir.path + "/whole.pt");
-  std::ifstream in(dir.path + "/whole.pt", std::ios::binary);
+  save_state_dict(merged, dir.path() + "/whole.pt");
+  std::ifstream in(dir.path() + "/whole.pt", std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
   auto back = torch::pickle_load(bytes).to<c10::Dict<std::string, at::Tensor>>();
   ASSERT_EQ(back.size(), state.size());
@@ -146,7 +139,7 @@ TEST(Checkpoint, ReadsBackWithoutStagesAndMergesItsStagesIntoOneStateDict) {
   // Two stages of one type hold tensors of the same names: not one model.
   NamedStages two = {{"left", one[0].second},
                      {"right", RemoteModule::create("b", "test.mlp", mlp(2))}};
-  const std::string both = save_checkpoint(dir.path, two);
+  const std::string both = save_checkpoint(dir.path(), two);
   try {
     merged_state(read_checkpoint(both));
     FAIL() << "stages of the same tensor names were merged";

@@ -12,6 +12,7 @@
 #include "ferry/rpc/error.h"
 #include "rpc/slurm_nodelist.h"
 #include "tests/support/error_of.h"
+#include "tests/support/temp_dir.h"
 
 namespace ferry::rpc {
 namespace {
@@ -96,7 +97,7 @@ TEST(Options, ExplicitOptionsWinOverTheEnvironment) {
 TEST(Options, TheSecretComesFromTheOptionsAFileOrTheEnvironment) {
   const std::map<std::string, std::string> world = {
       {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}};
-  std::string path = "/tmp/ferry-options-secret-" + std::to_string(::getpid());
+  std::string path = ferry::testing::process_temp_dir().file("options-secret");
   std::ofstream(path) << "from the file\n";  // one trailing newline, as echo leaves it
   ::chmod(path.c_str(), 0600);
   auto with = [&](std::map<std::string, std::string> extra) {
@@ -114,7 +115,7 @@ TEST(Options, TheSecretComesFromTheOptionsAFileOrTheEnvironment) {
   EXPECT_EQ(resolve_options(given, with({{"FERRY_SECRET", "s"}})).secret, "given");
 
   std::string missing = init_error(with({{"FERRY_SECRET_FILE", path + ".missing"}}));
-  EXPECT_NE(missing.find("FERRY_SECRET_FILE " + path + ".missing: cannot read it"),
+  EXPECT_NE(missing.find("FERRY_SECRET_FILE: cannot read \"" + path + ".missing\""),
             std::string::npos)
       << missing;
   std::ofstream(path, std::ios::trunc) << "\n";

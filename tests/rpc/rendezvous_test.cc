@@ -17,6 +17,7 @@
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 #include "tests/support/sanitizer_allowance.h"
+#include "tests/support/time_scale.h"
 
 namespace ferry::rpc {
 namespace {
@@ -40,12 +41,7 @@ std::unique_ptr<Process> spawn_peer(int rank, int world, int port, const std::st
 }
 
 Options master_options(int world, int port, milliseconds timeout) {
-  Options o;
-  o.name = "master";
-  o.rank = 0;
-  o.world_size = world;
-  o.master_addr = "127.0.0.1";
-  o.master_port = port;
+  Options o = loopback_options("master", 0, world, port);
   o.init_timeout = timeout;
   return o;
 }
@@ -80,11 +76,11 @@ TEST(Rendezvous, DuplicateWorkerNameFailsEveryRank) {
 TEST(Rendezvous, IncompleteWorldFailsWithinItsTimeoutNamingTheMissingRank) {
   int port = ferry::testing::free_port();
   // Long enough for rank 1's process to start (LibTorch loading) on a loaded machine.
-  milliseconds timeout(4000 * ferry::testing::kSanitizerSlowdown);
+  const milliseconds timeout = ferry::testing::scaled(std::chrono::seconds(4));
   auto p1 = spawn_peer(1, 3, port, "a", static_cast<int>(timeout.count()));
   auto start = Clock::now();
   std::string error = start_error(master_options(3, port, timeout));
-  EXPECT_LT(Clock::now() - start, timeout + milliseconds(2500));
+  EXPECT_LT(Clock::now() - start, timeout + ferry::testing::scaled(std::chrono::seconds(5)));
   EXPECT_EQ(error,
             "rank 0: the world of 3 did not complete in time: rank 2 never joined "
             "(joined: 0, 1)");
@@ -98,7 +94,7 @@ TEST(Rendezvous, UnreachableMasterFailsWithinItsTimeout) {
   o.name = "lonely";
   auto start = Clock::now();
   std::string error = start_error(o);
-  EXPECT_LT(Clock::now() - start, milliseconds(5000));
+  EXPECT_LT(Clock::now() - start, ferry::testing::scaled(std::chrono::seconds(5)));
   EXPECT_NE(error.find("rank 1 could not reach the master at 127.0.0.1:" + std::to_string(port)),
             std::string::npos)
       << error;
@@ -111,7 +107,7 @@ TEST(Rendezvous, ShutdownWaitsForEveryAgentAndReturns) {
   auto agent = Agent::start(master_options(2, port, milliseconds(10000)), registry);
   auto start = Clock::now();
   agent->shutdown();
-  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+  EXPECT_LT(Clock::now() - start, ferry::testing::scaled(std::chrono::seconds(5)));
   EXPECT_EQ(exit_code(*p1), 0);
   EXPECT_THAT(kind_and_error_of([&] { agent->call_async("a", "echo", {}); }),
               HasSubstr("Shutdown: cannot call \"echo\": the agent of master is not running"));

@@ -150,7 +150,7 @@ TEST(RRef, ToHereFailsPromptlyWhenTheOwnerDied) {
   RRefPtr rref = remote("b", "echo", {int64_t{1}});
   EXPECT_EQ(rref->to_here().toInt(), 1);
   world.peer(1).kill(SIGKILL);
-  ASSERT_TRUE(world.peer(1).wait(milliseconds(2000)));
+  ASSERT_TRUE(world.peer(1).wait(testing::scaled(std::chrono::seconds(10))));
   auto start = Clock::now();
   try {
     rref->to_here();
@@ -159,7 +159,8 @@ TEST(RRef, ToHereFailsPromptlyWhenTheOwnerDied) {
     EXPECT_EQ(e.kind(), ErrorKind::PeerDied);
     EXPECT_NE(std::string(e.what()).find("worker \"b\""), std::string::npos) << e.what();
   }
-  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  // The owner is known dead: no deadline (20 s) is waited for.
+  EXPECT_LT(Clock::now() - start, testing::scaled(std::chrono::seconds(10)));
 }
 
 }  // namespace

@@ -11,10 +11,12 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "ferry/core/files.h"
 #include "ferry/core/local_world.h"
 #include "ferry/core/processes.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/test_functions.h"
+#include "tests/support/time_scale.h"
 
 namespace ferry::testing {
 
@@ -42,10 +44,11 @@ std::optional<int> Process::wait(std::chrono::milliseconds timeout) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  try {
+    return core::read_whole_file(path);
+  } catch (const std::runtime_error&) {
+    return "";
+  }
 }
 
 int connect_raw(const rpc::WorkerInfo& to) {
@@ -71,6 +74,9 @@ std::string worker_binary() { return FERRY_WORKER; }
 
 namespace {
 
+// Peers start LibTorch before they join: most of a second of CPU each, more under load.
+std::chrono::milliseconds init_timeout() { return scaled(std::chrono::seconds(20)); }
+
 void register_once() {
   static bool done = [] {
     register_test_functions(rpc::default_registry());
@@ -92,24 +98,23 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
     for (auto& [key, value] : core::loopback_world_env(static_cast<int>(i) + 1, world, port_)) {
       env[key] = value;
     }
-    std::vector<std::string> args = {"--name", settings_.peer_names[i]};
+    std::vector<std::string> args = {"--name", settings_.peer_names[i], "--threads",
+                                     std::to_string(settings_.threads)};
     if (settings_.use_ferry_worker) {
       args.insert(args.end(), settings_.worker_args.begin(), settings_.worker_args.end());
     } else {
-      args.insert(args.end(), {"--init-timeout-ms", "20000"});
+      args.insert(args.end(),
+                  {"--init-timeout-ms", std::to_string(init_timeout().count()), "--rpc-timeout-ms",
+                   std::to_string(settings_.rpc_timeout.count()), "--shutdown-timeout-ms",
+                   std::to_string(settings_.shutdown_timeout.count())});
     }
     peers_.push_back(std::make_unique<Process>(
         settings_.use_ferry_worker ? worker_binary() : peer_binary(), args, env));
   }
-  rpc::Options options;
-  options.name = "master";
-  options.rank = 0;
-  options.world_size = world;
-  options.master_addr = "127.0.0.1";
-  options.master_port = port_;
+  rpc::Options options = rpc::loopback_options("master", 0, world, port_);
   options.num_threads = settings_.threads;
   options.rpc_timeout = settings_.rpc_timeout;
-  options.init_timeout = std::chrono::milliseconds(20000);
+  options.init_timeout = init_timeout();
   options.shutdown_timeout = settings_.shutdown_timeout;
   options.secret = settings_.secret;
   options.handshake_timeout = settings_.handshake_timeout;

@@ -3,35 +3,46 @@
 // when the world shuts down or its master is gone.
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <sstream>
 
+#include "ferry/core/backoff.h"
+#include "ferry/core/files.h"
 #include "ferry/core/log.h"
 #include "ferry/rpc/rpc.h"
-#include "tests/support/sanitizer_allowance.h"
 #include "tests/support/test_functions.h"
+#include "tests/support/time_scale.h"
 
 namespace {
 
-// With --worlds: one agent of the large-world test. It joins one world after another (one per
-// port given, all of the same size, rank 0 being the test), calls its neighbour (rank + 1,
-// wrapping to 0) in each, checks the answer, and shuts down; 0 only if every world went well.
+// With --worlds N: one agent of the large-world test. It joins N worlds one after another (all
+// of the same size, rank 0 being the test), calls its neighbour (rank + 1, wrapping to 0) in each,
+// checks the answer, and shuts down; 0 only if every world went well. World w's rendezvous port
+// appears as the file PORT_DIR/w just before the test opens it, so no port is held back for long.
 // The process starts once: LibTorch takes most of a second of CPU to load, which is not what the
 // test measures.
-int join_worlds(int rank, int world_size, const std::string& ports) {
+int join_worlds(int rank, int world_size, int worlds, const std::string& port_dir) {
   auto name_of = [](int r) { return r == 0 ? std::string("master") : "agent" + std::to_string(r); };
-  std::stringstream list(ports);
-  std::string port;
-  int world = 0;
-  while (std::getline(list, port, ',')) {
-    ferry::rpc::Options options;
-    options.name = name_of(rank);
-    options.rank = rank;
-    options.world_size = world_size;
-    options.master_addr = "127.0.0.1";
-    options.master_port = std::stoi(port);
+  for (int world = 0; world < worlds; ++world) {
+    const std::string file = port_dir + "/" + std::to_string(world);
+    int port = 0;
+    ferry::core::poll_with_backoff(
+        [&] {
+          try {
+            port = std::stoi(ferry::core::read_whole_file(file));
+          } catch (const std::exception&) {
+            port = 0;
+          }
+          return port > 0;
+        },
+        std::chrono::steady_clock::now() + ferry::testing::scaled(std::chrono::seconds(120)));
+    if (port == 0) {
+      ferry::log::error("world {}: no port appeared in {}", world, file);
+      return 1;
+    }
+    ferry::rpc::Options options =
+        ferry::rpc::loopback_options(name_of(rank), rank, world_size, port);
     options.num_threads = 1;
     options.rpc_timeout = std::chrono::seconds(20);
-    options.init_timeout = std::chrono::seconds(60 * ferry::testing::kSanitizerSlowdown);
+    options.init_timeout = ferry::testing::scaled(std::chrono::seconds(60));
     options.shutdown_timeout = std::chrono::seconds(20);
     try {
       ferry::rpc::init(options);
@@ -46,7 +57,6 @@ int join_worlds(int rank, int world_size, const std::string& ports) {
       ferry::log::error("world {}: {}", world, e.what());
       return 1;
     }
-    ++world;
   }
   return 0;
 }
@@ -60,18 +70,24 @@ int main(int argc, char** argv) {
   app.add_option("--name", options.name, "worker name");
   app.add_option("--threads", options.num_threads, "pool threads");
   app.add_option("--init-timeout-ms", timeout_ms, "rendezvous timeout");
+  int rpc_timeout_ms = 20000, shutdown_timeout_ms = 20000;
+  app.add_option("--rpc-timeout-ms", rpc_timeout_ms, "default call deadline");
+  app.add_option("--shutdown-timeout-ms", shutdown_timeout_ms, "graceful shutdown bound");
   int world_rank = -1, world_size = -1;
-  std::string worlds;
+  int worlds = 0;
+  std::string port_dir;
   app.add_option("--world-rank", world_rank, "large-world test: this agent's rank");
   app.add_option("--world-size", world_size, "large-world test: agents per world");
-  app.add_option("--worlds", worlds, "large-world test: one rendezvous port per world");
+  app.add_option("--worlds", worlds, "large-world test: worlds to join, one after another");
+  app.add_option("--port-dir", port_dir, "large-world test: where each world's port appears");
   CLI11_PARSE(app, argc, argv);
-  if (!worlds.empty()) {
+  if (worlds > 0) {
     ferry::testing::register_test_functions(ferry::rpc::default_registry());
-    return join_worlds(world_rank, world_size, worlds);
+    return join_worlds(world_rank, world_size, worlds, port_dir);
   }
   options.init_timeout = std::chrono::milliseconds(timeout_ms);
-  options.shutdown_timeout = std::chrono::milliseconds(timeout_ms);
+  options.rpc_timeout = std::chrono::milliseconds(rpc_timeout_ms);
+  options.shutdown_timeout = std::chrono::milliseconds(shutdown_timeout_ms);
 
   ferry::testing::register_test_functions(ferry::rpc::default_registry());
   try {

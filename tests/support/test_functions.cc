@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <thread>
 
@@ -27,6 +28,16 @@ struct FailBackward : torch::autograd::Function<FailBackward> {
   }
 };
 
+// Calls of sleep_ms and backward passes of slow_backward under way in this process: what a test
+// waits for, through "sleeping", before it acts on a call in flight.
+std::atomic<std::int64_t> sleeping{0};
+
+void sleep_counted(std::int64_t ms) {
+  ++sleeping;
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  --sleeping;
+}
+
 struct SlowBackward : torch::autograd::Function<SlowBackward> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             int64_t ms) {
@@ -35,7 +46,7 @@ struct SlowBackward : torch::autograd::Function<SlowBackward> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(ctx->saved_data["ms"].toInt()));
+    sleep_counted(ctx->saved_data["ms"].toInt());
     return {grads.at(0), at::Tensor()};
   }
 };
@@ -45,8 +56,6 @@ struct SlowBackward : torch::autograd::Function<SlowBackward> {
 void register_test_functions(rpc::FunctionRegistry& registry) {
   register_test_stages();
   models::register_unet_stages();
-  remote_module::install_stage_functions(registry);
-  dist_autograd::install(registry);
   pipeline::install(registry);
   registry.add("double_it", [](at::Tensor x) { return x * 2; });
   registry.add("chain", [](std::vector<std::string> hops, at::Tensor x) {
@@ -66,9 +75,10 @@ void register_test_functions(rpc::FunctionRegistry& registry) {
   registry.add("bytes_sent", []() { return static_cast<int64_t>(rpc::agent().bytes_sent()); });
   registry.add("tensor_live_bytes", []() { return core::tensor_memory().live_bytes; });
   registry.add("sleep_ms", [](int64_t ms) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    sleep_counted(ms);
     return ms;
   });
+  registry.add("sleeping", []() { return sleeping.load(); });
   registry.add("fail", [](std::string text) -> int64_t { throw std::runtime_error(text); });
   registry.add("whoami", []() { return rpc::self().name; });
   registry.add("pid", []() { return static_cast<int64_t>(::getpid()); });

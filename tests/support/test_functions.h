@@ -15,6 +15,8 @@ namespace ferry::testing {
 // For distributed autograd: double_it(x) -> 2 x; chain(hops, x) -> 2 x, passed on through
 // the workers named in `hops` (each doubles it again); fail_backward(x) -> x, whose backward
 // throws "injected backward failure"; slow_backward(x, ms) -> x, whose backward sleeps `ms`.
+// sleeping() -> the sleeps of sleep_ms and slow_backward under way here: a test that acts on a
+// call in flight waits for it to say so, never for a time.
 // Every process also serves the stage functions, the U-Net stages and distributed autograd.
 void register_test_functions(rpc::FunctionRegistry& registry);
 

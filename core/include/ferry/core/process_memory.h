@@ -49,7 +49,8 @@ void count_tensor_memory();
 // but never fail: the computation that allocates next does. Safe from any thread.
 void set_tensor_memory_budget(std::int64_t bytes);
 std::int64_t tensor_memory_budget();
-// The phrase every over-budget error contains, for callers that explain it.
+// The words every over-budget message contains, for the people who read it: code tells the error
+// by its type (c10::OutOfMemoryError; rpc::ErrorKind::OutOfMemory once it crossed a call).
 inline constexpr const char* kOverBudget = "over this process's tensor memory budget";
 
 }  // namespace ferry::core

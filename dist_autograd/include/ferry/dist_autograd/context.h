@@ -22,8 +22,9 @@
 namespace ferry::dist_autograd {
 
 // Adds the "ferry.autograd.*" and "ferry.optim.*" functions to `registry` and hooks into rpc/.
-// Every process that takes part in distributed training (master and workers) calls it once,
-// before rpc::init().
+// Every process that takes part in distributed training (master and workers) calls it before
+// rpc::init(), or ferry::pipeline::install, which installs every layer's functions. A second
+// call does nothing.
 void install(rpc::FunctionRegistry& registry);
 
 // One training step's autograd context. Resource type. Its id is unique in the world (the
@@ -56,6 +57,10 @@ std::int64_t current_context_id();
 // released, since FAST mode may enter them once per incoming gradient.
 void backward(std::int64_t context_id, const std::vector<at::Tensor>& roots,
               bool retain_graph = false, const std::vector<at::Tensor>& root_grads = {});
+inline void backward(const Context& context, const std::vector<at::Tensor>& roots,
+                     bool retain_graph = false, const std::vector<at::Tensor>& root_grads = {}) {
+  backward(context.id(), roots, retain_graph, root_grads);
+}
 
 // The gradients accumulated in this process for `context_id`, keyed by the leaf tensor.
 // Throws rpc::Error(InvalidArgument) for a context this process does not know.

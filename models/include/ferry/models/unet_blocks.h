@@ -82,6 +82,14 @@ class UnetBlocksImpl : public torch::nn::Module {
   void train(bool on = true) override;
 
  private:
+  // The blocks of each part of the U-Net that fall in the range, each seeded from `seed` and its
+  // index: the stem (block 0), the encoder's residual blocks, the decoder's and the head.
+  void add_stem(int64_t seed, int64_t in_channels);
+  void add_encoder(int64_t seed, int64_t depth);
+  void add_decoder(int64_t seed, int64_t depth, int64_t in_channels);
+  void add_head(int64_t seed, int64_t classes);
+  bool wanted(int64_t k) const { return k >= first_ && k < last_; }
+  void seed_block(int64_t seed, int64_t k) const;
   using Run = std::function<std::vector<at::Tensor>(std::vector<at::Tensor>)>;
   std::vector<UnetBlock> all_;
   int64_t first_, last_;

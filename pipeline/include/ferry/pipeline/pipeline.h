@@ -36,7 +36,10 @@
 
 namespace ferry::pipeline {
 
-// Adds the "ferry.pipeline.*" functions to `registry`.
+// Adds every function a process of a training world serves to `registry` (normally
+// rpc::default_registry()), before rpc::init(): the stages' and portals' (remote_module), the
+// distributed autograd's and optimizer's (dist_autograd) and the pipeline's own. The one call a
+// master or worker needs; a second call does nothing.
 void install(rpc::FunctionRegistry& registry);
 
 enum class Schedule { GPipe, OneFOneB };

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace ferry::rpc {
 
@@ -18,6 +19,9 @@ enum class ErrorKind : std::uint8_t {
   BadFrame = 5,         // bytes on the wire failed validation
   InvalidArgument = 6,  // the caller passed something that cannot be sent or converted
   Shutdown = 7,         // the agent is shutting down or not running
+  // A tensor did not fit: a device's memory, or the process's tensor memory budget
+  // (ferry/core/process_memory.h); raised on the worker that ran out.
+  OutOfMemory = 8,
 };
 
 const char* to_string(ErrorKind kind);
@@ -48,16 +52,27 @@ class Error : public std::runtime_error {
   std::string worker_;
 };
 
+// Whether `e` means its worker is gone for the caller: it died (PeerDied) or stopped answering
+// (Timeout). A spare may take over such a worker; no other kind of error is a reason to.
+bool is_lost(ErrorKind kind);
+bool is_lost(const Error& e);
+
 // What any exception says, classed as the wire reports it, for code that passes a failure on.
 struct Failure {
-  // An Error's own kind; InvalidArgument for std::invalid_argument (bad input, as models and
-  // stages report it, so the caller learns it was its input); RemoteException for the rest.
+  // An Error's own kind; OutOfMemory for c10::OutOfMemoryError (a device's or the budget's);
+  // InvalidArgument for std::invalid_argument (bad input, as models and stages report it, so the
+  // caller learns it was its input); RemoteException for the rest.
   ErrorKind kind = ErrorKind::RemoteException;
   std::string message;  // LibTorch's errors without their C++ backtrace
   std::string cause;    // an Error's cause(), else empty
   std::string worker;   // an Error's worker(), else empty
 };
 Failure failure_of(std::exception_ptr error);
+
+// Of several failures (null where nothing failed), the one to report: the first that lost a
+// worker, since the caller may put a spare in its place even when another worker failed first
+// because of it; else the first. Null if none failed.
+std::exception_ptr first_failure(const std::vector<std::exception_ptr>& failures);
 
 // Rethrows `error` (a failed future's, a caught exception's) as an Error saying
 // "<what>: <reason>": the kind failure_of gives, and the same cause. The reason is the worker's own

@@ -24,10 +24,10 @@ struct Options {
   // the cluster is open to anyone who can reach its ports.
   std::string secret;
   std::string secret_file;
-  int num_threads = 4;      // pool threads that run user functions
-  std::chrono::milliseconds rpc_timeout{60000};            // default deadline of a call
-  std::chrono::milliseconds init_timeout{30000};           // bound on the whole rendezvous
-  std::chrono::milliseconds shutdown_timeout{10000};       // bound on the graceful shutdown barrier
+  int num_threads = 4;                                 // pool threads that run user functions
+  std::chrono::milliseconds rpc_timeout{60000};        // default deadline of a call
+  std::chrono::milliseconds init_timeout{30000};       // bound on the whole rendezvous
+  std::chrono::milliseconds shutdown_timeout{10000};   // bound on the graceful shutdown barrier
   std::chrono::milliseconds handshake_timeout{10000};  // an accepted connection's hello, at most
   std::uint64_t max_frame_bytes = std::uint64_t{4} << 30;  // envelope plus tensor bytes
   int max_nesting_depth = 64;                              // of containers inside a value
@@ -35,6 +35,10 @@ struct Options {
   // for the socket to take them, up to its call's deadline: a slow reader gets backpressure.
   std::uint64_t max_queued_bytes = std::uint64_t{256} << 20;
 };
+
+// Rank `rank`, named `name`, of a world of `world_size` on this machine whose rank 0 keeps the
+// rendezvous on 127.0.0.1:`port`: what tests and benchmarks start their worlds with.
+Options loopback_options(const std::string& name, int rank, int world_size, int port);
 
 // Fills every unset field of `options` from `env` (normally the process environment) and checks
 // the result; throws Error(Init) naming the missing or contradictory setting.

@@ -2,7 +2,7 @@
 //
 //   ferry::rpc::register_function("add", [](at::Tensor a, at::Tensor b) { return a + b; });
 //   ferry::rpc::init();                       // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-//   auto sum = ferry::rpc::rpc_sync("worker1", "add", {a, b}).toTensor();
+//   at::Tensor sum = ferry::rpc::rpc_sync<at::Tensor>("worker1", "add", {a, b});
 //   ferry::rpc::shutdown();
 //
 // Every function may be called from any thread except the agent's loop thread.
@@ -35,6 +35,22 @@ inline c10::IValue rpc_sync(const std::string& to, const std::string& function,
                             std::vector<c10::IValue> args = {},
                             std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
   return agent().call_sync(to, function, std::move(args), timeout);
+}
+
+// The same with the result as a `T` (rpc_sync<at::Tensor>(...)); a result of another type is
+// Error(InvalidArgument) naming the function, the worker and what came back.
+template <typename T>
+T rpc_sync(const std::string& to, const std::string& function, std::vector<c10::IValue> args = {},
+           std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+  c10::IValue value = rpc_sync(to, function, std::move(args), timeout);
+  try {
+    return value.to<T>();
+  } catch (const c10::Error&) {
+    throw Error(ErrorKind::InvalidArgument,
+                "call \"" + function + "\" to worker \"" + to + "\" returned a " + value.tagKind() +
+                    ", not the type asked for",
+                "", to);
+  }
 }
 
 inline FuturePtr rpc_async(const std::string& to, const std::string& function,

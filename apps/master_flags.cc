@@ -1,0 +1,251 @@
+#include "apps/master_flags.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "apps/flag_ranges.h"
+#include "ferry/trainer/model_tools.h"
+
+namespace ferry::apps {
+namespace {
+
+constexpr double kMaxCount = 1 << 20;      // images, batches, steps, micro-batches
+constexpr double kMaxWorkers = 4096;       // stages, replicas, spares
+constexpr double kMaxMib = 1ll << 40;      // a memory budget
+constexpr double kMaxImageSize = 1 << 15;  // pixels a side
+
+void add_model_flags(CLI::App* cmd, std::string& model, std::int64_t& classes,
+                     std::int64_t& image_size) {
+  cmd->add_option("--model", model, "unet-resnet18|34|50|101|152");
+  cmd->add_option("--classes", classes, "output channels of the head")->check(count_up_to(1 << 16));
+  cmd->add_option("--image-size", image_size, "image height and width (a multiple of 32)")
+      ->check(in_range(32, kMaxImageSize));
+}
+
+void add_batch_flag(CLI::App* cmd, std::int64_t& batch_size, const std::string& what) {
+  cmd->add_option("--batch-size", batch_size, what)->check(count_up_to(kMaxCount));
+}
+
+void add_optimizer_flag(CLI::App* cmd, std::string& optimizer, const std::string& what) {
+  cmd->add_option("--optimizer", optimizer, "sgd|adam|adamw" + what);
+}
+
+void add_cut_flags(CLI::App* cmd, trainer::PlanSettings& plan) {
+  cmd->add_option("--stages", plan.stages,
+                  "cut the U-Net into this many balanced stages (default: its 3 seams)")
+      ->check(count_up_to(kMaxWorkers));
+  cmd->add_option("--balance", plan.balance,
+                  "what --stages balances: memory|time|parameters (measured per block)");
+  cmd->add_option("--partition", plan.partition,
+                  "cut by hand: the first block of each stage after the first, e.g. "
+                  "layer3.0,decoder.0 (see describe --blocks)");
+}
+
+void add_budget_flag(CLI::App* cmd, std::int64_t& mib, const std::string& what) {
+  cmd->add_option("--memory-budget-mib", mib, what)->check(in_range(1, kMaxMib));
+}
+
+void add_secret_flag(CLI::App* cmd, std::string& path, const std::string& what) {
+  cmd->add_option("--secret-file", path, what);
+}
+
+void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
+  add_model_flags(cmd, t.plan.model, t.plan.classes, t.plan.image_size);
+  cmd->add_option("--data", t.data,
+                  "synthetic, or a folder DIR with DIR/images/* and DIR/masks/* (PNG, JPEG)");
+  cmd->add_option("--samples", t.samples, "images in the synthetic set")
+      ->check(count_up_to(kMaxCount));
+  cmd->add_flag("--crop", t.crop,
+                "cut image-size squares out of the folder's images (at random for training) "
+                "instead of resizing them");
+  cmd->add_option("--weights", t.weights,
+                  "start from a state dict (torch.save) or TorchScript file: a whole U-Net "
+                  "(segmentation_models_pytorch names) or a torchvision ResNet (encoder)");
+  cmd->add_option("--epochs", t.epochs, "passes over the training images")
+      ->check(count_up_to(kMaxCount));
+  add_batch_flag(cmd, t.plan.batch_size, "images per step (per replica)");
+  cmd->add_option("--loss", t.loss, "bce|dice|bce+dice");
+  cmd->add_option("--seed", t.seed, "seed of weights, data and shuffling")
+      ->check(in_range(0, static_cast<double>(std::numeric_limits<std::int64_t>::max())));
+}
+
+void add_optimization_flags(CLI::App* cmd, trainer::TrainSettings& t) {
+  add_optimizer_flag(cmd, t.plan.optimizer, "");
+  cmd->add_option("--lr", t.lr, "learning rate")->check(in_range(0, 1e3, true));
+  cmd->add_option("--accumulate", t.accumulate,
+                  "sum the gradients of this many batches into each optimizer step (as "
+                  "Lightning's accumulate_grad_batches)")
+      ->check(count_up_to(kMaxCount));
+  cmd->add_option("--lr-schedule", t.lr_schedule,
+                  "the learning rate per optimizer step: constant|step|cosine|onecycle (saved in "
+                  "checkpoints; --resume goes on along the same curve)");
+  cmd->add_option("--warmup-steps", t.warmup_steps,
+                  "optimizer steps of linear warm-up (-1: none; onecycle: 30% of the run)")
+      ->check(in_range(0, kMaxCount * kMaxCount));
+  cmd->add_option("--lr-step-size", t.lr_step_size,
+                  "step schedule: optimizer steps between drops (0: a third of the run)")
+      ->check(count_up_to(kMaxCount * kMaxCount));
+  cmd->add_option("--lr-gamma", t.lr_gamma, "step schedule: the factor of each drop")
+      ->check(in_range(0, 1, true));
+  cmd->add_option("--monitor", t.monitor,
+                  "the validation metric that picks the best epoch: val_loss|val_iou|val_dice "
+                  "(empty: val_loss where --save-best or --early-stop-patience needs one)");
+  cmd->add_flag("--save-best", t.save_best,
+                "keep the best epoch's checkpoint in CHECKPOINT_DIR/best beside the latest");
+  cmd->add_option("--early-stop-patience", t.early_stop_patience,
+                  "stop after this many epochs without improvement of --monitor (0: never)")
+      ->check(in_range(0, kMaxCount));
+  cmd->add_option("--precision", t.precision,
+                  "32 (or 32-true), or bf16-mixed: stages compute under bfloat16 autocast and "
+                  "send bfloat16 activations and gradients; weights stay float32");
+  cmd->add_flag("--freeze-batchnorm", t.freeze_batchnorm,
+                "keep every batch norm's running statistics and affine parameters as loaded "
+                "(for small batches, fine-tuning from pretrained weights)");
+  cmd->add_flag("--sync-batchnorm", t.sync_batchnorm,
+                "batch norms take their statistics over the whole step: every replica's batch "
+                "together, and all micro-batches for the running statistics");
+}
+
+void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
+  cmd->add_option("--placement", t.placement,
+                  "stage=worker,... (default: one stage per worker in rank order)");
+  add_cut_flags(cmd, t.plan);
+  cmd->add_option("--replicas", t.replicas,
+                  "copies of the staged model on workers of their own, each on --batch-size "
+                  "images of every step, gradients averaged across them (data parallel)")
+      ->check(count_up_to(kMaxWorkers));
+  cmd->add_flag("--via-master", t.via_master,
+                "send activations through the master between stages (naive model parallelism) "
+                "instead of from worker to worker");
+  cmd->add_option("--pipeline", t.pipeline,
+                  "pipeline the steps: gpipe (all forwards, then all backwards) or 1f1b (one "
+                  "forward, one backward; less activation memory)");
+  cmd->add_option("--microbatches", t.microbatches,
+                  "micro-batches per batch in a pipelined step (1: the naive schedule)")
+      ->check(count_up_to(kMaxCount));
+  cmd->add_flag("--checkpoint-activations", t.checkpoint_activations,
+                "keep only each stage's inputs and recompute its forward in backward");
+  cmd->add_option("--trace", t.trace_file,
+                  "write a Chrome trace (Perfetto, chrome://tracing) of every stage's forward, "
+                  "backward, send, receive and idle time");
+  add_budget_flag(cmd, t.memory_budget_mib,
+                  "each process's tensor memory bound, as a device's (default: "
+                  "FERRY_MEMORY_BUDGET_MIB, else none)");
+}
+
+void add_run_flags(CLI::App* cmd, trainer::TrainSettings& t) {
+  cmd->add_option("--checkpoint-dir", t.checkpoint_dir, "save after every epoch here");
+  cmd->add_flag("--resume", t.resume, "continue from the latest checkpoint");
+  cmd->add_option("--spares", t.spares,
+                  "the last K workers hold no stage; when a worker is lost, one of them takes "
+                  "over its stages from the last checkpoint and training goes on")
+      ->check(in_range(0, kMaxWorkers));
+  add_secret_flag(cmd, t.secret_file,
+                  "file holding the cluster secret (default: FERRY_SECRET, FERRY_SECRET_FILE); "
+                  "every rank needs the same");
+  cmd->add_option("--metrics-file", t.metrics_file, "write per-epoch figures as JSON");
+  cmd->add_option("--log-dir", t.log_dir,
+                  "write DIR/metrics.csv after every epoch (losses, IoU, Dice, learning rate, "
+                  "images per second, each stage's busy share) and DIR/metrics.svg, the loss "
+                  "and IoU curves");
+  cmd->add_option("--plugin", t.plugins,
+                  "a shared library of stage types every rank loads (as ferry-worker --plugin); "
+                  "repeatable");
+  cmd->add_flag("--compare-single-process", t.compare_single_process,
+                "at the end, measure one step of the whole model in one process");
+}
+
+void add_describe(MasterCommandLine& l) {
+  l.describe.image_size = 256;
+  l.describe_cmd = l.app.add_subcommand(
+      "describe", "each stage's blocks, size, output shapes and estimated peak memory and time");
+  add_model_flags(l.describe_cmd, l.describe.model, l.describe.classes, l.describe.image_size);
+  add_batch_flag(l.describe_cmd, l.describe.batch_size, "images per step, for the estimates");
+  add_cut_flags(l.describe_cmd, l.describe);
+  add_optimizer_flag(l.describe_cmd, l.describe.optimizer, ", for the estimates");
+  l.describe_cmd->add_flag("--blocks", l.blocks, "also every block's measured costs");
+  l.describe_cmd->add_flag("--json", l.json, "one JSON object");
+}
+
+void add_footprint(MasterCommandLine& l) {
+  l.footprint.image_size = 256;
+  l.footprint_cmd =
+      l.app.add_subcommand("footprint", "peak memory of one training step of the whole model");
+  add_model_flags(l.footprint_cmd, l.footprint.model, l.footprint.classes, l.footprint.image_size);
+  add_batch_flag(l.footprint_cmd, l.footprint.batch_size, "images per step");
+  add_optimizer_flag(l.footprint_cmd, l.footprint.optimizer, "");
+  add_budget_flag(l.footprint_cmd, l.footprint_budget_mib,
+                  "fail as a device of this many MiB would (default: none)");
+}
+
+void add_export(MasterCommandLine& l) {
+  trainer::ExportSettings& e = l.export_settings;
+  l.export_cmd = l.app.add_subcommand(
+      "export",
+      "write a checkpoint's whole model as one state dict (torch.save's format, "
+      "segmentation_models_pytorch's names)");
+  l.export_cmd
+      ->add_option("--checkpoint-dir", e.checkpoint_dir, "the training run's --checkpoint-dir")
+      ->required();
+  l.export_cmd
+      ->add_option("--epoch", e.epoch,
+                   "the checkpoint of this epoch (kept in the directory or its best/; 0: the "
+                   "latest)")
+      ->check(in_range(0, kMaxCount));
+  l.export_cmd->add_option("--out", e.out, "the file to write (model.pt)")->required();
+}
+
+void add_predict(MasterCommandLine& l) {
+  trainer::PredictSettings& p = l.predict;
+  CLI::App* cmd = l.predict_cmd = l.app.add_subcommand(
+      "predict", "write a mask for every image of a folder, with IoU and Dice where it has masks");
+  add_model_flags(cmd, p.model, p.classes, p.image_size);
+  auto* weights = cmd->add_option("--weights", p.weights,
+                                  "weights to use: an exported state dict or any --weights file");
+  cmd->add_option("--checkpoint-dir", p.checkpoint_dir,
+                  "or a training run's checkpoints (see --epoch)")
+      ->excludes(weights);
+  cmd->add_option("--epoch", p.epoch, "with --checkpoint-dir: that epoch's (0: the latest)")
+      ->check(in_range(0, kMaxCount));
+  cmd->add_option("--data", p.data,
+                  "DIR/images/* (with DIR/masks/* to score against), or the images in DIR")
+      ->required();
+  cmd->add_option("--out", p.out, "where the masks go, OUT/NAME.png")->required();
+  cmd->add_option("--threshold", p.threshold,
+                  "foreground where the predicted probability is above it")
+      ->check(in_range(0, 1));
+  add_batch_flag(cmd, p.batch_size, "images per forward pass");
+  add_secret_flag(cmd, p.secret_file, "file holding the cluster secret, as for train");
+}
+
+}  // namespace
+
+MasterCommandLine::MasterCommandLine() {
+  app.require_subcommand(1);
+  // Sub-commands take this from the app when they are added: every default shows in --help.
+  app.option_defaults()->always_capture_default();
+  train_cmd = app.add_subcommand("train", "train a U-Net split over the workers");
+  add_data_flags(train_cmd, train);
+  add_optimization_flags(train_cmd, train);
+  add_parallel_flags(train_cmd, train);
+  add_run_flags(train_cmd, train);
+  add_describe(*this);
+  add_footprint(*this);
+  add_export(*this);
+  add_predict(*this);
+}
+
+int run_master_command(const MasterCommandLine& l) {
+  if (*l.train_cmd) return trainer::run_training(l.train);
+  if (*l.export_cmd) return trainer::export_weights(l.export_settings);
+  if (*l.predict_cmd) return trainer::run_prediction(l.predict);
+  if (*l.footprint_cmd) {
+    const trainer::PlanSettings& f = l.footprint;
+    return trainer::measure_single_process(f.model, f.classes, f.image_size, f.batch_size,
+                                           f.optimizer, l.footprint_budget_mib);
+  }
+  return trainer::describe_model(l.describe, l.json, l.blocks);
+}
+
+}  // namespace ferry::apps

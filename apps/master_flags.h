@@ -1,0 +1,41 @@
+// ferry-master's command line: its sub-commands and their flags, each group of flags (the model,
+// the cut, the optimizer, the secret, ...) declared once and shared by the sub-commands that take
+// it. Every default shows in --help; a numeric value out of its range is a one-line error naming
+// the flag. Kept apart from main so that tests parse command lines in-process.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+
+#include "ferry/trainer/export_weights.h"
+#include "ferry/trainer/predict.h"
+#include "ferry/trainer/stage_plan.h"
+#include "ferry/trainer/train.h"
+
+namespace ferry::apps {
+
+// Resource type: it owns the CLI11 app, whose options point into its settings.
+struct MasterCommandLine {
+  MasterCommandLine();
+  MasterCommandLine(const MasterCommandLine&) = delete;
+  MasterCommandLine& operator=(const MasterCommandLine&) = delete;
+
+  CLI::App app{"Ferry master: trains a model split into stages on workers"};
+  trainer::TrainSettings train;
+  trainer::PlanSettings describe;
+  bool json = false, blocks = false;  // describe --json, --blocks
+  trainer::PlanSettings footprint;
+  std::int64_t footprint_budget_mib = 0;
+  trainer::ExportSettings export_settings;
+  trainer::PredictSettings predict;
+  CLI::App* train_cmd = nullptr;
+  CLI::App* describe_cmd = nullptr;
+  CLI::App* footprint_cmd = nullptr;
+  CLI::App* export_cmd = nullptr;
+  CLI::App* predict_cmd = nullptr;
+};
+
+// Runs the sub-command that was parsed; returns the exit code.
+int run_master_command(const MasterCommandLine& line);
+
+}  // namespace ferry::apps

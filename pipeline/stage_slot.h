@@ -1,0 +1,78 @@
+// One stage of one pipeline as its worker holds it during pipelined steps: what stage_runtime.cc
+// runs micro-batches on and stage_control.cc sets up, reports on and tears down. Internal to
+// pipeline/. A Slot's fields after its mutex are guarded by it; the others are set once at set-up.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/remote_module/portal.h"
+#include "ferry/rpc/rpc.h"
+#include "pipeline/in_order.h"
+#include "pipeline/slot_table.h"
+#include "pipeline/wire.h"
+
+namespace ferry::pipeline {
+
+// What one micro-batch's forward left for its backward.
+struct Saved {
+  std::vector<at::Tensor> leaves;   // the inputs that require grad (none on the first stage)
+  std::vector<at::Tensor> anchors;  // of the inputs that came by portal (gather_portals)
+  c10::IValue inputs;               // checkpointed stages only: to run forward again
+  c10::IValue output;               // the output, graph attached (not for checkpointed stages)
+  at::Tensor rng_state;             // checkpointed stages: the random state of the first run
+  std::int64_t bytes = 0;           // what the micro-batch holds here until its backward
+};
+
+struct Parked {
+  std::function<void()> work;
+  rpc::FuturePtr done;
+};
+
+// One stage of one pipeline on this worker.
+struct Slot {
+  std::int64_t pipeline = 0;
+  std::int64_t index = 0;
+  std::int64_t count = 0;
+  rpc::RRefPtr module;
+  std::string type;
+  std::string previous, next, master;
+  std::int64_t limit = 0;  // forwards whose backward has not run yet
+  bool checkpoint = false;
+  remote_module::Routes routes;      // empty: the whole output goes to the next stage
+  std::vector<std::string> workers;  // of every stage, for portals
+
+  std::mutex mutex;                                              // guards what follows
+  std::map<std::pair<std::int64_t, std::int64_t>, Saved> saved;  // (context, micro-batch)
+  std::int64_t in_flight = 0;
+  std::deque<Parked> parked;
+  InOrder<Parked> forwards, backwards;  // micro-batch order
+  std::vector<std::int64_t> events;     // kEventFields per event
+  std::int64_t activation_bytes = 0;    // held by the micro-batches in `saved`
+  std::int64_t activation_peak = 0;     // the most since the last reset
+};
+using SlotPtr = std::shared_ptr<Slot>;
+
+// Every slot of this worker, by pipeline and stage.
+SlotTable<Slot>& slots();
+// The slot of stage `index` of `pipeline`; throws rpc::Error naming this worker if there is none.
+SlotPtr slot_of(std::int64_t pipeline, std::int64_t index);
+// Adds an event to the slot's record (takes its mutex).
+void record(Slot& slot, EventKind kind, std::int64_t microbatch, std::int64_t start,
+            std::int64_t end);
+// Fails the requests of a step that was given up.
+void fail_abandoned(std::vector<Parked>& abandoned);
+
+void install_stage_steps(rpc::FunctionRegistry& registry);    // stage_runtime.cc
+void install_stage_control(rpc::FunctionRegistry& registry);  // stage_control.cc
+
+}  // namespace ferry::pipeline

@@ -1,0 +1,81 @@
+// The best epoch and early stopping over a metric's values, as a run would see them.
+#include "ferry/trainer/epoch_monitor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace ferry::trainer {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(EpochMonitor, HigherIouIsBetterAndPatienceCountsEpochsWithoutImprovement) {
+  EpochMonitor monitor("val_iou", 2);
+  EXPECT_TRUE(monitor.observe(1, 0.40).improved);
+  EXPECT_TRUE(monitor.observe(2, 0.55).improved);
+  EpochMonitor::Verdict third = monitor.observe(3, 0.50);
+  EXPECT_FALSE(third.improved);
+  EXPECT_FALSE(third.stop);
+  // An equal value is no improvement either.
+  EpochMonitor::Verdict fourth = monitor.observe(4, 0.55);
+  EXPECT_FALSE(fourth.improved);
+  EXPECT_TRUE(fourth.stop);
+  EXPECT_EQ(monitor.best_epoch(), 2);
+  EXPECT_DOUBLE_EQ(monitor.best_value(), 0.55);
+}
+
+TEST(EpochMonitor, LowerLossIsBetterAndAnImprovementResetsThePatience) {
+  EpochMonitor monitor("val_loss", 2);
+  monitor.observe(1, 0.9);
+  EXPECT_FALSE(monitor.observe(2, 1.1).stop);
+  EXPECT_TRUE(monitor.observe(3, 0.7).improved);
+  EXPECT_EQ(monitor.stale_epochs(), 0);
+  EXPECT_FALSE(monitor.observe(4, 0.8).stop);
+  EXPECT_TRUE(monitor.observe(5, 0.8).stop);
+  EXPECT_EQ(monitor.best_epoch(), 3);
+}
+
+TEST(EpochMonitor, WithoutPatienceItNeverStops) {
+  EpochMonitor monitor("val_dice", 0);
+  monitor.observe(1, 0.9);
+  for (int epoch = 2; epoch < 50; ++epoch) EXPECT_FALSE(monitor.observe(epoch, 0.1).stop);
+  EXPECT_EQ(monitor.best_epoch(), 1);
+}
+
+TEST(EpochMonitor, ARestoredMonitorGoesOnAsTheOneThatWasSaved) {
+  EpochMonitor saved("val_iou", 3);
+  saved.observe(1, 0.6);
+  saved.observe(2, 0.5);
+  EpochMonitor resumed("val_iou", 3);
+  resumed.restore(saved.best_epoch(), saved.best_value(), saved.stale_epochs());
+  for (int epoch = 3; epoch <= 4; ++epoch) {
+    EpochMonitor::Verdict a = saved.observe(epoch, 0.55), b = resumed.observe(epoch, 0.55);
+    EXPECT_EQ(a.improved, b.improved);
+    EXPECT_EQ(a.stop, b.stop);
+    // The third epoch without improvement, counting the one before the save, is the last.
+    EXPECT_EQ(b.stop, epoch == 4);
+  }
+  EXPECT_EQ(resumed.best_epoch(), 1);
+}
+
+TEST(EpochMonitor, BadSettingsNameTheFlag) {
+  try {
+    EpochMonitor("val_acc", 1);
+    FAIL() << "accepted an unknown metric";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--monitor must be val_loss, val_iou or val_dice, not "
+                                    "\"val_acc\""));
+  }
+  try {
+    EpochMonitor("val_iou", -1);
+    FAIL() << "accepted a negative patience";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--early-stop-patience must be 0 (never) or more, not -1"));
+  }
+}
+
+}  // namespace
+}  // namespace ferry::trainer

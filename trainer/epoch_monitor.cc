@@ -1,0 +1,44 @@
+#include "ferry/trainer/epoch_monitor.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <utility>
+
+namespace ferry::trainer {
+
+EpochMonitor::EpochMonitor(std::string metric, int patience)
+    : metric_(std::move(metric)), patience_(patience) {
+  if (metric_ != "val_loss" && metric_ != "val_iou" && metric_ != "val_dice") {
+    throw std::invalid_argument(
+        fmt::format("--monitor must be val_loss, val_iou or val_dice, not \"{}\"", metric_));
+  }
+  if (patience_ < 0) {
+    throw std::invalid_argument(
+        fmt::format("--early-stop-patience must be 0 (never) or more, not {}", patience_));
+  }
+  lower_is_better_ = metric_ == "val_loss";
+}
+
+EpochMonitor::Verdict EpochMonitor::observe(int epoch, double value) {
+  Verdict verdict;
+  const bool better = lower_is_better_ ? value < best_value_ : value > best_value_;
+  if (best_epoch_ == 0 || better) {
+    best_epoch_ = epoch;
+    best_value_ = value;
+    stale_epochs_ = 0;
+    verdict.improved = true;
+    return verdict;
+  }
+  ++stale_epochs_;
+  verdict.stop = patience_ > 0 && stale_epochs_ >= patience_;
+  return verdict;
+}
+
+void EpochMonitor::restore(int best_epoch, double best_value, int stale_epochs) {
+  best_epoch_ = best_epoch;
+  best_value_ = best_value;
+  stale_epochs_ = stale_epochs;
+}
+
+}  // namespace ferry::trainer

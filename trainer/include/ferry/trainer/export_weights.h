@@ -1,0 +1,32 @@
+// ferry-master export: a trained model out of its checkpoint, as one state dict that Python's
+// segmentation_models_pytorch loads (`smp.Unet(...).load_state_dict(torch.load(path))`).
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace ferry::trainer {
+
+// The checkpoint folder of epoch `epoch` in `dir`, or else in `dir/best` (--save-best's); with
+// epoch 0, the latest of `dir`. Throws rpc::Error(InvalidArgument) naming the directory and the
+// epochs it keeps.
+std::string checkpoint_of_epoch(const std::string& dir, int epoch);
+
+// The segmentation_models_pytorch call that builds the model `state` belongs to
+// ('smp.Unet("resnet34", encoder_weights=None, classes=1)'), read from its tensors' names and
+// shapes; empty when they are not a U-Net with a ResNet encoder.
+std::string smp_model_of(const c10::Dict<std::string, at::Tensor>& state);
+
+struct ExportSettings {
+  std::string checkpoint_dir;
+  int epoch = 0;  // 0: the latest checkpoint
+  std::string out;
+};
+
+// Writes the chosen checkpoint's stages as one state dict to `out` and says what it wrote.
+// Returns the exit code.
+int export_weights(const ExportSettings& settings);
+
+}  // namespace ferry::trainer

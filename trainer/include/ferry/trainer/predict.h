@@ -1,0 +1,44 @@
+// ferry-master predict: masks for a folder of images from trained weights, split over the world's
+// workers (or in this one process when it runs on its own), with IoU and Dice where masks exist.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry::trainer {
+
+struct PredictSettings {
+  std::string model = "unet-resnet34";
+  int64_t classes = 1;
+  int64_t image_size = 128;    // as trained: every image is resized to it, its mask back
+  std::string weights;         // a weights file (an export, torch.save or TorchScript) ...
+  std::string checkpoint_dir;  // ... or a checkpoint directory, at `epoch` (0: the latest)
+  int epoch = 0;
+  std::string data;  // DIR/images/* (masks in DIR/masks/*, if any), or the images in DIR
+  std::string out;   // one PNG mask per image, OUT/NAME.png, and OUT/metrics.csv
+  double threshold = 0.5;
+  int64_t batch_size = 8;
+  std::string secret_file;
+};
+
+// The overlap of a predicted mask with the true one. Value type.
+struct Overlap {
+  double intersection = 0, predicted = 0, truth = 0;
+  void add(const Overlap& other);
+  // Both are 1 where neither mask has any foreground.
+  double iou() const;
+  double dice() const;
+};
+
+// Counts the overlap of two masks of 0 and 1 of one shape.
+Overlap overlap_of(const at::Tensor& predicted, const at::Tensor& truth);
+
+// Runs as one rank of the world the environment describes, or on its own. Returns the exit
+// code; bad settings and files are rpc::Error(InvalidArgument) or std::invalid_argument naming
+// the flag or file.
+int run_prediction(const PredictSettings& settings);
+
+}  // namespace ferry::trainer

@@ -1,0 +1,80 @@
+// How a job cuts the U-Net into stages before it builds any: at its three seams (the default),
+// into N stages balanced by measured memory, time or parameters (--stages N --balance ...), or
+// at the blocks a user names (--partition). Each stage's parameters, estimated peak memory and
+// step time are worked out from the blocks' measured costs, for the table `train` prints and
+// `describe` prints or writes as JSON.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ferry/models/block_costs.h"
+#include "ferry/models/remote_unet.h"
+
+namespace ferry::trainer {
+
+struct PlanSettings {
+  std::string model = "unet-resnet34";
+  int64_t classes = 1;
+  int64_t image_size = 128;
+  int64_t batch_size = 8;
+  int stages = 0;                  // 0: the three seams (unless `partition` is set)
+  std::string balance = "memory";  // memory | time | parameters
+  std::string partition;           // the first block of each stage after the first, comma-separated
+  std::string optimizer = "adam";  // its state per parameter enters the memory estimate
+  // Samples whose activations a stage holds at once: the batch for plain and GPipe steps, fewer
+  // for 1F1B (see in_flight_samples).
+  int64_t in_flight_samples = 0;  // 0: the batch
+};
+
+// One stage of a plan. Value type.
+struct PlannedStage {
+  std::string name;
+  int64_t first = 0, last = 0;  // blocks [first, last)
+  std::string blocks;           // "layer2.3..decoder.0"
+  int64_t parameters = 0;
+  // Parameters, gradients and optimizer state, activations in flight, the carries in and out and
+  // the optimizer step's temporaries.
+  double peak_mib = 0;
+  double step_s = 0;  // forward and backward of one batch, as measured in one process
+};
+
+struct StagePlan {
+  int64_t depth = 0;
+  std::string method;  // "seams", "balanced by memory", "manual"
+  std::vector<models::BlockCost> costs;
+  std::vector<PlannedStage> stages;
+  // The plans for RemoteUnet::create, with `workers[k]` for stage k: "worker2" or, with a
+  // device, "worker2/cuda:0" (PyTorch RemoteModule's form).
+  std::vector<models::RemoteUnet::StagePlan> on(const std::vector<std::string>& workers) const;
+};
+
+// The worker of a place: "worker2" of "worker2" and of "worker2/cuda:0".
+std::string worker_of(const std::string& place);
+
+// "unet-resnet<depth>" -> depth; throws rpc::Error(InvalidArgument) naming the model otherwise.
+int64_t depth_of(const std::string& model);
+
+// Throws rpc::Error(InvalidArgument) with `message`: how the trainer's tools refuse a setting,
+// naming the flag.
+[[noreturn]] void fail_setting(const std::string& message);
+
+// The samples each stage holds activations for at once, at most: all of the batch for plain and
+// GPipe steps, and for 1F1B with M micro-batches over p stages, min(M, p) micro-batches.
+int64_t in_flight_samples(int64_t batch_size, int microbatches, bool one_f_one_b, int stages);
+
+// Measures the blocks (in this process) and cuts them. Bad settings (an unknown balance, a
+// partition naming no block, more stages than blocks) are rpc::Error(InvalidArgument) naming the
+// flag.
+StagePlan plan_stages(const PlanSettings& settings);
+
+// A table of the plan: one row per stage with its worker (if given), blocks, parameters,
+// estimated peak and step time.
+std::string plan_table(const StagePlan& plan, const std::vector<std::string>& workers = {});
+// The plan as JSON: {"model", "method", "stages": [{name, blocks, first, last, parameters,
+// estimated_peak_mib, estimated_step_s}], "total_parameters"}.
+nlohmann::ordered_json plan_json(const StagePlan& plan);
+
+}  // namespace ferry::trainer

@@ -1,0 +1,75 @@
+// The training job of ferry-master: a U-Net split into stages on workers, trained with
+// distributed autograd and a distributed optimizer on a segmentation data set.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "ferry/trainer/stage_plan.h"
+#include "ferry/trainer/worker_loop.h"
+
+namespace ferry::trainer {
+
+struct TrainSettings {
+  // The model, its input, the batch (per replica), the cut and the optimizer whose state enters
+  // the memory estimates (stage_plan.h). Its in_flight_samples is worked out from the schedule.
+  PlanSettings plan;
+  std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: round robin
+  int64_t memory_budget_mib = 0;  // every rank's tensor memory bound; 0: FERRY_MEMORY_BUDGET_MIB
+  std::string data = "synthetic";
+  int64_t samples = 512;    // of the synthetic set
+  bool crop = false;        // folder images: crop to image_size instead of resizing
+  std::string weights;      // initial weights file, if set
+  bool via_master = false;  // activations through the master instead of stage to stage
+  // Pipelined steps: "gpipe" or "1f1b" over `microbatches` micro-batches; empty for plain steps
+  // (unless microbatches > 1, checkpointing or a trace asks for a pipeline: then gpipe).
+  std::string pipeline;
+  int microbatches = 1;
+  bool checkpoint_activations = false;  // every stage recomputes its forward in backward
+  std::string trace_file;               // Chrome trace of the pipelined steps, if set
+  double validation_share = 0.2;
+  int epochs = 3;
+  double lr = 0.01;
+  int accumulate = 1;  // batches whose gradients are summed into one optimizer step
+  // Copies of the staged model on workers of their own, each on batch_size images of every step,
+  // their gradients averaged (Gloo) so that they stay equal: data parallel beside model parallel.
+  int replicas = 1;
+  // The learning rate per optimizer step (dist_autograd::LrSchedule): constant | step | cosine |
+  // onecycle, with a warm-up (-1: none, or 30% of the run for onecycle).
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = -1;
+  int64_t lr_step_size = 0;  // step: optimizer steps between drops (0: a third of the run)
+  double lr_gamma = 0.1;     // step: the factor of each drop
+  // The best epoch by a validation metric (val_loss | val_iou | val_dice; empty: val_loss
+  // where --save-best or --early-stop-patience needs one), its checkpoint in
+  // checkpoint_dir/best, and a stop after `early_stop_patience` epochs without improvement.
+  std::string monitor;
+  bool save_best = false;
+  int early_stop_patience = 0;
+  bool freeze_batchnorm = false;  // batch norms keep their statistics and affine parameters
+  // Batch norms normalise by the statistics of every replica's batch together, and move their
+  // running statistics once per step over all micro-batches (ferry/models/sync_batch_norm.h).
+  bool sync_batchnorm = false;
+  // "32" or "bf16-mixed": each stage computes under autocast and sends bfloat16 activations
+  // and gradients; parameters and optimizer state stay float32 (ferry/remote_module/precision.h).
+  std::string precision = "32";
+  std::string loss = "bce+dice";  // bce | dice | bce+dice
+  std::string checkpoint_dir;
+  bool resume = false;
+  int spares = 0;  // the last ranks wait as spares; one takes over the stages of a lost worker
+  std::uint64_t seed = 0;
+  std::string secret_file;           // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE
+  std::vector<std::string> plugins;  // shared libraries of stage types every rank loads
+  std::string metrics_file;          // the final figures as JSON, if set
+  // DIR/metrics.csv (a row per epoch) and DIR/metrics.svg (loss and IoU curves), if set.
+  std::string log_dir;
+  bool compare_single_process = false;  // also measure the whole model's step in one process
+};
+
+// Runs as rank 0 of the world described by the environment. Returns the exit code; a failure
+// (a worker lost, bad settings) is printed as one clear message.
+int run_training(const TrainSettings& settings);
+
+}  // namespace ferry::trainer

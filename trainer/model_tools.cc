@@ -1,0 +1,125 @@
+#include "ferry/trainer/model_tools.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "ferry/core/process_memory.h"
+#include "ferry/core/processes.h"
+#include "ferry/models/unet.h"
+#include "ferry/models/unet_blocks.h"
+
+namespace ferry::trainer {
+
+int describe_model(const PlanSettings& settings, bool json, bool blocks) {
+  StagePlan plan = plan_stages(settings);
+  nlohmann::ordered_json out{{"model", settings.model},
+                             {"image_size", settings.image_size},
+                             {"batch_size", settings.batch_size}};
+  out.update(plan_json(plan));
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> carry{torch::zeros({1, 3, settings.image_size, settings.image_size})};
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const PlannedStage& stage = plan.stages[k];
+    models::UnetBlocks part(plan.depth, settings.classes, stage.first, stage.last);
+    part->eval();
+    int64_t bytes = 0;
+    for (const auto& t : part->parameters()) bytes += static_cast<int64_t>(t.nbytes());
+    for (const auto& t : part->buffers()) bytes += static_cast<int64_t>(t.nbytes());
+    carry = part->forward(carry);
+    nlohmann::ordered_json shapes = nlohmann::ordered_json::array();
+    for (const auto& t : carry) shapes.push_back(t.sizes().vec());
+    auto& entry = out["stages"][k];
+    entry["type"] = "unet.blocks";
+    entry["buffers"] = part->buffers().size();
+    entry["bytes"] = bytes;
+    entry["output_shapes"] = shapes;
+  }
+  if (blocks) {
+    out["blocks"] = nlohmann::ordered_json::array();
+    for (const auto& c : plan.costs) {
+      out["blocks"].push_back(
+          {{"name", c.name},
+           {"parameters", c.parameters},
+           {"activation_mib_per_sample", c.activation_bytes_per_sample / (1 << 20)},
+           {"forward_ms_per_sample", 1e3 * c.forward_s_per_sample},
+           {"backward_ms_per_sample", 1e3 * c.backward_s_per_sample}});
+    }
+  }
+  if (json) {
+    std::cout << out.dump() << std::endl;
+    return 0;
+  }
+  std::cout << fmt::format("{} for {}x{} inputs, batch {} ({})\n", settings.model,
+                           settings.image_size, settings.image_size, settings.batch_size,
+                           plan.method);
+  std::cout << plan_table(plan);
+  for (const auto& stage : out["stages"]) {
+    std::cout << fmt::format("  {:<8} {:>4} buffers {:>8.1f} MiB  out (one image) {}\n",
+                             stage["name"].get<std::string>(), stage["buffers"].get<int64_t>(),
+                             stage["bytes"].get<int64_t>() / 1048576.0,
+                             stage["output_shapes"].dump());
+  }
+  std::cout << fmt::format("  total    {:>11} parameters\n",
+                           out["total_parameters"].get<int64_t>());
+  if (blocks) {
+    std::cout << fmt::format("\n{:<12} {:>11} {:>18} {:>14} {:>14}\n", "block", "parameters",
+                             "activations MiB/img", "forward ms/img", "backward ms/img");
+    for (const auto& c : plan.costs) {
+      std::cout << fmt::format("{:<12} {:>11} {:>18.2f} {:>14.2f} {:>14.2f}\n", c.name,
+                               c.parameters, c.activation_bytes_per_sample / (1 << 20),
+                               1e3 * c.forward_s_per_sample, 1e3 * c.backward_s_per_sample);
+    }
+  }
+  return 0;
+}
+
+int measure_single_process(const std::string& model, int64_t classes, int64_t image_size,
+                           int64_t batch_size, const std::string& optimizer_name,
+                           int64_t memory_budget_mib) {
+  core::count_tensor_memory();
+  core::set_tensor_memory_budget(memory_budget_mib << 20);
+  models::Unet net(depth_of(model), classes);
+  at::Tensor x = torch::randn({batch_size, 3, image_size, image_size});
+  at::Tensor target = torch::zeros({batch_size, classes, image_size, image_size});
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (optimizer_name == "sgd") {
+    optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                    torch::optim::SGDOptions(0.01).momentum(0.9));
+  } else if (optimizer_name == "adamw") {
+    optimizer = std::make_unique<torch::optim::AdamW>(net->parameters());
+  } else {
+    optimizer = std::make_unique<torch::optim::Adam>(net->parameters());
+  }
+  torch::binary_cross_entropy_with_logits(net->forward(x), target).backward();
+  optimizer->step();
+  nlohmann::ordered_json out{
+      {"peak_rss_mib", core::peak_rss_mib()},
+      {"peak_tensor_mib", static_cast<double>(core::tensor_memory().peak_bytes) / (1 << 20)}};
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+double single_process_peak_mib(const std::string& model, int64_t classes, int64_t image_size,
+                               int64_t batch_size, const std::string& optimizer) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return -1;
+  std::string command = fmt::format(
+      "env -u RANK -u WORLD_SIZE -u SLURM_PROCID '{}' footprint --model {} --classes {} "
+      "--image-size {} --batch-size {} --optimizer {}",
+      std::string(self, n), model, classes, image_size, batch_size, optimizer);
+  core::CommandOutput ran = core::run_command(command, /*with_stderr=*/false);
+  if (ran.status != 0) return -1;
+  try {
+    return nlohmann::json::parse(ran.last_line()).at("peak_rss_mib").get<double>();
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace ferry::trainer

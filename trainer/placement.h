@@ -1,0 +1,39 @@
+// Where the training job's stages go and what it says and does when a worker is lost: the
+// placement over the world's workers, the spares that take over, and the message naming the
+// stages a lost worker held. Used from the master's thread.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ferry/models/remote_unet.h"
+#include "ferry/rpc/error.h"
+#include "ferry/trainer/stage_plan.h"
+
+namespace ferry::trainer {
+
+// The names of every copy of every stage, replica by replica: "encoder" for replica 0,
+// "encoder@1" for replica 1, ...
+std::vector<std::string> replica_stage_names(const StagePlan& plan, int replicas);
+
+// The worker of each copy of each planned stage, replica by replica (as replica_stage_names):
+// the workers that are not spares, shared equally among the replicas, each replica's stages
+// round robin over its own (the master hosts them all in a world of one); then --placement's
+// choices by those names. Throws rpc::Error(InvalidArgument) when a replica gets no worker.
+std::vector<std::string> place_stages(const StagePlan& plan, const std::string& placement,
+                                      int spares, int replicas = 1);
+
+// Puts a spare in place of every lost worker that held a stage; says what it did, one line per
+// worker, or nothing when there is no such worker or not enough spares (then the job fails).
+// `stage_names` and `workers` are as replica_stage_names and place_stages give them.
+std::vector<std::string> take_over_lost_workers(const std::vector<std::string>& stage_names,
+                                                std::vector<std::string>& workers,
+                                                std::vector<std::string>& spares);
+
+// What a user needs after a worker is lost, unreachable or out of memory: the stages it holds,
+// and where training can resume from. Empty for other errors.
+std::string stages_concerned(const rpc::Error& e,
+                             const std::vector<const models::RemoteUnet*>& replicas,
+                             const std::string& checkpoint_dir);
+
+}  // namespace ferry::trainer

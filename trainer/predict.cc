@@ -1,0 +1,207 @@
+#include "ferry/trainer/predict.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+
+#include "ferry/core/files.h"
+#include "ferry/core/log.h"
+#include "ferry/data/dataset.h"
+#include "ferry/models/remote_unet.h"
+#include "ferry/models/unet.h"
+#include "ferry/models/weights.h"
+#include "ferry/remote_module/checkpoint.h"
+#include "ferry/rpc/rpc.h"
+#include "ferry/trainer/export_weights.h"
+#include "ferry/trainer/stage_plan.h"
+#include "ferry/trainer/train.h"
+#include "ferry/trainer/worker_loop.h"
+#include "trainer/placement.h"
+#include "trainer/train_report.h"
+
+namespace ferry::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+using Model = std::function<at::Tensor(const at::Tensor&)>;
+
+// The weights to predict with, and where they came from (for messages).
+struct Weights {
+  c10::Dict<std::string, at::Tensor> state;
+  std::string source;
+};
+
+Weights weights_of(const PredictSettings& s) {
+  if (s.weights.empty() == s.checkpoint_dir.empty()) {
+    fail_setting("predict needs either --weights FILE or --checkpoint-dir DIR");
+  }
+  if (!s.weights.empty()) return {models::read_weights(s.weights), s.weights};
+  const std::string folder = checkpoint_of_epoch(s.checkpoint_dir, s.epoch);
+  return {remote_module::merged_state(remote_module::read_checkpoint(folder)), folder};
+}
+
+void check_loaded(const models::LoadReport& report, const Weights& weights,
+                  const PredictSettings& s) {
+  if (!report.ok()) {
+    fail_setting(fmt::format("the weights in \"{}\" are not a whole {} with {} class{}: {}",
+                             weights.source, s.model, s.classes, s.classes == 1 ? "" : "es",
+                             report.describe()));
+  }
+}
+
+// The images and, where they have one, their masks.
+struct Folder {
+  std::map<std::string, std::string> images, masks;
+};
+
+Folder folder_of(const std::string& dir) {
+  Folder f;
+  const fs::path images = fs::path(dir) / "images";
+  std::error_code ec;
+  const bool laid_out = fs::is_directory(images, ec);
+  f.images = data::image_files(laid_out ? images.string() : dir);
+  if (f.images.empty()) {
+    fail_setting(
+        fmt::format("--data: no PNG or JPEG files in \"{}\"", laid_out ? images.string() : dir));
+  }
+  const fs::path masks = fs::path(dir) / "masks";
+  if (laid_out && fs::is_directory(masks, ec)) f.masks = data::image_files(masks.string());
+  return f;
+}
+
+// Every image through `model` in batches; masks written, overlaps reported. Returns the exit code.
+int predict_folder(const Model& model, const PredictSettings& s) {
+  const Folder folder = folder_of(s.data);
+  std::error_code ec;
+  fs::create_directories(s.out, ec);
+  if (ec) fail_setting(fmt::format("--out: cannot make \"{}\": {}", s.out, ec.message()));
+  std::vector<std::pair<std::string, std::string>> images(folder.images.begin(),
+                                                          folder.images.end());
+  const std::size_t batches = (images.size() + s.batch_size - 1) / s.batch_size;
+  ProgressBar bar("predict", batches);
+  std::string table = "image,iou,dice\n";
+  std::vector<std::string> lines;
+  Overlap total;
+  std::size_t scored = 0;
+  torch::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < batches; ++b) {
+    const std::size_t first = b * s.batch_size;
+    const std::size_t last = std::min(images.size(), first + s.batch_size);
+    std::vector<data::ImageFile> files;
+    std::vector<at::Tensor> pixels;
+    for (std::size_t i = first; i < last; ++i) {
+      files.push_back(data::read_image(images[i].second, s.image_size));
+      pixels.push_back(files.back().pixels);
+    }
+    const at::Tensor logits = model(torch::stack(pixels));
+    for (std::size_t i = first; i < last; ++i) {
+      const auto& [name, path] = images[i];
+      const data::ImageFile& file = files[i - first];
+      // Back to the image's own size, as its mask is.
+      at::Tensor full = torch::upsample_bilinear2d(logits.slice(0, i - first, i - first + 1),
+                                                   {file.height, file.width}, false);
+      at::Tensor mask = torch::sigmoid(full[0][0]).gt(s.threshold);
+      data::write_mask(mask, (fs::path(s.out) / (name + ".png")).string());
+      auto truth_file = folder.masks.find(name);
+      if (truth_file == folder.masks.end()) continue;
+      at::Tensor truth = data::read_mask(truth_file->second);
+      if (truth.size(0) != file.height || truth.size(1) != file.width) {
+        throw std::invalid_argument(
+            fmt::format("mask \"{}\" is {}x{} but its image \"{}\" is {}x{}", truth_file->second,
+                        truth.size(1), truth.size(0), path, file.width, file.height));
+      }
+      const Overlap o = overlap_of(mask.to(at::kFloat), truth);
+      total.add(o);
+      ++scored;
+      table += fmt::format("{},{},{}\n", name, o.iou(), o.dice());
+      lines.push_back(fmt::format("{:<24} IoU {:.3f}  Dice {:.3f}", name, o.iou(), o.dice()));
+    }
+    bar.update(b + 1, fmt::format("{} images", last));
+  }
+  std::cerr << fmt::format("{} masks written to {}\n", images.size(), s.out);
+  if (scored == 0) return 0;
+  for (const std::string& line : lines) std::cerr << line << "\n";
+  table += fmt::format("overall,{},{}\n", total.iou(), total.dice());
+  core::write_file_atomically((fs::path(s.out) / "metrics.csv").string(), table);
+  std::cerr << fmt::format(
+      "overall over {} images with masks (all their pixels): IoU {:.4f}, Dice {:.4f}; per image "
+      "in {}\n",
+      scored, total.iou(), total.dice(), (fs::path(s.out) / "metrics.csv").string());
+  return 0;
+}
+
+int predict_in_this_process(const PredictSettings& s) {
+  const Weights weights = weights_of(s);
+  models::Unet net(depth_of(s.model), s.classes);
+  check_loaded(models::load_state_dict(*net, weights.state), weights, s);
+  net->eval();
+  return predict_folder([&](const at::Tensor& images) { return net->forward(images); }, s);
+}
+
+int predict_on_workers(const PredictSettings& s) {
+  const Weights weights = weights_of(s);
+  const int workers = static_cast<int>(rpc::workers().size()) - 1;
+  PlanSettings p;
+  p.model = s.model;
+  p.classes = s.classes;
+  p.image_size = s.image_size;
+  p.batch_size = s.batch_size;
+  p.stages = workers == 3 ? 0 : workers;  // three workers: the seams
+  const StagePlan plan = plan_stages(p);
+  const std::vector<std::string> places = place_stages(plan, "", 0);
+  std::cerr << plan_table(plan, places) << std::flush;
+  models::RemoteUnet split = models::RemoteUnet::create(plan.depth, s.classes, plan.on(places));
+  check_loaded(split.load_state(weights.state), weights, s);
+  split.train(false);
+  return predict_folder([&](const at::Tensor& images) { return split.forward(images, true); }, s);
+}
+
+}  // namespace
+
+void Overlap::add(const Overlap& other) {
+  intersection += other.intersection;
+  predicted += other.predicted;
+  truth += other.truth;
+}
+
+double Overlap::iou() const {
+  const double united = predicted + truth - intersection;
+  return united == 0 ? 1.0 : intersection / united;
+}
+
+double Overlap::dice() const {
+  return predicted + truth == 0 ? 1.0 : 2 * intersection / (predicted + truth);
+}
+
+Overlap overlap_of(const at::Tensor& predicted, const at::Tensor& truth) {
+  return {(predicted * truth).sum().item<double>(), predicted.sum().item<double>(),
+          truth.sum().item<double>()};
+}
+
+int run_prediction(const PredictSettings& s) {
+  if (s.classes != 1) {
+    fail_setting(
+        fmt::format("predict writes one mask per image: --classes must be 1, not {}", s.classes));
+  }
+  if (!(s.threshold > 0 && s.threshold < 1)) {
+    fail_setting(fmt::format("--threshold must be between 0 and 1, not {}", s.threshold));
+  }
+  if (s.data.empty() || s.out.empty()) fail_setting("predict needs --data DIR and --out DIR");
+  if (s.batch_size < 1) fail_setting("--batch-size must be 1 or more");
+  depth_of(s.model);
+  if (!rpc::world_in_environment()) return predict_in_this_process(s);
+
+  rpc::Options options;
+  options.secret_file = s.secret_file;
+  options = rpc::resolve_options(options);
+  if (options.world_size == 1) return predict_in_this_process(s);
+  if (options.rank != 0) return serve_as_worker(options);
+  return run_as_master(options, "prediction", [&] { return predict_on_workers(s); });
+}
+
+}  // namespace ferry::trainer

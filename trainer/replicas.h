@@ -1,0 +1,49 @@
+// The copies of the staged model that train side by side (--replicas): running a function on
+// each at once, and validation with the batches shared among them. Each copy's calls run on a
+// thread of their own, so that every copy's autograd context is current where it is used. Used
+// from the master's thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/data/dataset.h"
+#include "ferry/models/remote_unet.h"
+#include "ferry/pipeline/pipeline.h"
+
+namespace ferry::trainer {
+
+// One copy of the model: its stages on their workers, and the pipeline over them if pipelined.
+struct Replica {
+  models::RemoteUnet split;
+  std::unique_ptr<pipeline::Pipeline> pipe;
+};
+
+// Runs fn(r) for r in [0, count): on this thread for one, else on a thread each, all at once.
+// Rethrows the failure of a lost or silent worker (rpc::Error PeerDied or Timeout) before any
+// other, since the others often follow from it; else the first.
+void for_each_replica(std::size_t count, const std::function<void(std::size_t)>& fn);
+
+// Replica r's share of a batch's `count` images: equal shares, the first ones one larger where
+// they do not divide.
+at::Tensor share_of(const at::Tensor& batch, std::size_t r, std::size_t count);
+
+// bce, dice or bce+dice; the mean over the batch's pixels, in float32.
+at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::Tensor& masks);
+
+struct Validation {
+  double loss = 0, iou = 0, dice = 0;
+  // By EpochMonitor's names.
+  double of(const std::string& metric) const;
+};
+
+// Every image of `loader` through the replicas (each batch shared among them, in eval mode and
+// without gradients): the mean loss per image, and IoU and Dice over all pixels.
+Validation validate(std::vector<Replica>& replicas, data::BatchLoader& loader,
+                    const std::string& loss, bool direct);
+
+}  // namespace ferry::trainer

@@ -1,0 +1,256 @@
+#include "ferry/trainer/stage_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "ferry/models/unet.h"
+#include "ferry/models/unet_blocks.h"
+#include "ferry/pipeline/partition.h"
+#include "ferry/rpc/error.h"
+
+namespace ferry::trainer {
+
+void fail_setting(const std::string& message) {
+  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
+}
+
+namespace {
+
+constexpr double kMiB = 1 << 20;
+
+// Bytes per parameter byte that training keeps: the parameter, its gradient, and the optimizer's
+// state (a momentum for SGD; two moments for Adam and AdamW).
+double state_factor(const std::string& optimizer) { return optimizer == "sgd" ? 3 : 4; }
+// Tensors of one parameter's size that the optimizer's step makes and drops, one parameter at a
+// time (Adam's square root of the second moment and its quotient).
+double step_temporaries(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 2; }
+
+// The bytes per sample of each element of the carry after block `k` (-1: the image), bottom
+// first: each element is the output of the block that made it.
+std::vector<double> carry_elements(const std::vector<models::BlockCost>& costs,
+                                   const std::vector<models::UnetBlock>& blocks, double image,
+                                   int64_t k) {
+  std::vector<double> carry{image};
+  for (int64_t j = 0; j <= k; ++j) {
+    const models::UnetBlock& block = blocks[j];
+    if (block.carry_out > block.carry_in) {
+      carry.push_back(0);
+    } else {
+      carry.resize(static_cast<size_t>(block.carry_out));
+    }
+    carry.back() = costs[j].output_bytes_per_sample;
+  }
+  return carry;
+}
+
+double sum_from(const std::vector<double>& values, int64_t from) {
+  double sum = 0;
+  for (size_t i = static_cast<size_t>(from); i < values.size(); ++i) sum += values[i];
+  return sum;
+}
+
+// What a stage holds beyond the sum over its blocks, for the estimate only (not additive, so not
+// balanced): the step's temporaries for its largest parameter, and the part of the carry it
+// receives and the part it sends, with their gradients. The skips beneath, which its blocks do
+// not touch, go past it (RemoteUnet::routes()).
+double stage_extra_bytes(const std::vector<models::BlockCost>& costs, const pipeline::Range& range,
+                         const PlanSettings& s, int64_t samples) {
+  int64_t largest = 0;
+  for (int64_t k = range.begin; k < range.end; ++k) {
+    largest = std::max(largest, costs[k].largest_parameter_bytes);
+  }
+  const std::vector<models::UnetBlock> blocks = models::unet_blocks(depth_of(s.model));
+  const int64_t untouched = models::unet_carry_untouched(blocks, range.begin, range.end);
+  const double image = 3.0 * static_cast<double>(s.image_size * s.image_size) * sizeof(float);
+  const double carry_in =
+      sum_from(carry_elements(costs, blocks, image, range.begin - 1), untouched);
+  const double carry_out = sum_from(carry_elements(costs, blocks, image, range.end - 1), untouched);
+  return step_temporaries(s.optimizer) * static_cast<double>(largest) +
+         2 * (carry_in + carry_out) * static_cast<double>(samples);
+}
+
+std::vector<double> memory_costs(const std::vector<models::BlockCost>& costs, double factor,
+                                 int64_t samples) {
+  std::vector<double> out;
+  for (const auto& c : costs) {
+    out.push_back(static_cast<double>(c.parameter_bytes) * factor +
+                  c.activation_bytes_per_sample * static_cast<double>(samples));
+  }
+  return out;
+}
+
+std::vector<double> time_costs(const std::vector<models::BlockCost>& costs, int64_t batch) {
+  std::vector<double> out;
+  for (const auto& c : costs) {
+    out.push_back((c.forward_s_per_sample + c.backward_s_per_sample) * static_cast<double>(batch));
+  }
+  return out;
+}
+
+std::vector<double> parameter_costs(const std::vector<models::BlockCost>& costs) {
+  std::vector<double> out;
+  for (const auto& c : costs) out.push_back(static_cast<double>(c.parameters));
+  return out;
+}
+
+std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models::BlockCost>& costs,
+                                 const std::vector<double>& memory, const std::vector<double>& time,
+                                 std::string& method) {
+  std::vector<std::string> names;
+  for (const auto& c : costs) names.push_back(c.name);
+  if (!s.partition.empty()) {
+    std::vector<pipeline::Range> ranges;
+    try {
+      ranges = pipeline::ranges_from_cuts(names, s.partition);
+    } catch (const std::invalid_argument& e) {
+      fail_setting(
+          fmt::format("--partition {}: {} (the blocks: stem, layer1.0, ..., decoder.0, ..., "
+                      "head; `ferry-master describe --blocks` lists them)",
+                      s.partition, e.what()));
+    }
+    if (s.stages > 0 && static_cast<int>(ranges.size()) != s.stages) {
+      fail_setting(fmt::format("--partition {} makes {} stages but --stages is {}", s.partition,
+                               ranges.size(), s.stages));
+    }
+    method = "manual";
+    return ranges;
+  }
+  if (s.stages == 0) {
+    method = "seams";
+    std::vector<pipeline::Range> ranges;
+    for (const auto& seam : models::RemoteUnet::seams(depth_of(s.model), {})) {
+      ranges.push_back({seam.first, seam.last});
+    }
+    return ranges;
+  }
+  if (s.stages < 1 || s.stages > static_cast<int>(costs.size())) {
+    fail_setting(fmt::format("--stages {}: the U-Net has {} blocks, so 1 to {} stages", s.stages,
+                             costs.size(), costs.size()));
+  }
+  method = "balanced by " + s.balance;
+  if (s.balance == "memory") return pipeline::partition_min_max(memory, s.stages, time);
+  if (s.balance == "time") return pipeline::partition_min_max(time, s.stages, memory);
+  if (s.balance == "parameters") {
+    return pipeline::partition_min_max(parameter_costs(costs), s.stages, time);
+  }
+  fail_setting(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
+}
+
+}  // namespace
+
+std::string worker_of(const std::string& place) { return place.substr(0, place.find('/')); }
+
+int64_t depth_of(const std::string& model) {
+  const std::string prefix = "unet-resnet";
+  int64_t depth = 0;
+  if (model.rfind(prefix, 0) == 0) {
+    try {
+      depth = std::stoll(model.substr(prefix.size()));
+    } catch (const std::exception&) {
+    }
+  }
+  if (depth == 0) {
+    fail_setting(
+        fmt::format("unknown model \"{}\" (models: unet-resnet18, unet-resnet34, unet-resnet50, "
+                    "unet-resnet101, unet-resnet152)",
+                    model));
+  }
+  models::resnet_channels(depth);  // throws for a depth that does not exist
+  return depth;
+}
+
+int64_t in_flight_samples(int64_t batch_size, int microbatches, bool one_f_one_b, int stages) {
+  if (!one_f_one_b || microbatches <= 1) return batch_size;
+  const int64_t per_microbatch = (batch_size + microbatches - 1) / microbatches;
+  return std::min<int64_t>(batch_size, per_microbatch * std::min(microbatches, stages));
+}
+
+std::vector<models::RemoteUnet::StagePlan> StagePlan::on(
+    const std::vector<std::string>& workers) const {
+  std::vector<models::RemoteUnet::StagePlan> out;
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const std::string& place = workers.at(k);
+    const std::string worker = worker_of(place);
+    out.push_back({stages[k].name, stages[k].first, stages[k].last, worker,
+                   place.size() > worker.size() ? place.substr(worker.size() + 1) : ""});
+  }
+  return out;
+}
+
+StagePlan plan_stages(const PlanSettings& s) {
+  StagePlan plan;
+  plan.depth = depth_of(s.model);
+  if (s.stages < 0) fail_setting(fmt::format("--stages {} is not a number of stages", s.stages));
+  if (s.balance != "memory" && s.balance != "time" && s.balance != "parameters") {
+    fail_setting(
+        fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
+  }
+  // A balance by time needs the steadier figure of two timed passes; otherwise time is only
+  // shown, and one pass saves start-up (a few seconds for a ResNet-152 at 128 x 128).
+  plan.costs = models::measure_unet_blocks(plan.depth, s.classes, s.image_size, 2, 0,
+                                           s.balance == "time" && s.stages > 0 ? 2 : 1);
+  const int64_t samples = s.in_flight_samples > 0 ? s.in_flight_samples : s.batch_size;
+  const std::vector<double> memory = memory_costs(plan.costs, state_factor(s.optimizer), samples);
+  const std::vector<double> time = time_costs(plan.costs, s.batch_size);
+  const std::vector<pipeline::Range> ranges = cut(s, plan.costs, memory, time, plan.method);
+  const std::vector<double> stage_memory = pipeline::range_costs(memory, ranges);
+  const std::vector<double> stage_time = pipeline::range_costs(time, ranges);
+  const std::vector<double> stage_parameters =
+      pipeline::range_costs(parameter_costs(plan.costs), ranges);
+  const std::vector<models::RemoteUnet::StagePlan> seams =
+      models::RemoteUnet::seams(plan.depth, {});
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    PlannedStage stage;
+    stage.name = plan.method == "seams" ? seams[k].name : fmt::format("stage{}", k);
+    stage.first = ranges[k].begin;
+    stage.last = ranges[k].end;
+    const std::string& from = plan.costs[stage.first].name;
+    const std::string& to = plan.costs[stage.last - 1].name;
+    stage.blocks = stage.last - stage.first == 1 ? from : fmt::format("{}..{}", from, to);
+    stage.parameters = static_cast<int64_t>(stage_parameters[k]);
+    stage.peak_mib =
+        (stage_memory[k] + stage_extra_bytes(plan.costs, ranges[k], s, samples)) / kMiB;
+    stage.step_s = stage_time[k];
+    plan.stages.push_back(stage);
+  }
+  return plan;
+}
+
+std::string plan_table(const StagePlan& plan, const std::vector<std::string>& workers) {
+  std::string out = fmt::format("{:<8} {:<10} {:<26} {:>11} {:>14} {:>12}\n", "stage", "worker",
+                                "blocks", "parameters", "est. peak MiB", "est. step s");
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const PlannedStage& s = plan.stages[k];
+    out += fmt::format("{:<8} {:<10} {:<26} {:>11} {:>14.0f} {:>12.2f}\n", s.name,
+                       k < workers.size() ? workers[k] : "-", s.blocks, s.parameters, s.peak_mib,
+                       s.step_s);
+  }
+  out += fmt::format(
+      "{}; estimates from each block measured in one process: parameters, "
+      "gradients and optimizer state, and the activations a stage holds at once\n",
+      plan.method == "seams" ? "cut at the seams" : plan.method);
+  return out;
+}
+
+nlohmann::ordered_json plan_json(const StagePlan& plan) {
+  nlohmann::ordered_json out;
+  out["method"] = plan.method;
+  out["stages"] = nlohmann::ordered_json::array();
+  int64_t total = 0;
+  for (const PlannedStage& s : plan.stages) {
+    out["stages"].push_back({{"name", s.name},
+                             {"blocks", s.blocks},
+                             {"first", s.first},
+                             {"last", s.last},
+                             {"parameters", s.parameters},
+                             {"estimated_peak_mib", s.peak_mib},
+                             {"estimated_step_s", s.step_s}});
+    total += s.parameters;
+  }
+  out["total_parameters"] = total;
+  return out;
+}
+
+}  // namespace ferry::trainer

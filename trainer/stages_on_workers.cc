@@ -1,0 +1,129 @@
+#include "trainer/stages_on_workers.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+
+#include "ferry/core/log.h"
+#include "ferry/remote_module/remote_module.h"
+#include "ferry/rpc/rpc.h"
+#include "trainer/train_setup.h"
+
+namespace ferry::trainer {
+namespace {
+
+using models::RemoteUnet;
+
+// Loads --weights into a replica's stages, saying what did not fit.
+void load_weights(RemoteUnet& split, const TrainSettings& s) {
+  models::LoadReport report = split.load_weights(s.weights);
+  if (report.loaded == 0) {
+    fail_setting(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
+                             report.describe()));
+  }
+  if (report.ok()) {
+    log::info("weights loaded from {}", s.weights);
+  } else {
+    log::warn("weights from {} loaded where they fit; {}", s.weights, report.describe());
+  }
+}
+
+// --sync-batchnorm: the copies of each stage join a collective group of their own.
+void take_step_statistics(const StagesOnWorkers& job) {
+  static std::atomic<std::int64_t> builds{0};
+  const std::int64_t build = builds.fetch_add(1);
+  const std::vector<remote_module::RemoteModule> first = job.replicas.front().split.modules();
+  std::int64_t layers = 0;
+  for (std::size_t k = 0; k < first.size(); ++k) {
+    std::vector<remote_module::RemoteModule> copies;
+    for (const Replica& replica : job.replicas) copies.push_back(replica.split.modules()[k]);
+    layers += remote_module::RemoteModule::take_step_statistics(
+        copies, fmt::format("ferry/batchnorm/{}/{}/{}/", rpc::self().rank, build, k));
+  }
+  if (layers == 0) fail_setting("--sync-batchnorm: no stage of the model has a batch norm");
+  log::info("batch norms: statistics of the whole step ({} layers{})", layers,
+            job.replicas.size() > 1 ? fmt::format(", summed over {} replicas", job.replicas.size())
+                                    : std::string());
+}
+
+}  // namespace
+
+void align_replicas(StagesOnWorkers& job) {
+  const std::vector<RemoteUnet::Stage>& first = job.replicas.front().split.stages();
+  for (std::size_t k = 0; k < first.size(); ++k) {
+    const c10::Dict<std::string, at::Tensor> state = first[k].module.state_dict();
+    for (std::size_t r = 1; r < job.replicas.size(); ++r) {
+      job.replicas[r].split.stages()[k].module.load_state_dict(state);
+    }
+  }
+}
+
+std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const StagePlan& plan,
+                                              const std::vector<std::string>& workers) {
+  auto job = std::make_unique<StagesOnWorkers>();
+  const std::size_t stages = plan.stages.size();
+  const remote_module::Precision precision = precision_of(s);
+  std::vector<std::vector<rpc::RRefPtr>> parameters;
+  for (int r = 0; r < s.replicas; ++r) {
+    std::vector<std::string> places(workers.begin() + r * stages,
+                                    workers.begin() + (r + 1) * stages);
+    // One seed for all: every replica starts from the same weights.
+    job->replicas.push_back(
+        Replica{RemoteUnet::create(plan.depth, s.plan.classes, plan.on(places),
+                                   static_cast<int64_t>(s.seed), s.freeze_batchnorm),
+                nullptr});
+    Replica& replica = job->replicas.back();
+    if (precision != remote_module::Precision::Float32) {
+      for (const remote_module::RemoteModule& stage : replica.split.modules())
+        stage.set_precision(precision);
+    }
+    replica.pipe = pipeline_of(s, replica.split);
+    parameters.push_back(replica.split.parameters());
+  }
+  if (s.sync_batchnorm) take_step_statistics(*job);
+  // The file is read once; the other replicas get replica 0's tensors.
+  if (!s.weights.empty()) {
+    load_weights(job->split(), s);
+    align_replicas(*job);
+  }
+  job->optimizer = std::make_unique<dist_autograd::DistributedOptimizer>(optimizer_spec(s),
+                                                                         std::move(parameters));
+  return job;
+}
+
+remote_module::NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
+  remote_module::NamedValues values{
+      {"optimizer", job.optimizer->state_dict()}, {"epoch", int64_t{p.epoch}}, {"step", p.step}};
+  if (p.monitor) {
+    values["monitor"] = p.monitor->metric();
+    values["best_epoch"] = int64_t{p.monitor->best_epoch()};
+    values["best_value"] = p.monitor->best_value();
+    values["stale_epochs"] = int64_t{p.monitor->stale_epochs()};
+  }
+  return values;
+}
+
+void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
+             Progress& progress) {
+  remote_module::NamedValues extra =
+      remote_module::load_checkpoint_by_tensor_name(dir, job.split().named());
+  align_replicas(job);
+  job.optimizer->load_state_dict(extra.at("optimizer"));
+  progress.epoch = static_cast<int>(extra.at("epoch").toInt());
+  // Checkpoints written before schedules counted no steps: a step per batch then.
+  progress.step = extra.count("step") ? extra.at("step").toInt()
+                                      : progress.epoch * static_cast<int64_t>(epoch_steps);
+  if (!progress.monitor) return;
+  EpochMonitor& monitor = *progress.monitor;
+  monitor.restore(0, 0, 0);
+  if (!extra.count("monitor")) return;
+  if (extra.at("monitor").toStringRef() != monitor.metric()) {
+    log::warn("the checkpoint in {} watched {}; --monitor {} starts afresh", dir,
+              extra.at("monitor").toStringRef(), monitor.metric());
+    return;
+  }
+  monitor.restore(static_cast<int>(extra.at("best_epoch").toInt()),
+                  extra.at("best_value").toDouble(),
+                  static_cast<int>(extra.at("stale_epochs").toInt()));
+}
+}  // namespace ferry::trainer

@@ -1,0 +1,72 @@
+// The model's stages as a run holds them on the master: every replica's stages on their workers
+// and the distributed optimizer over them all, built from the plan and the settings (and built
+// again as a whole when spares take over); where a run stands between epochs, and how that is
+// saved into and restored from a checkpoint. Used from the master's thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/dist_autograd/optimizer.h"
+#include "ferry/models/remote_unet.h"
+#include "ferry/remote_module/checkpoint.h"
+#include "ferry/trainer/epoch_monitor.h"
+#include "ferry/trainer/stage_plan.h"
+#include "ferry/trainer/train.h"
+#include "trainer/replicas.h"
+
+namespace ferry::trainer {
+
+// Every replica of the model's stages on their workers, with the optimizer over them all: built
+// again as a whole when spares take over a lost worker's stages.
+struct StagesOnWorkers {
+  std::vector<Replica> replicas;
+  std::unique_ptr<dist_autograd::DistributedOptimizer> optimizer;
+  double last_train_loss = 0;  // mean over the last epoch's steps
+
+  // Replica 0: what checkpoints save and reports show (every replica's parameters are equal).
+  models::RemoteUnet& split() { return replicas.front().split; }
+  std::vector<const models::RemoteUnet*> splits() const {
+    std::vector<const models::RemoteUnet*> out;
+    for (const Replica& r : replicas) out.push_back(&r.split);
+    return out;
+  }
+};
+
+// Replica 0's parameters and buffers into every other replica. Their parameters are equal already;
+// their batch norms' running statistics are not, each having seen its own images: after this,
+// validation and checkpoints see one model, as DistributedDataParallel's broadcast of buffers
+// makes it.
+void align_replicas(StagesOnWorkers& job);
+
+// Every replica's stages on `workers` (every replica's places, replica by replica, as
+// place_stages gives them), from one seed, with --precision, --sync-batchnorm and --weights
+// applied, and the optimizer over them all.
+std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const StagePlan& plan,
+                                              const std::vector<std::string>& workers);
+
+// Where a run stands between epochs: what a checkpoint saves beside the weights and the
+// optimizer's state, so that --resume goes on along the same learning-rate curve and keeps its
+// best epoch.
+struct Progress {
+  int epoch = 0;          // epochs done
+  std::int64_t step = 0;  // optimizer steps done
+  std::optional<EpochMonitor> monitor;
+};
+
+// What a checkpoint saves beside the weights: the optimizer's state and `p`.
+remote_module::NamedValues progress_values(const Progress& p, const StagesOnWorkers& job);
+
+// Loads the latest checkpoint in `dir` into replica 0 (read once; the other replicas get its
+// tensors) and the optimizer, and `progress` with where it was saved. Tensors are found by name,
+// so the checkpoint may come from another cut; the optimizer's state is per parameter in the
+// whole model's order, which no cut changes. `epoch_steps`: optimizer steps per epoch, for
+// checkpoints that did not count them.
+void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
+             Progress& progress);
+
+}  // namespace ferry::trainer

@@ -1,0 +1,398 @@
+// The training job on the master, in the pieces a run goes through: its settings checked, its
+// data, cut and stages set up, one epoch after another (train, validate, record, checkpoint),
+// spares taking over a lost worker's stages, and the end-of-run report. Times are taken on both
+// sides so that the report can say where each stage's time went.
+#include "ferry/trainer/train.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "ferry/core/backoff.h"
+#include "ferry/core/files.h"
+#include "ferry/core/log.h"
+#include "ferry/core/process_memory.h"
+#include "ferry/data/dataset.h"
+#include "ferry/dist_autograd/lr_schedule.h"
+#include "ferry/pipeline/pipeline.h"
+#include "ferry/remote_module/checkpoint.h"
+#include "ferry/rpc/rpc.h"
+#include "ferry/trainer/epoch_monitor.h"
+#include "ferry/trainer/metrics_log.h"
+#include "ferry/trainer/model_tools.h"
+#include "ferry/trainer/stage_plan.h"
+#include "ferry/trainer/worker_loop.h"
+#include "trainer/placement.h"
+#include "trainer/replicas.h"
+#include "trainer/stages_on_workers.h"
+#include "trainer/train_epoch.h"
+#include "trainer/train_report.h"
+#include "trainer/train_setup.h"
+
+namespace ferry::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A run on the master: what it set up before its first epoch and what it keeps between epochs.
+// Resource type, used from the master's thread.
+struct Run {
+  explicit Run(const TrainSettings& settings) : s(settings) {}
+
+  const TrainSettings& s;
+  std::unique_ptr<data::BatchLoader> train_loader, validation_loader;
+  std::size_t epoch_steps = 0;  // optimizer steps per epoch
+  std::optional<dist_autograd::LrSchedule> schedule;
+  StagePlan plan;
+  // Every copy of every stage, replica by replica: its name and its worker's place.
+  std::vector<std::string> stage_names, workers;
+  std::vector<std::string> spares;
+  std::unique_ptr<StagesOnWorkers> job;
+  Progress progress;
+  std::optional<MetricsLog> metrics_log;
+  nlohmann::ordered_json metrics;
+  double train_s = 0;
+  int takeovers = 0;
+  int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
+};
+
+std::string best_dir(const TrainSettings& s) {
+  return (std::filesystem::path(s.checkpoint_dir) / "best").string();
+}
+
+// Settings that cannot work, refused before any data is read or any worker builds a stage.
+void check_settings(const TrainSettings& s) {
+  depth_of(s.plan.model);
+  if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
+    fail_setting(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
+  }
+  if (s.accumulate < 1)
+    fail_setting(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
+  if (s.replicas < 1) fail_setting(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
+  precision_of(s);
+  check_sync_batchnorm(s);
+}
+
+// The data first: a wrong folder is found before any worker builds a stage. --batch-size is per
+// replica, as a distributed sampler's: a step takes that many images for each, all different,
+// shuffled anew each epoch.
+void load_data(Run& run) {
+  const TrainSettings& s = run.s;
+  auto [train_set, validation_set] = datasets_of(s);
+  auto [train_indices, validation_indices] =
+      data::split_indices(train_set->size(), s.validation_share);
+  const int64_t global_batch = s.plan.batch_size * s.replicas;
+  run.train_loader = std::make_unique<data::BatchLoader>(train_set, train_indices, global_batch,
+                                                         s.seed, /*drop_last=*/true);
+  if (run.train_loader->batches() == 0) {
+    fail_setting(fmt::format(
+        "{} training images do not make one batch of {}{}", train_indices.size(), global_batch,
+        s.replicas > 1 ? fmt::format(" ({} replicas of {})", s.replicas, s.plan.batch_size) : ""));
+  }
+  run.validation_loader = std::make_unique<data::BatchLoader>(validation_set, validation_indices,
+                                                              global_batch, std::nullopt);
+  run.epoch_steps = steps_per_epoch(run.train_loader->batches(), s.accumulate);
+  run.schedule = schedule_of(s, static_cast<std::int64_t>(run.epoch_steps) * s.epochs);
+  run.progress.monitor = monitor_of(s);
+}
+
+// The cut, its places and the spares, shown before the stages are built.
+void place(Run& run) {
+  const TrainSettings& s = run.s;
+  run.plan = plan_of(s);
+  run.workers = place_stages(run.plan, s.placement, s.spares, s.replicas);
+  run.stage_names = replica_stage_names(run.plan, s.replicas);
+  const std::size_t stage_count = run.plan.stages.size();
+  std::cerr << plan_table(run.plan, {run.workers.begin(), run.workers.begin() + stage_count})
+            << std::flush;
+  for (int r = 1; r < s.replicas; ++r) {
+    std::vector<std::string> places;
+    for (std::size_t k = 0; k < stage_count; ++k) {
+      places.push_back(fmt::format("{} {}", run.stage_names[r * stage_count + k],
+                                   run.workers[r * stage_count + k]));
+    }
+    log::info("replica {}: {}", r, fmt::join(places, ", "));
+  }
+  const std::vector<rpc::WorkerInfo>& world = rpc::workers();
+  for (std::size_t r = world.size() - s.spares; r < world.size(); ++r) {
+    run.spares.push_back(world[r].name);
+  }
+  if (run.spares.empty()) return;
+  log::info("spare workers: {}", fmt::join(run.spares, ", "));
+  if (s.checkpoint_dir.empty()) {
+    log::warn(
+        "--spares without --checkpoint-dir: a lost worker's stages start again from the "
+        "first epoch");
+  }
+}
+
+// --log-dir's file: the figures of each epoch and each stage's busy share.
+std::optional<MetricsLog> metrics_log_of(const TrainSettings& s, const StagePlan& plan) {
+  if (s.log_dir.empty()) return std::nullopt;
+  std::vector<std::string> columns = {"train_loss", "val_loss", "val_iou",     "val_dice",
+                                      "lr",         "train_s",  "images_per_s"};
+  for (const auto& stage : plan.stages) columns.push_back("busy_" + stage.name);
+  return MetricsLog(s.log_dir, columns);
+}
+
+// The stages built, the checkpoint resumed from (--resume) and the metrics log opened.
+void start(Run& run) {
+  const TrainSettings& s = run.s;
+  run.job = build_stages(s, run.plan, run.workers);
+  if (s.resume) {
+    if (s.checkpoint_dir.empty()) fail_setting("--resume needs --checkpoint-dir");
+    restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
+    log::info("resumed from {} after epoch {} (optimizer step {})", s.checkpoint_dir,
+              run.progress.epoch, run.progress.step);
+  }
+  run.metrics_log = metrics_log_of(s, run.plan);
+  if (run.metrics_log && s.resume) {
+    const std::string why = run.metrics_log->resume_after(run.progress.epoch);
+    if (!why.empty()) log::warn("--log-dir: {}", why);
+  }
+  const dist_autograd::LrSchedule& schedule = *run.schedule;
+  if (schedule.kind != dist_autograd::LrSchedule::Kind::Constant || schedule.warmup_steps > 0) {
+    log::info("learning rate: {}", schedule.describe());
+  }
+  run.metrics["epochs"] = nlohmann::ordered_json::array();
+}
+
+// An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line.
+void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
+                  const std::vector<double>& busy_before, const std::vector<double>& busy_after) {
+  const TrainSettings& s = run.s;
+  const double loss = run.job->last_train_loss;
+  const double lr = run.job->optimizer->spec().options.at("lr");
+  if (run.metrics_log) {
+    EpochFigures row{
+        epoch, {loss, v.loss, v.iou, v.dice, lr, times.train_s, times.images / times.train_s}};
+    for (std::size_t k = 0; k < busy_after.size(); ++k) {
+      row.values.push_back((busy_after[k] - busy_before[k]) / times.train_s);
+    }
+    run.metrics_log->add(row);
+    run.metrics_log->write_plot(fmt::format("{}, {} stages, {} x {}: loss and IoU by epoch",
+                                            s.plan.model, run.plan.stages.size(), s.plan.image_size,
+                                            s.plan.image_size));
+  }
+  run.metrics["epochs"].push_back({{"epoch", epoch},
+                                   {"train_loss", loss},
+                                   {"val_loss", v.loss},
+                                   {"val_iou", v.iou},
+                                   {"val_dice", v.dice},
+                                   {"lr", lr},
+                                   {"train_s", times.train_s},
+                                   {"optimizer_s", times.optimizer_s},
+                                   {"batches", times.batches},
+                                   {"images_per_s", times.images / times.train_s},
+                                   {"bytes_per_step", times.bytes_sent / times.batches}});
+  std::cerr << fmt::format(
+      "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, Dice {:.3f}, learning "
+      "rate {:.3g}\n",
+      epoch, s.epochs, loss, v.loss, v.iou, v.dice, lr);
+}
+
+// The epoch's checkpoint, and the best one's when it improved.
+void save_checkpoints(Run& run, bool improved) {
+  const TrainSettings& s = run.s;
+  if (s.checkpoint_dir.empty()) return;
+  remote_module::NamedValues values = progress_values(run.progress, *run.job);
+  remote_module::save_checkpoint(s.checkpoint_dir, run.job->split().named(), 2, values);
+  if (s.save_best && improved) {
+    remote_module::save_checkpoint(best_dir(s), run.job->split().named(), 1, values);
+  }
+}
+
+// One epoch: train, bring the replicas together, validate, record, checkpoint. True if the
+// monitor says the run should stop.
+bool run_epoch(Run& run, int epoch) {
+  const TrainSettings& s = run.s;
+  StagesOnWorkers& job = *run.job;
+  const std::vector<double> busy_before = busy_seconds(job.replicas.front());
+  const EpochTimes times =
+      train_epoch(job, *run.train_loader, epoch, s, *run.schedule, run.progress.step);
+  const std::vector<double> busy_after = busy_seconds(job.replicas.front());
+  run.train_s += times.train_s;
+  align_replicas(job);
+  const Validation v = validate(job.replicas, *run.validation_loader, s.loss, !s.via_master);
+  record_epoch(run, epoch, times, v, busy_before, busy_after);
+  run.progress.epoch = epoch;
+  EpochMonitor::Verdict verdict;
+  if (run.progress.monitor) {
+    verdict = run.progress.monitor->observe(epoch, v.of(run.progress.monitor->metric()));
+  }
+  save_checkpoints(run, verdict.improved);
+  return verdict.stop;
+}
+
+// After a lost worker (e): spares take over its stages, every stage is rebuilt and training goes
+// back to the last checkpoint. Rethrows `e`, with what the user needs to know, when no spare can.
+void take_over(Run& run, const rpc::Error& e) {
+  const TrainSettings& s = run.s;
+  std::vector<std::string> taken;
+  if (!run.spares.empty() && rpc::is_lost(e)) {
+    // The error may come from a worker that saw the loss before this process's own connection
+    // to the lost worker closed: give that a moment.
+    core::poll_with_backoff(
+        [&] {
+          taken = take_over_lost_workers(run.stage_names, run.workers, run.spares);
+          return !taken.empty();
+        },
+        Clock::now() + std::chrono::seconds(3), std::chrono::milliseconds(50));
+  }
+  if (taken.empty()) {
+    throw rpc::Error(
+        e.kind(),
+        fmt::format("{}{}", e.what(), stages_concerned(e, run.job->splits(), s.checkpoint_dir)));
+  }
+  log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
+  // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
+  run.job.reset();
+  run.job = build_stages(s, run.plan, run.workers);
+  const bool saved = !s.checkpoint_dir.empty() &&
+                     std::filesystem::exists(std::filesystem::path(s.checkpoint_dir) / "LATEST");
+  run.progress = Progress{0, 0, monitor_of(s)};
+  if (saved) restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
+  log::warn("training goes on from epoch {}{}", run.progress.epoch + 1,
+            saved ? fmt::format(" (the checkpoint in {})", s.checkpoint_dir) : "");
+  if (run.metrics_log) run.metrics_log->truncate_after(run.progress.epoch);
+  auto& done = run.metrics["epochs"];
+  while (!done.empty() && done.back()["epoch"].get<int>() > run.progress.epoch) {
+    done.erase(done.size() - 1);
+  }
+  ++run.takeovers;
+}
+
+// Epochs until the last, early stopping or a loss no spare can take over.
+void run_epochs(Run& run) {
+  for (;;) {
+    try {
+      for (int epoch = run.progress.epoch + 1; epoch <= run.s.epochs; ++epoch) {
+        if (run_epoch(run, epoch)) {
+          run.stopped_after = epoch;
+          break;
+        }
+      }
+      return;
+    } catch (const rpc::Error& e) {
+      take_over(run, e);
+    }
+  }
+}
+
+// Each stage's plan beside what its worker measured, into the metrics JSON.
+void report_stages(Run& run) {
+  run.metrics["stages"] = nlohmann::ordered_json::array();
+  for (std::size_t k = 0; k < run.plan.stages.size(); ++k) {
+    const PlannedStage& planned = run.plan.stages[k];
+    remote_module::StageStats stats = run.job->split().stages()[k].module.stats();
+    run.metrics["stages"].push_back({{"name", planned.name},
+                                     {"worker", run.workers[k]},
+                                     {"blocks", planned.blocks},
+                                     {"parameters", planned.parameters},
+                                     {"estimated_peak_mib", planned.peak_mib},
+                                     {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
+                                     {"worker_peak_rss_mib", stats.worker_peak_rss_mib}});
+  }
+}
+
+// The pipeline's timeline, activation peaks and bubble, and the trace (--trace).
+void report_pipeline(Run& run, pipeline::Pipeline& pipe) {
+  std::cerr << "\n" << pipe.timeline().table();
+  std::vector<pipeline::Pipeline::StageMemory> memory = pipe.memory_peaks();
+  std::string peaks;
+  for (std::size_t k = 0; k < memory.size(); ++k) {
+    peaks += fmt::format("{}{} {:.0f} MiB", k ? ", " : "", run.plan.stages[k].name,
+                         memory[k].activation_mib);
+  }
+  std::cerr << "most activations held at once: " << peaks << "\n";
+  pipeline::TimelineReport report = pipe.timeline().report();
+  run.metrics["pipeline"] = {{"schedule", pipeline::schedule_name(pipe.options().schedule)},
+                             {"microbatches", pipe.options().microbatches},
+                             {"bubble", report.bubble},
+                             {"ideal_bubble", report.ideal_bubble}};
+  if (run.s.trace_file.empty()) return;
+  pipe.timeline().write_chrome_trace(run.s.trace_file);
+  std::cerr << fmt::format(
+      "trace of {} steps written to {} (open it in Perfetto or chrome://tracing)\n", report.steps,
+      run.s.trace_file);
+}
+
+// The end of the run: the best epoch, each stage's figures, the comparison with one process, and
+// the metrics file (--metrics-file).
+void report(Run& run) {
+  const TrainSettings& s = run.s;
+  run.metrics["takeovers"] = run.takeovers;
+  run.metrics["replicas"] = s.replicas;
+  if (run.progress.monitor) {
+    report_best(*run.progress.monitor, s.save_best ? best_dir(s) : "", run.stopped_after,
+                run.metrics);
+  }
+  report_stages(run);
+  std::unique_ptr<pipeline::Pipeline>& pipe = run.job->replicas.front().pipe;
+  if (pipe) {
+    report_pipeline(run, *pipe);
+  } else {
+    print_stage_table(run.job->split(), run.train_s, !s.via_master);
+  }
+  if (s.compare_single_process) {
+    const double whole = single_process_peak_mib(s.plan.model, s.plan.classes, s.plan.image_size,
+                                                 s.plan.batch_size, s.plan.optimizer);
+    std::cerr << fmt::format(
+        "the whole model trained in one process (same batch) peaks at {:.0f} MiB\n", whole);
+    run.metrics["single_process_peak_mib"] = whole;
+  }
+  run.metrics["train_s"] = run.train_s;
+  if (run.metrics_log) {
+    std::cerr << fmt::format("per-epoch figures in {}, their curves in {}\n",
+                             run.metrics_log->csv_path(), run.metrics_log->plot_path());
+  }
+  if (!s.metrics_file.empty()) {
+    core::write_file_atomically(s.metrics_file, run.metrics.dump(2) + "\n");
+  }
+}
+
+int train_as_master(const TrainSettings& s) {
+  check_settings(s);
+  Run run(s);
+  load_data(run);
+  place(run);
+  start(run);
+  run_epochs(run);
+  report(run);
+  return 0;
+}
+
+}  // namespace
+
+int run_training(const TrainSettings& settings) {
+  rpc::Options options;
+  options.secret_file = settings.secret_file;
+  try {
+    options = rpc::resolve_options(options);
+  } catch (const rpc::Error& e) {
+    log::error("{}", e.what());
+    return 2;
+  }
+  if (settings.memory_budget_mib > 0) {
+    core::set_tensor_memory_budget(settings.memory_budget_mib << 20);
+  }
+  if (!load_plugins(settings.plugins)) return 2;
+  if (options.rank != 0) return serve_as_worker(options);
+  return run_as_master(
+      options, "training", [&] { return train_as_master(settings); },
+      [](const rpc::Failure& failure) -> std::string {
+        if (failure.kind != rpc::ErrorKind::OutOfMemory) return "";
+        return "; to fit, cut the model into more stages (--stages), use more "
+               "micro-batches (--pipeline 1f1b --microbatches M) or recompute "
+               "activations (--checkpoint-activations)";
+      });
+}
+
+}  // namespace ferry::trainer

@@ -1,0 +1,37 @@
+// One epoch of training as the master drives it: each batch split over the replicas, forward
+// and distributed backward (plain or pipelined) in an autograd context per replica, and the
+// optimizer's step or accumulation. Used from the master's thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ferry/data/dataset.h"
+#include "ferry/dist_autograd/lr_schedule.h"
+#include "ferry/trainer/train.h"
+#include "trainer/stages_on_workers.h"
+
+namespace ferry::trainer {
+
+// Optimizer steps in an epoch of `batches`: the last may sum fewer than --accumulate batches.
+inline std::size_t steps_per_epoch(std::size_t batches, int accumulate) {
+  return (batches + accumulate - 1) / accumulate;
+}
+
+// Where an epoch's time went, as the master saw it.
+struct EpochTimes {
+  double train_s = 0;      // in steps: forward, backward and the optimizer
+  double optimizer_s = 0;  // in the optimizer's calls (with replicas, their all-reduce too)
+  std::size_t batches = 0;
+  int64_t images = 0;
+  std::uint64_t bytes_sent = 0;  // by every process of the job
+};
+
+// One pass over the training set. Each batch's gradients are kept on the owners until
+// --accumulate of them are summed into one optimizer step, its learning rate the schedule's at
+// `step` (counted on). Sets job.last_train_loss.
+EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
+                       const TrainSettings& s, const dist_autograd::LrSchedule& schedule,
+                       std::int64_t& step);
+
+}  // namespace ferry::trainer

@@ -1,0 +1,128 @@
+#include "trainer/train_report.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ferry/dist_autograd/context.h"
+
+namespace ferry::trainer {
+namespace {
+
+using models::RemoteUnet;
+
+std::string clock_text(double seconds) {
+  int s = static_cast<int>(seconds + 0.5);
+  return fmt::format("{}:{:02d}", s / 60, s % 60);
+}
+
+}  // namespace
+
+ProgressBar::ProgressBar(std::string title, std::size_t steps)
+    : title_(std::move(title)), steps_(steps), tty_(isatty(STDERR_FILENO)), start_(Clock::now()) {}
+
+void ProgressBar::update(std::size_t step, const std::string& figures) {
+  double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+  double eta = step == 0 ? 0 : elapsed / step * (steps_ - step);
+  constexpr int kWidth = 24;
+  int filled = static_cast<int>(kWidth * step / std::max<std::size_t>(steps_, 1));
+  std::string line =
+      fmt::format("{} [{}{}] {}/{} {} ETA {}", title_, std::string(filled, '#'),
+                  std::string(kWidth - filled, '.'), step, steps_, figures, clock_text(eta));
+  bool last = step == steps_;
+  if (tty_) {
+    std::cerr << "\r" << line << (last ? "\n" : "") << std::flush;
+  } else if (last || step % std::max<std::size_t>(steps_ / 10, 1) == 0) {
+    std::cerr << line << "\n" << std::flush;
+  }
+}
+
+void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
+  std::vector<remote_module::StageStats> stats;
+  double computed = 0;
+  for (const RemoteUnet::Stage& stage : split.stages()) {
+    stats.push_back(stage.module.stats());
+    computed += stats.back().forward_s;
+  }
+  std::map<std::string, double> backward_by_worker;
+  std::cerr << fmt::format("\n{:<8} {:<10} {:>11} {:>10} {:>10} {:>10} {:>6} {:>11} {:>9}\n",
+                           "stage", "worker", "parameters", "forward s", "backward s", "network s",
+                           "idle", "tensors MiB", "RSS MiB");
+  for (size_t k = 0; k < stats.size(); ++k) {
+    const RemoteUnet::Stage& stage = split.stages()[k];
+    const std::string& worker = stage.module.worker();
+    if (!backward_by_worker.count(worker)) {
+      backward_by_worker[worker] = dist_autograd::backward_seconds(worker);
+    }
+    double backward = backward_by_worker[worker];
+    // Stage to stage, the master sees only the whole chain: its transfers go on the first row.
+    std::string network =
+        !direct  ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - stats[k].forward_s))
+        : k == 0 ? fmt::format("{:.2f}", std::max(0.0, stage.forward_s - computed))
+                 : "-";
+    double idle = train_s > 0 ? std::max(0.0, 1 - (stats[k].forward_s + backward) / train_s) : 0;
+    std::cerr << fmt::format(
+        "{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10} {:>5.0f}% {:>11.0f} {:>9.0f}\n",
+        stage.name(), worker, stats[k].parameters, stats[k].forward_s, backward, network,
+        100 * idle, stats[k].worker_peak_tensor_mib, stats[k].worker_peak_rss_mib);
+  }
+  std::cerr << "backward s is per worker (all stages it hosts); network s is forward time seen "
+               "by the master minus the stages' own ("
+            << (direct ? "activations go stage to stage, so the first row has the whole chain's"
+                       : "activations go through the master, so each row has its stage's")
+            << "); idle is the share of training time the worker computed nothing; tensors and "
+               "RSS are the worker's peaks (tensor memory as its allocator counts it).\n";
+}
+
+std::vector<double> busy_seconds(const Replica& replica) {
+  std::vector<double> busy;
+  if (replica.pipe) {
+    for (const pipeline::StageReport& stage : replica.pipe->timeline().report().per_stage) {
+      busy.push_back(stage.forward_s + stage.backward_s + stage.send_s);
+    }
+    return busy;
+  }
+  std::map<std::string, double> by_worker;
+  for (const RemoteUnet::Stage& stage : replica.split.stages()) {
+    by_worker[stage.module.worker()] += stage.module.stats().forward_s;
+  }
+  for (auto& [worker, seconds] : by_worker) seconds += dist_autograd::backward_seconds(worker);
+  for (const RemoteUnet::Stage& stage : replica.split.stages()) {
+    busy.push_back(by_worker.at(stage.module.worker()));
+  }
+  return busy;
+}
+
+void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
+                 nlohmann::ordered_json& metrics) {
+  if (monitor.best_epoch() == 0) return;
+  std::string line = fmt::format("best epoch: {} ({} {:.4f})", monitor.best_epoch(),
+                                 monitor.metric(), monitor.best_value());
+  metrics["monitor"] = monitor.metric();
+  metrics["best_epoch"] = monitor.best_epoch();
+  metrics["best_value"] = monitor.best_value();
+  if (!best_dir.empty()) {
+    std::ifstream latest(std::filesystem::path(best_dir) / "LATEST");
+    std::string folder;
+    std::getline(latest, folder);
+    const std::string path = (std::filesystem::path(best_dir) / folder).string();
+    line += fmt::format("; its checkpoint: {} (--checkpoint-dir {} --resume starts from it)", path,
+                        best_dir);
+    metrics["best_checkpoint"] = path;
+  }
+  if (stopped_after > 0) {
+    line += fmt::format("; stopped early after epoch {}: {} did not improve for {} epochs",
+                        stopped_after, monitor.metric(), monitor.patience());
+    metrics["stopped_after_epoch"] = stopped_after;
+  }
+  std::cerr << line << "\n";
+}
+
+}  // namespace ferry::trainer

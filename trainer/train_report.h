@@ -1,0 +1,49 @@
+// What the training job shows while and after it trains: a progress bar per epoch and the
+// end-of-run table of where each stage's time and memory went. Used from the master's thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ferry/models/remote_unet.h"
+#include "ferry/trainer/epoch_monitor.h"
+#include "trainer/replicas.h"
+
+namespace ferry::trainer {
+
+// One line per pass ("epoch 2/5", "predict"), redrawn in place on a terminal and printed every
+// tenth otherwise: the bar, the steps done, `figures` ("loss 0.31 20.5 img/s") and the time left.
+class ProgressBar {
+ public:
+  using Clock = std::chrono::steady_clock;
+  ProgressBar(std::string title, std::size_t steps);
+  void update(std::size_t step, const std::string& figures);
+
+ private:
+  std::string title_;
+  std::size_t steps_;
+  bool tty_;
+  Clock::time_point start_;
+};
+
+// Per stage: its worker, parameters, forward and backward seconds, the network's share, how long
+// its worker idled over `train_s` seconds of training, and its worker's peaks. `direct`: the
+// activations went stage to stage.
+void print_stage_table(const models::RemoteUnet& split, double train_s, bool direct);
+
+// Seconds each stage's worker has computed so far, per stage of `replica`: in pipelined steps its
+// stage's forward, backward and sends (the timeline); otherwise the forward of every stage its
+// worker hosts and that worker's backward. The difference over an epoch, divided by its training
+// time, is the worker's busy share.
+std::vector<double> busy_seconds(const Replica& replica);
+
+// The end of a run by the monitored metric: which epoch was best, where its checkpoint is (the
+// latest in `best_dir`; empty: none was kept), whether the run stopped early after epoch
+// `stopped_after` (0: it did not). Printed and put in `metrics`.
+void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
+                 nlohmann::ordered_json& metrics);
+
+}  // namespace ferry::trainer

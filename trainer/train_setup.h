@@ -1,0 +1,48 @@
+// What the training job makes of its settings before it trains: the data sets, the cut, the
+// optimizer, the learning-rate schedule, the monitor of the best epoch and the pipeline. Each
+// fails with rpc::Error(InvalidArgument) naming the flag that is wrong. Used from the master's
+// thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "ferry/data/dataset.h"
+#include "ferry/dist_autograd/lr_schedule.h"
+#include "ferry/dist_autograd/optimizer.h"
+#include "ferry/models/remote_unet.h"
+#include "ferry/pipeline/pipeline.h"
+#include "ferry/remote_module/precision.h"
+#include "ferry/trainer/epoch_monitor.h"
+#include "ferry/trainer/stage_plan.h"
+#include "ferry/trainer/train.h"
+
+namespace ferry::trainer {
+
+// The training and validation views of the data: the same images, augmented only for training.
+std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> datasets_of(
+    const TrainSettings& s);
+
+dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s);
+
+// The pipeline the settings ask for over a replica's stages, or none for plain steps.
+std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
+                                                const models::RemoteUnet& split);
+
+// The cut the settings ask for, measured in this process before any stage is built.
+StagePlan plan_of(const TrainSettings& s);
+
+// The learning rate of each of the run's `total_steps` optimizer steps.
+dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total_steps);
+
+remote_module::Precision precision_of(const TrainSettings& s);
+// Fails on --sync-batchnorm with settings it cannot work with.
+void check_sync_batchnorm(const TrainSettings& s);
+
+// The monitor the settings ask for, if any; fails on settings that cannot work together.
+std::optional<EpochMonitor> monitor_of(const TrainSettings& s);
+
+}  // namespace ferry::trainer

@@ -14,9 +14,9 @@
 
 namespace ferry::apps {
 
-// A bound as a user wrote it: 1 rather than 1.0, 1e+06 for a million.
+// A bound as a user writes it: 1 rather than 1.0, whole numbers in full up to 1e15.
 inline std::string bound_text(double bound) {
-  if (std::fabs(bound) < 1e6 && bound == std::floor(bound)) {
+  if (std::fabs(bound) < 1e15 && bound == std::floor(bound)) {
     return fmt::format("{}", static_cast<long long>(bound));
   }
   return fmt::format("{:g}", bound);

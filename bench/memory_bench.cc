@@ -40,8 +40,9 @@ class Bench {
   std::optional<nlohmann::json> single(int batch, int64_t budget_mib) {
     core::CommandOutput r =
         run(fmt::format("env -u RANK -u WORLD_SIZE '{}' footprint --model {} --image-size {} "
-                        "--batch-size {} --optimizer {} --memory-budget-mib {}",
-                        master_, model_, s_.image_size, batch, s_.optimizer, budget_mib));
+                        "--batch-size {} --optimizer {}{}",
+                        master_, model_, s_.image_size, batch, s_.optimizer,
+                        budget_mib > 0 ? fmt::format(" --memory-budget-mib {}", budget_mib) : ""));
     log(fmt::format("one process, batch {}: {}", batch,
                     r.status == 0 ? r.last_line() : "does not fit"));
     if (r.status != 0) {
@@ -59,14 +60,14 @@ class Bench {
       flags = fmt::format(" --pipeline 1f1b --microbatches {}", s_.microbatches);
     }
     if (setting == "1f1b_checkpointed") flags += " --checkpoint-activations";
+    if (budget_mib > 0) flags += fmt::format(" --memory-budget-mib {}", budget_mib);
     // One training batch, and a fifth of it again for validation.
     const int samples = batch + std::max(1, batch / 4);
     core::CommandOutput r = run(fmt::format(
         "'{}' --nproc {} -- '{}' train --model {} --image-size {} --batch-size {} --samples {} "
-        "--epochs 1 --optimizer {} --stages {} --balance memory --memory-budget-mib {}{} "
-        "--metrics-file {}",
+        "--epochs 1 --optimizer {} --stages {} --balance memory{} --metrics-file {}",
         launch_, s_.stages + 1, master_, model_, s_.image_size, batch, samples, s_.optimizer,
-        s_.stages, budget_mib, flags, metrics_));
+        s_.stages, flags, metrics_));
     if (r.status != 0) {
       log(fmt::format("{} stages, {}, batch {}: does not fit", s_.stages, setting, batch));
       check_failure(r);

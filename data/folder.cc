@@ -104,7 +104,7 @@ void write_mask(const at::Tensor& mask, const std::string& path) {
     core::write_file_atomically(
         path, std::string_view(reinterpret_cast<const char*>(encoded.data()), encoded.size()));
   } catch (const std::runtime_error& e) {
-    fail(fmt::format("cannot write mask: {}", e.what()));
+    fail(fmt::format("cannot write mask \"{}\": {}", path, e.what()));
   }
 }
 

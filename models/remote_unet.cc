@@ -9,11 +9,11 @@
 #include "ferry/models/unet_blocks.h"
 #include "ferry/models/weights.h"
 #include "ferry/rpc/error.h"
+#include "models/fail.h"
 
 namespace ferry::models {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
 
 void check_plan(int64_t depth, const std::vector<RemoteUnet::StagePlan>& plan) {
   const auto count = static_cast<int64_t>(unet_blocks(depth).size());

@@ -11,13 +11,13 @@
 
 #include "ferry/models/unet.h"
 #include "models/blocks.h"
+#include "models/fail.h"
 
 namespace ferry::models {
 namespace {
 
 namespace nn = torch::nn;
 
-[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
 
 constexpr int64_t kDecoderChannels[5] = {256, 128, 64, 32, 16};
 constexpr int64_t kPlanes[4] = {64, 128, 256, 512};

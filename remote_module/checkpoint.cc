@@ -15,15 +15,12 @@
 
 #include "ferry/core/files.h"
 #include "ferry/rpc/error.h"
+#include "remote_module/fail.h"
 
 namespace ferry::remote_module {
 namespace {
 
 namespace fs = std::filesystem;
-
-[[noreturn]] void fail(const std::string& message) {
-  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
-}
 
 // The files of a checkpoint, through core's atomic write and whole-file read; a failure is this
 // layer's error, naming the file.

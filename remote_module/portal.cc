@@ -21,6 +21,7 @@
 
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
+#include "remote_module/fail.h"
 #include "remote_module/portal_flow.h"
 
 namespace ferry::remote_module {
@@ -28,10 +29,6 @@ namespace {
 
 using rpc::Error;
 using rpc::ErrorKind;
-
-[[noreturn]] void fail(const std::string& message) {
-  throw Error(ErrorKind::InvalidArgument, message);
-}
 
 // (flow, micro-batch, producing stage, element of its output, whether it is the gradient)
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;

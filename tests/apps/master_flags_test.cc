@@ -133,12 +133,14 @@ TEST(MasterFlags, TheSharedGroupsFillEachSubCommandsOwnSettings) {
 TEST(MasterFlags, HelpShowsEveryDefault) {
   MasterCommandLine line;
   const std::string train = line.train_cmd->help();
-  EXPECT_THAT(train, HasSubstr("[3]"));         // --epochs
-  EXPECT_THAT(train, HasSubstr("[constant]"));  // --lr-schedule
-  EXPECT_THAT(train, HasSubstr("[unet-resnet34]"));
-  EXPECT_THAT(train, HasSubstr("[bce+dice]"));
-  EXPECT_THAT(line.describe_cmd->help(), HasSubstr("[256]"));
-  EXPECT_THAT(line.predict_cmd->help(), HasSubstr("[0.5]"));
+  // CLI11 shows a default after the value's type and range: "--epochs INT:1 to 1048576=3".
+  EXPECT_THAT(train, HasSubstr("--epochs INT:1 to 1048576=3"));
+  EXPECT_THAT(train, HasSubstr("--lr-schedule TEXT=constant"));
+  EXPECT_THAT(train, HasSubstr("--model TEXT=unet-resnet34"));
+  EXPECT_THAT(train, HasSubstr("--loss TEXT=bce+dice"));
+  EXPECT_THAT(train, HasSubstr("--lr FLOAT:above 0 to 1000=0.01"));
+  EXPECT_THAT(line.describe_cmd->help(), HasSubstr("--image-size INT:32 to 32768=256"));
+  EXPECT_THAT(line.predict_cmd->help(), HasSubstr("--threshold FLOAT:0 to 1=0.5"));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ferry/core/files.h"
 #include "tests/support/cluster.h"
 #include "tests/support/temp_dir.h"
 
@@ -130,8 +131,8 @@ TEST(Checkpoint, ReadsBackWithoutStagesAndMergesItsStagesIntoOneStateDict) {
 
   // Written as one file, it reads back as the same tensors.
   save_state_dict(merged, dir.path() + "/whole.pt");
-  std::ifstream in(dir.path() + "/whole.pt", std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+  const std::string file = core::read_whole_file(dir.path() + "/whole.pt");
+  std::vector<char> bytes(file.begin(), file.end());
   auto back = torch::pickle_load(bytes).to<c10::Dict<std::string, at::Tensor>>();
   ASSERT_EQ(back.size(), state.size());
   for (const auto& item : state) EXPECT_TRUE(back.at(item.key()).equal(item.value()));

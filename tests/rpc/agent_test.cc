@@ -219,7 +219,7 @@ TEST(Agent, UnknownFunctionListsWhatIsRegistered) {
       HasSubstr(
           "(registered: add, byte_count, bytes_sent, chain, double_it, echo, fail, fail_backward, "
           "inline_echo, make_remote, owned_rrefs, pid, relay, relay_async, rref_owner, rref_value, "
-          "sleep_ms, slow_backward, tensor_live_bytes, whoami)"))
+          "sleep_ms, sleeping, slow_backward, tensor_live_bytes, whoami)"))
       << error;
 }
 

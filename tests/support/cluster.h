@@ -55,7 +55,8 @@ class LocalWorld {
  public:
   struct Settings {
     std::vector<std::string> peer_names = {"a", "b"};
-    std::chrono::milliseconds rpc_timeout{20000};
+    // Every peer gets these too, as the master does.
+    std::chrono::milliseconds rpc_timeout{60000};
     std::chrono::milliseconds shutdown_timeout{5000};
     int threads = 4;
     // Peers are ferry-worker processes (stage functions, no test functions) instead.

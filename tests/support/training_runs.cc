@@ -11,6 +11,7 @@
 #include <limits>
 #include <sstream>
 
+#include "ferry/core/files.h"
 #include "ferry/core/processes.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "tests/support/sanitizer_allowance.h"
@@ -37,8 +38,8 @@ std::string learning_shortfall(const nlohmann::json& epochs) {
 }
 
 std::vector<char> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  const std::string bytes = core::read_whole_file(path);
+  return std::vector<char>(bytes.begin(), bytes.end());
 }
 
 std::vector<std::map<std::string, double>> read_metrics_csv(const std::string& path) {

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "ferry/core/files.h"
+
 namespace ferry::trainer {
 namespace {
 
@@ -21,12 +23,7 @@ using ::testing::HasSubstr;
 const std::vector<std::string> kColumns = {"train_loss", "val_loss", "val_iou", "val_dice",
                                            "busy_encoder"};
 
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+std::string read(const std::string& path) { return core::read_whole_file(path); }
 
 class MetricsLogTest : public ::testing::Test {
  protected:

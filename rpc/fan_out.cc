@@ -32,7 +32,6 @@ void FanOut::call(const std::string& worker, const std::string& function,
 
 void FanOut::add(FuturePtr future, std::string worker, std::string label) {
   futures_.push_back(std::move(future));
-  if (label.empty()) label = fmt::format("on worker \"{}\"", worker);
   workers_.push_back(std::move(worker));
   labels_.push_back(std::move(label));
 }
@@ -49,8 +48,10 @@ std::vector<c10::IValue> FanOut::wait(const std::string& what) const {
     }
     failures[i] = futures_[i]->exception_ptr();
     const Failure failure = failure_of(failures[i]);
-    told.push_back(
-        fmt::format("{}: {}", labels_[i], failure.cause.empty() ? failure.message : failure.cause));
+    // Labels are formatted here, on failure only: the optimizer fans out every step.
+    told.push_back(fmt::format(
+        "{}: {}", labels_[i].empty() ? fmt::format("on worker \"{}\"", workers_[i]) : labels_[i],
+        failure.cause.empty() ? failure.message : failure.cause));
   }
   const std::exception_ptr picked = first_failure(failures);
   if (!picked) return values;

@@ -164,6 +164,17 @@ void add_describe(MasterCommandLine& l) {
   add_batch_flag(l.describe_cmd, l.describe.batch_size, "images per step, for the estimates");
   add_cut_flags(l.describe_cmd, l.describe);
   add_optimizer_flag(l.describe_cmd, l.describe.optimizer, ", for the estimates");
+  l.describe_cmd
+      ->add_option("--microbatches", l.describe.microbatches,
+                   "micro-batches per batch, for the estimates (blocks are timed at their size)")
+      ->capture_default_str()
+      ->check(in_range(1, 4096));
+  l.describe_cmd
+      ->add_option("--threads", l.describe.threads,
+                   "intra-op threads each stage will have, for the estimates (0: this "
+                   "process's)")
+      ->capture_default_str()
+      ->check(in_range(0, 1024));
   l.describe_cmd->add_flag("--blocks", l.blocks, "also every block's measured costs");
   l.describe_cmd->add_flag("--json", l.json, "one JSON object");
 }

@@ -4,7 +4,10 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -30,7 +33,31 @@ struct Config {
   std::vector<double> steps;
   std::vector<double> activation_mib;
   std::vector<double> tensor_mib;
+  pipeline::TimelineReport warm;  // the timeline after the untimed steps
 };
+
+// Per stage over the timed steps (the timeline less its warm-up): compute (forward and backward)
+// per step, and the share of the steps' wall time it idled.
+struct StageFigures {
+  std::vector<double> compute_s, idle_share;
+};
+
+StageFigures stage_figures(const Config& c) {
+  const pipeline::TimelineReport all = c.pipe->timeline().report();
+  const int steps = all.steps - c.warm.steps;
+  const double wall = all.wall_s - c.warm.wall_s;
+  StageFigures out;
+  for (size_t k = 0; k < all.per_stage.size(); ++k) {
+    const pipeline::StageReport& now = all.per_stage[k];
+    const pipeline::StageReport& then = c.warm.per_stage.empty() ? pipeline::StageReport{}
+                                                                 : c.warm.per_stage[k];
+    const double compute =
+        now.forward_s + now.backward_s - then.forward_s - then.backward_s;
+    out.compute_s.push_back(steps > 0 ? compute / steps : 0);
+    out.idle_share.push_back(wall > 0 ? (now.idle_s - then.idle_s) / wall : 0);
+  }
+  return out;
+}
 
 remote_module::StageConfig synthetic_config(const PipelineBenchSettings& s, int index) {
   remote_module::StageConfig config = remote_module::stage_config();
@@ -59,6 +86,9 @@ trainer::StagePlan unet_plan(const PipelineBenchSettings& s) {
   plan.batch_size = s.batch;
   plan.stages = s.stages;
   plan.balance = s.balance;
+  // Timed at the most micro-batches' size and four times it, with the stages' one thread.
+  plan.microbatches = *std::max_element(s.microbatches.begin(), s.microbatches.end());
+  plan.threads = 1;
   return trainer::plan_stages(plan);
 }
 
@@ -112,10 +142,10 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
                                const trainer::StagePlan& plan) {
   Model model = build(s, p, plan);
   std::vector<Config> configs;
-  configs.push_back({"naive", pipeline::Schedule::GPipe, 1, nullptr, {}, {}, {}});
+  configs.push_back({"naive", pipeline::Schedule::GPipe, 1, nullptr, {}, {}, {}, {}});
   for (pipeline::Schedule schedule : {pipeline::Schedule::GPipe, pipeline::Schedule::OneFOneB}) {
     for (int m : s.microbatches)
-      configs.push_back({pipeline::schedule_name(schedule), schedule, m, nullptr, {}, {}, {}});
+      configs.push_back({pipeline::schedule_name(schedule), schedule, m, nullptr, {}, {}, {}, {}});
   }
   for (Config& c : configs) {
     pipeline::PipelineOptions options;
@@ -127,6 +157,19 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
     c.tensor_mib.assign(model.stages.size(), 0);
   }
   std::vector<double> local_steps;
+  // The whole model in this process, one micro-batch after another: what micro-batching itself
+  // costs the same blocks, without any stage boundary.
+  std::map<int, std::vector<double>> local_microbatched;
+  auto local_step = [&](int microbatches) {
+    return seconds_of([&] {
+      for (auto& t : model.local_parameters) t.mutable_grad() = at::Tensor();
+      std::vector<at::Tensor> inputs = model.input.tensor_split(microbatches);
+      std::vector<at::Tensor> targets = model.target.tensor_split(microbatches);
+      for (size_t m = 0; m < inputs.size(); ++m) {
+        model.loss(model.local_forward(inputs[m]), targets[m]).backward();
+      }
+    });
+  };
   for (int round = 0; round < s.warmup + s.steps; ++round) {
     bool timed = round >= s.warmup;
     for (Config& c : configs) {
@@ -144,11 +187,16 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
         c.tensor_mib[k] = std::max(c.tensor_mib[k], peaks[k].tensor_mib);
       }
     }
-    double local = seconds_of([&] {
-      for (auto& t : model.local_parameters) t.mutable_grad() = at::Tensor();
-      model.loss(model.local_forward(model.input), model.target).backward();
-    });
+    double local = local_step(1);
     if (timed) local_steps.push_back(local);
+    for (int m : std::set<int>(s.microbatches.begin(), s.microbatches.end())) {
+      if (m <= 1) continue;
+      const double seconds = local_step(m);
+      if (timed) local_microbatched[m].push_back(seconds);
+    }
+    if (round + 1 == s.warmup) {
+      for (Config& c : configs) c.warm = c.pipe->timeline().report();
+    }
     std::cerr << fmt::format("round {}: naive {:.3f} s, {} {}: {:.3f} s, one process {:.3f} s\n",
                              round,
                              configs.front().steps.empty() ? 0 : configs.front().steps.back(),
@@ -174,17 +222,46 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
     double step = median(c.steps);
     double ideal = static_cast<double>(p) * c.microbatches / (c.microbatches + p - 1);
     pipeline::TimelineReport report = c.pipe->timeline().report();
-    out["results"].push_back({{"schedule", c.name},
-                              {"microbatches", c.microbatches},
-                              {"step_s", step},
-                              {"throughput", s.batch / step},
-                              {"speedup", naive / step},
-                              {"ideal_speedup", ideal},
-                              {"share_of_ideal", naive / step / ideal},
-                              {"bubble", report.bubble},
-                              {"ideal_bubble", report.ideal_bubble},
-                              {"peak_activation_mib", c.activation_mib},
-                              {"peak_tensor_mib", c.tensor_mib}});
+    const StageFigures stages = stage_figures(c);
+    const double slowest = *std::max_element(stages.compute_s.begin(), stages.compute_s.end());
+    std::vector<double> share_of_slowest;
+    double summed = 0;
+    for (double compute : stages.compute_s) {
+      share_of_slowest.push_back(slowest > 0 ? compute / slowest : 0);
+      summed += compute;
+    }
+    const double local_at_m =
+        c.microbatches > 1 ? median(local_microbatched[c.microbatches]) : median(local_steps);
+    nlohmann::ordered_json result{{"schedule", c.name},
+                                  {"microbatches", c.microbatches},
+                                  {"step_s", step},
+                                  {"throughput", s.batch / step},
+                                  {"speedup", naive / step},
+                                  {"speedup_over_local", median(local_steps) / step},
+                                  {"ideal_speedup", ideal},
+                                  {"share_of_ideal", naive / step / ideal},
+                                  {"bubble", report.bubble},
+                                  {"ideal_bubble", report.ideal_bubble},
+                                  {"stage_compute_s", stages.compute_s},
+                                  {"share_of_slowest", share_of_slowest},
+                                  {"idle_share", stages.idle_share},
+                                  {"summed_compute_over_local", summed / median(local_steps)},
+                                  {"local_microbatched_step_s", local_at_m},
+                                  {"microbatching_over_local", local_at_m / median(local_steps)},
+                                  {"summed_compute_over_local_microbatched", summed / local_at_m},
+                                  {"peak_activation_mib", c.activation_mib},
+                                  {"peak_tensor_mib", c.tensor_mib}};
+    if (s.model == "unet") {
+      const std::vector<double> estimated =
+          trainer::stage_compute_s(plan, s.batch, c.microbatches, false);
+      std::vector<double> ratio;
+      for (size_t k = 0; k < estimated.size(); ++k) {
+        ratio.push_back(estimated[k] > 0 ? stages.compute_s[k] / estimated[k] : 0);
+      }
+      result["estimated_compute_s"] = estimated;
+      result["measured_over_estimated"] = ratio;
+    }
+    out["results"].push_back(result);
   }
   return out;
 }

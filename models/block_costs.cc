@@ -1,5 +1,6 @@
 #include "ferry/models/block_costs.h"
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -25,67 +26,133 @@ std::vector<at::Tensor> detached_leaves(const std::vector<at::Tensor>& carry) {
   return out;
 }
 
+// Each block's forward and backward seconds over one pass.
+struct PassTimes {
+  std::vector<double> forward_s, backward_s;
+};
+
+// One pass over the chain, block by block. With `memory`, each block's parameters and bytes go
+// there.
+PassTimes run_pass(const BlockChain& chain, int64_t samples, std::vector<BlockCost>* memory) {
+  const auto count = static_cast<int64_t>(chain.names.size());
+  const double n = static_cast<double>(samples);
+  PassTimes times;
+  std::vector<at::Tensor> carry = chain.input(samples);
+  for (int64_t k = 0; k < count; ++k) {
+    std::vector<at::Tensor> inputs = detached_leaves(carry);
+    const std::int64_t before = core::tensor_memory().live_bytes;
+    auto start = Clock::now();
+    std::vector<at::Tensor> outputs = chain.forward(k, inputs);
+    times.forward_s.push_back(seconds_since(start));
+    const at::Tensor& made = outputs.back();
+    const double live = static_cast<double>(core::tensor_memory().live_bytes - before);
+    start = Clock::now();
+    made.backward(torch::ones_like(made));
+    times.backward_s.push_back(seconds_since(start));
+    carry.clear();
+    for (const at::Tensor& t : outputs) carry.push_back(t.detach());
+    if (memory == nullptr) continue;
+    BlockCost& cost = (*memory)[k];
+    for (const at::Tensor& p : chain.parameters(k)) {
+      cost.parameters += p.numel();
+      cost.parameter_bytes += static_cast<int64_t>(p.nbytes());
+      cost.largest_parameter_bytes =
+          std::max(cost.largest_parameter_bytes, static_cast<int64_t>(p.nbytes()));
+    }
+    cost.output_bytes_per_sample = static_cast<double>(made.nbytes()) / n;
+    cost.activation_bytes_per_sample = std::max(live / n, cost.output_bytes_per_sample);
+    for (const at::Tensor& t : outputs) {
+      cost.carry_bytes_per_sample += static_cast<double>(t.nbytes()) / n;
+    }
+  }
+  return times;
+}
+
+// Each block's fastest forward and backward at `samples`, after an untimed pass.
+PassTimes fastest_times(const BlockChain& chain, int64_t samples, int timed_passes,
+                        std::vector<BlockCost>* memory) {
+  run_pass(chain, samples, nullptr);
+  PassTimes best = run_pass(chain, samples, memory);
+  for (int pass = 1; pass < timed_passes; ++pass) {
+    PassTimes next = run_pass(chain, samples, nullptr);
+    for (size_t k = 0; k < best.forward_s.size(); ++k) {
+      best.forward_s[k] = std::min(best.forward_s[k], next.forward_s[k]);
+      best.backward_s[k] = std::min(best.backward_s[k], next.backward_s[k]);
+    }
+  }
+  return best;
+}
+
+// Sets this thread's intra-op threads for its lifetime; 0 leaves them.
+class ThreadsScope {
+ public:
+  explicit ThreadsScope(int threads) : previous_(at::get_num_threads()) {
+    if (threads > 0) at::set_num_threads(threads);
+  }
+  ~ThreadsScope() { at::set_num_threads(previous_); }
+  ThreadsScope(const ThreadsScope&) = delete;
+  ThreadsScope& operator=(const ThreadsScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 }  // namespace
 
+PassCost fit_pass_cost(int64_t small, double small_s, int64_t large, double large_s) {
+  const double n1 = static_cast<double>(small), n2 = static_cast<double>(large);
+  if (small != large) {
+    const double per_sample = (large_s - small_s) / (n2 - n1);
+    const double fixed = small_s - per_sample * n1;
+    if (per_sample < 0) return {(small_s + large_s) / 2, 0};
+    if (fixed >= 0) return {fixed, per_sample};
+  }
+  return {0, (n1 * small_s + n2 * large_s) / (n1 * n1 + n2 * n2)};
+}
+
+std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSampling& sampling) {
+  const int64_t second = sampling.second_size();
+  if (sampling.samples < 1 || second < 1) {
+    throw std::invalid_argument(fmt::format("blocks are timed on at least one sample, not {}",
+                                            std::min(sampling.samples, second)));
+  }
+  core::count_tensor_memory();
+  ThreadsScope threads(sampling.threads);
+  const int timed = std::max(sampling.timed_passes, 1);
+  std::vector<BlockCost> costs(chain.names.size());
+  for (size_t k = 0; k < costs.size(); ++k) costs[k].name = chain.names[k];
+  const PassTimes at_run = fastest_times(chain, sampling.samples, timed, &costs);
+  const PassTimes at_second = fastest_times(chain, second, timed, nullptr);
+  for (size_t k = 0; k < costs.size(); ++k) {
+    costs[k].forward = fit_pass_cost(sampling.samples, at_run.forward_s[k], second,
+                                     at_second.forward_s[k]);
+    costs[k].backward = fit_pass_cost(sampling.samples, at_run.backward_s[k], second,
+                                      at_second.backward_s[k]);
+  }
+  return costs;
+}
+
 std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64_t image_size,
-                                           int64_t sample_batch, int64_t seed, int timed_passes) {
+                                           const CostSampling& sampling, int64_t seed) {
   if (image_size < 32 || image_size % 32 != 0) {
     throw std::invalid_argument(
         fmt::format("image size {} is not a multiple of 32 (the U-Net's encoder "
                     "halves it five times)",
                     image_size));
   }
-  core::count_tensor_memory();
   const auto count = static_cast<int64_t>(unet_blocks(depth).size());
   UnetBlocks net(depth, classes, 0, count, seed);
   net->train(true);
-  const double samples = static_cast<double>(sample_batch);
-  at::Tensor images = torch::randn({sample_batch, 3, image_size, image_size});
-  // The first pass pays for fresh pages and every kernel's first call: it is not timed. Of the
-  // timed passes, each block keeps its fastest, which the machine's other work disturbs least.
-  const int passes = 1 + std::max(timed_passes, 1);
-  std::vector<BlockCost> costs(count);
-  for (int pass = 0; pass < passes; ++pass) {
-    std::vector<at::Tensor> carry{images};
-    for (int64_t k = 0; k < count; ++k) {
-      BlockCost measured;
-      measured.name = net->blocks()[k].name;
-      for (const at::Tensor& p : net->block_parameters(k)) {
-        measured.parameters += p.numel();
-        measured.parameter_bytes += static_cast<int64_t>(p.nbytes());
-        measured.largest_parameter_bytes =
-            std::max(measured.largest_parameter_bytes, static_cast<int64_t>(p.nbytes()));
-      }
-      std::vector<at::Tensor> inputs = detached_leaves(carry);
-      const std::int64_t before = core::tensor_memory().live_bytes;
-      auto start = Clock::now();
-      std::vector<at::Tensor> outputs = net->forward_block(k, inputs);
-      measured.forward_s_per_sample = seconds_since(start) / samples;
-      const at::Tensor& made = outputs.back();
-      measured.output_bytes_per_sample = static_cast<double>(made.nbytes()) / samples;
-      measured.activation_bytes_per_sample =
-          std::max(static_cast<double>(core::tensor_memory().live_bytes - before) / samples,
-                   measured.output_bytes_per_sample);
-      start = Clock::now();
-      made.backward(torch::ones_like(made));
-      measured.backward_s_per_sample = seconds_since(start) / samples;
-      carry.clear();
-      for (const at::Tensor& t : outputs) {
-        measured.carry_bytes_per_sample += static_cast<double>(t.nbytes()) / samples;
-        carry.push_back(t.detach());
-      }
-      BlockCost& cost = costs[k];
-      if (pass == 1) {
-        cost = measured;
-      } else if (pass > 1) {
-        cost.forward_s_per_sample =
-            std::min(cost.forward_s_per_sample, measured.forward_s_per_sample);
-        cost.backward_s_per_sample =
-            std::min(cost.backward_s_per_sample, measured.backward_s_per_sample);
-      }
-    }
-  }
-  return costs;
+  BlockChain chain;
+  for (const UnetBlock& block : net->blocks()) chain.names.push_back(block.name);
+  chain.forward = [&](int64_t k, std::vector<at::Tensor> carry) {
+    return net->forward_block(k, std::move(carry));
+  };
+  chain.parameters = [&](int64_t k) { return net->block_parameters(k); };
+  chain.input = [&](int64_t samples) {
+    return std::vector<at::Tensor>{torch::randn({samples, 3, image_size, image_size})};
+  };
+  return measure_blocks(chain, sampling);
 }
 
 }  // namespace ferry::models

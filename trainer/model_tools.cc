@@ -46,8 +46,10 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks) {
           {{"name", c.name},
            {"parameters", c.parameters},
            {"activation_mib_per_sample", c.activation_bytes_per_sample / (1 << 20)},
-           {"forward_ms_per_sample", 1e3 * c.forward_s_per_sample},
-           {"backward_ms_per_sample", 1e3 * c.backward_s_per_sample}});
+           {"forward_fixed_ms", 1e3 * c.forward.fixed_s},
+           {"forward_ms_per_sample", 1e3 * c.forward.per_sample_s},
+           {"backward_fixed_ms", 1e3 * c.backward.fixed_s},
+           {"backward_ms_per_sample", 1e3 * c.backward.per_sample_s}});
     }
   }
   if (json) {
@@ -67,13 +69,21 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks) {
   std::cout << fmt::format("  total    {:>11} parameters\n",
                            out["total_parameters"].get<int64_t>());
   if (blocks) {
-    std::cout << fmt::format("\n{:<12} {:>11} {:>18} {:>14} {:>14}\n", "block", "parameters",
-                             "activations MiB/img", "forward ms/img", "backward ms/img");
+    const models::CostSampling sampling =
+        cost_sampling(settings.batch_size, settings.microbatches, settings.threads);
+    std::cout << fmt::format("\n{:<12} {:>11} {:>18} {:>17} {:>17}\n", "block", "parameters",
+                             "activations MiB/img", "forward ms", "backward ms");
     for (const auto& c : plan.costs) {
-      std::cout << fmt::format("{:<12} {:>11} {:>18.2f} {:>14.2f} {:>14.2f}\n", c.name,
-                               c.parameters, c.activation_bytes_per_sample / (1 << 20),
-                               1e3 * c.forward_s_per_sample, 1e3 * c.backward_s_per_sample);
+      std::cout << fmt::format("{:<12} {:>11} {:>18.2f} {:>7.2f} + {:>5.2f}/img {:>7.2f} + "
+                               "{:>5.2f}/img\n",
+                               c.name, c.parameters, c.activation_bytes_per_sample / (1 << 20),
+                               1e3 * c.forward.fixed_s, 1e3 * c.forward.per_sample_s,
+                               1e3 * c.backward.fixed_s, 1e3 * c.backward.per_sample_s);
     }
+    std::cout << fmt::format(
+        "times are a fixed part plus a part per image, fitted to each block timed on {} and {} "
+        "images\n",
+        sampling.samples, sampling.second_size());
   }
   return 0;
 }

@@ -81,10 +81,18 @@ std::vector<double> memory_costs(const std::vector<models::BlockCost>& costs, do
   return out;
 }
 
-std::vector<double> time_costs(const std::vector<models::BlockCost>& costs, int64_t batch) {
+// Each block's forward and backward over every micro-batch of a batch: tensor_split gives
+// min(M, batch) micro-batches, so the fixed part counts that often and the part per sample once
+// per sample.
+std::vector<double> time_costs(const std::vector<models::BlockCost>& costs, int64_t batch,
+                               int microbatches, bool recompute) {
+  const double passes = static_cast<double>(std::min<int64_t>(std::max(microbatches, 1), batch));
+  const double samples = static_cast<double>(batch);
   std::vector<double> out;
   for (const auto& c : costs) {
-    out.push_back((c.forward_s_per_sample + c.backward_s_per_sample) * static_cast<double>(batch));
+    const double forward = passes * c.forward.fixed_s + samples * c.forward.per_sample_s;
+    const double backward = passes * c.backward.fixed_s + samples * c.backward.per_sample_s;
+    out.push_back((recompute ? 2 : 1) * forward + backward);
   }
   return out;
 }
@@ -161,6 +169,23 @@ int64_t depth_of(const std::string& model) {
   return depth;
 }
 
+models::CostSampling cost_sampling(int64_t batch_size, int microbatches, int threads) {
+  models::CostSampling sampling;
+  const int64_t parts = std::min<int64_t>(std::max(microbatches, 1), std::max<int64_t>(batch_size, 1));
+  sampling.samples = std::max<int64_t>((batch_size + parts - 1) / parts, 1);
+  if (parts > 1) sampling.second_samples = std::min(batch_size, 4 * sampling.samples);
+  sampling.threads = threads;
+  return sampling;
+}
+
+std::vector<double> stage_compute_s(const StagePlan& plan, int64_t batch_size, int microbatches,
+                                    bool recompute) {
+  std::vector<pipeline::Range> ranges;
+  for (const PlannedStage& stage : plan.stages) ranges.push_back({stage.first, stage.last});
+  return pipeline::range_costs(time_costs(plan.costs, batch_size, microbatches, recompute),
+                               ranges);
+}
+
 int64_t in_flight_samples(int64_t batch_size, int microbatches, bool one_f_one_b, int stages) {
   if (!one_f_one_b || microbatches <= 1) return batch_size;
   const int64_t per_microbatch = (batch_size + microbatches - 1) / microbatches;
@@ -187,13 +212,19 @@ StagePlan plan_stages(const PlanSettings& s) {
     fail_setting(
         fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
   }
+  if (s.batch_size < 1) fail_setting(fmt::format("--batch-size {} is not a batch", s.batch_size));
+  if (s.microbatches < 1) {
+    fail_setting(fmt::format("--microbatches {} is not a number of micro-batches", s.microbatches));
+  }
+  models::CostSampling sampling = cost_sampling(s.batch_size, s.microbatches, s.threads);
   // A balance by time needs the steadier figure of two timed passes; otherwise time is only
-  // shown, and one pass saves start-up (a few seconds for a ResNet-152 at 128 x 128).
-  plan.costs = models::measure_unet_blocks(plan.depth, s.classes, s.image_size, 2, 0,
-                                           s.balance == "time" && s.stages > 0 ? 2 : 1);
+  // shown, and one pass saves start-up.
+  sampling.timed_passes = s.balance == "time" && s.stages > 0 ? 2 : 1;
+  plan.costs = models::measure_unet_blocks(plan.depth, s.classes, s.image_size, sampling);
   const int64_t samples = s.in_flight_samples > 0 ? s.in_flight_samples : s.batch_size;
   const std::vector<double> memory = memory_costs(plan.costs, state_factor(s.optimizer), samples);
-  const std::vector<double> time = time_costs(plan.costs, s.batch_size);
+  const std::vector<double> time =
+      time_costs(plan.costs, s.batch_size, s.microbatches, s.recompute);
   const std::vector<pipeline::Range> ranges = cut(s, plan.costs, memory, time, plan.method);
   const std::vector<double> stage_memory = pipeline::range_costs(memory, ranges);
   const std::vector<double> stage_time = pipeline::range_costs(time, ranges);
@@ -212,7 +243,7 @@ StagePlan plan_stages(const PlanSettings& s) {
     stage.parameters = static_cast<int64_t>(stage_parameters[k]);
     stage.peak_mib =
         (stage_memory[k] + stage_extra_bytes(plan.costs, ranges[k], s, samples)) / kMiB;
-    stage.step_s = stage_time[k];
+    stage.compute_s = stage_time[k];
     plan.stages.push_back(stage);
   }
   return plan;
@@ -220,16 +251,17 @@ StagePlan plan_stages(const PlanSettings& s) {
 
 std::string plan_table(const StagePlan& plan, const std::vector<std::string>& workers) {
   std::string out = fmt::format("{:<8} {:<10} {:<26} {:>11} {:>14} {:>12}\n", "stage", "worker",
-                                "blocks", "parameters", "est. peak MiB", "est. step s");
+                                "blocks", "parameters", "est. peak MiB", "est. compute s");
   for (size_t k = 0; k < plan.stages.size(); ++k) {
     const PlannedStage& s = plan.stages[k];
     out += fmt::format("{:<8} {:<10} {:<26} {:>11} {:>14.0f} {:>12.2f}\n", s.name,
                        k < workers.size() ? workers[k] : "-", s.blocks, s.parameters, s.peak_mib,
-                       s.step_s);
+                       s.compute_s);
   }
   out += fmt::format(
       "{}; estimates from each block measured in one process: parameters, "
-      "gradients and optimizer state, and the activations a stage holds at once\n",
+      "gradients and optimizer state, the activations a stage holds at once, and the forward and "
+      "backward of a step's micro-batches\n",
       plan.method == "seams" ? "cut at the seams" : plan.method);
   return out;
 }
@@ -246,7 +278,7 @@ nlohmann::ordered_json plan_json(const StagePlan& plan) {
                              {"last", s.last},
                              {"parameters", s.parameters},
                              {"estimated_peak_mib", s.peak_mib},
-                             {"estimated_step_s", s.step_s}});
+                             {"estimated_compute_s", s.compute_s}});
     total += s.parameters;
   }
   out["total_parameters"] = total;

@@ -59,6 +59,11 @@ struct Run {
   std::optional<MetricsLog> metrics_log;
   nlohmann::ordered_json metrics;
   double train_s = 0;
+  // Each stage's measured compute over the run's batches (of the first replica), as
+  // stage_seconds counts it.
+  std::vector<double> compute_s;
+  std::size_t computed_batches = 0;
+  bool compute_per_worker = false;
   int takeovers = 0;
   int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
 };
@@ -164,23 +169,48 @@ void start(Run& run) {
   run.metrics["epochs"] = nlohmann::ordered_json::array();
 }
 
+// Each stage's compute per step over the epoch against the plan's: shown after the run's first
+// epoch, kept for the end of the run.
+std::vector<double> record_compute(Run& run, int epoch, const EpochTimes& times,
+                                   const StageSeconds& before, const StageSeconds& after) {
+  std::vector<double> per_step;
+  for (std::size_t k = 0; k < after.compute.size(); ++k) {
+    per_step.push_back((after.compute[k] - before.compute[k]) / times.batches);
+  }
+  run.compute_per_worker = after.per_worker;
+  if (run.computed_batches == 0) {
+    const std::vector<std::string> places(run.workers.begin(),
+                                          run.workers.begin() + run.plan.stages.size());
+    std::cerr << fmt::format("stage compute per step in epoch {}, estimated and measured:\n{}",
+                             epoch,
+                             compute_table(run.plan, places,
+                                           estimated_compute_s(run.plan, places, after.per_worker),
+                                           per_step));
+  }
+  run.compute_s.resize(per_step.size());
+  for (std::size_t k = 0; k < per_step.size(); ++k) run.compute_s[k] += per_step[k] * times.batches;
+  run.computed_batches += times.batches;
+  return per_step;
+}
+
 // An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line.
 void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
-                  const std::vector<double>& busy_before, const std::vector<double>& busy_after) {
+                  const StageSeconds& before, const StageSeconds& after) {
   const TrainSettings& s = run.s;
   const double loss = run.job->last_train_loss;
   const double lr = run.job->optimizer->spec().options.at("lr");
   if (run.metrics_log) {
     EpochFigures row{
         epoch, {loss, v.loss, v.iou, v.dice, lr, times.train_s, times.images / times.train_s}};
-    for (std::size_t k = 0; k < busy_after.size(); ++k) {
-      row.values.push_back((busy_after[k] - busy_before[k]) / times.train_s);
+    for (std::size_t k = 0; k < after.busy.size(); ++k) {
+      row.values.push_back((after.busy[k] - before.busy[k]) / times.train_s);
     }
     run.metrics_log->add(row);
     run.metrics_log->write_plot(fmt::format("{}, {} stages, {} x {}: loss and IoU by epoch",
                                             s.plan.model, run.plan.stages.size(), s.plan.image_size,
                                             s.plan.image_size));
   }
+  const std::vector<double> compute = record_compute(run, epoch, times, before, after);
   run.metrics["epochs"].push_back({{"epoch", epoch},
                                    {"train_loss", loss},
                                    {"val_loss", v.loss},
@@ -191,7 +221,8 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
                                    {"optimizer_s", times.optimizer_s},
                                    {"batches", times.batches},
                                    {"images_per_s", times.images / times.train_s},
-                                   {"bytes_per_step", times.bytes_sent / times.batches}});
+                                   {"bytes_per_step", times.bytes_sent / times.batches},
+                                   {"stage_compute_s", compute}});
   std::cerr << fmt::format(
       "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, Dice {:.3f}, learning "
       "rate {:.3g}\n",
@@ -214,14 +245,14 @@ void save_checkpoints(Run& run, bool improved) {
 bool run_epoch(Run& run, int epoch) {
   const TrainSettings& s = run.s;
   StagesOnWorkers& job = *run.job;
-  const std::vector<double> busy_before = busy_seconds(job.replicas.front());
+  const StageSeconds before = stage_seconds(job.replicas.front());
   const EpochTimes times =
       train_epoch(job, *run.train_loader, epoch, s, *run.schedule, run.progress.step);
-  const std::vector<double> busy_after = busy_seconds(job.replicas.front());
+  const StageSeconds after = stage_seconds(job.replicas.front());
   run.train_s += times.train_s;
   align_replicas(job);
   const Validation v = validate(job.replicas, *run.validation_loader, s.loss, !s.via_master);
-  record_epoch(run, epoch, times, v, busy_before, busy_after);
+  record_epoch(run, epoch, times, v, before, after);
   run.progress.epoch = epoch;
   EpochMonitor::Verdict verdict;
   if (run.progress.monitor) {
@@ -286,20 +317,36 @@ void run_epochs(Run& run) {
   }
 }
 
-// Each stage's plan beside what its worker measured, into the metrics JSON.
+// Each stage's plan beside what its worker measured: compute per step as a table, and into the
+// metrics JSON.
 void report_stages(Run& run) {
+  const std::vector<std::string> places(run.workers.begin(),
+                                        run.workers.begin() + run.plan.stages.size());
+  const std::vector<double> estimated =
+      estimated_compute_s(run.plan, places, run.compute_per_worker);
+  std::vector<double> measured;
+  for (double seconds : run.compute_s) {
+    measured.push_back(seconds / std::max<std::size_t>(run.computed_batches, 1));
+  }
   run.metrics["stages"] = nlohmann::ordered_json::array();
   for (std::size_t k = 0; k < run.plan.stages.size(); ++k) {
     const PlannedStage& planned = run.plan.stages[k];
     remote_module::StageStats stats = run.job->split().stages()[k].module.stats();
-    run.metrics["stages"].push_back({{"name", planned.name},
-                                     {"worker", run.workers[k]},
-                                     {"blocks", planned.blocks},
-                                     {"parameters", planned.parameters},
-                                     {"estimated_peak_mib", planned.peak_mib},
-                                     {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
-                                     {"worker_peak_rss_mib", stats.worker_peak_rss_mib}});
+    nlohmann::ordered_json stage{{"name", planned.name},
+                                 {"worker", run.workers[k]},
+                                 {"blocks", planned.blocks},
+                                 {"parameters", planned.parameters},
+                                 {"estimated_peak_mib", planned.peak_mib},
+                                 {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
+                                 {"worker_peak_rss_mib", stats.worker_peak_rss_mib},
+                                 {"estimated_compute_s", estimated[k]}};
+    if (k < measured.size()) stage["measured_compute_s"] = measured[k];
+    run.metrics["stages"].push_back(stage);
   }
+  if (measured.empty()) return;
+  std::cerr << fmt::format("\ncompute per step over the run, estimated and measured{}:\n{}",
+                           run.compute_per_worker ? " (per worker: all the stages it hosts)" : "",
+                           compute_table(run.plan, places, estimated, measured));
 }
 
 // The pipeline's timeline, activation peaks and bubble, and the trace (--trace).
@@ -334,13 +381,13 @@ void report(Run& run) {
     report_best(*run.progress.monitor, s.save_best ? best_dir(s) : "", run.stopped_after,
                 run.metrics);
   }
-  report_stages(run);
   std::unique_ptr<pipeline::Pipeline>& pipe = run.job->replicas.front().pipe;
   if (pipe) {
     report_pipeline(run, *pipe);
   } else {
     print_stage_table(run.job->split(), run.train_s, !s.via_master);
   }
+  report_stages(run);
   if (s.compare_single_process) {
     const double whole = single_process_peak_mib(s.plan.model, s.plan.classes, s.plan.image_size,
                                                  s.plan.batch_size, s.plan.optimizer);

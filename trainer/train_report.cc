@@ -81,13 +81,14 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
                "RSS are the worker's peaks (tensor memory as its allocator counts it).\n";
 }
 
-std::vector<double> busy_seconds(const Replica& replica) {
-  std::vector<double> busy;
+StageSeconds stage_seconds(const Replica& replica) {
+  StageSeconds out;
   if (replica.pipe) {
     for (const pipeline::StageReport& stage : replica.pipe->timeline().report().per_stage) {
-      busy.push_back(stage.forward_s + stage.backward_s + stage.send_s);
+      out.compute.push_back(stage.forward_s + stage.backward_s);
+      out.busy.push_back(stage.forward_s + stage.backward_s + stage.send_s);
     }
-    return busy;
+    return out;
   }
   std::map<std::string, double> by_worker;
   for (const RemoteUnet::Stage& stage : replica.split.stages()) {
@@ -95,9 +96,35 @@ std::vector<double> busy_seconds(const Replica& replica) {
   }
   for (auto& [worker, seconds] : by_worker) seconds += dist_autograd::backward_seconds(worker);
   for (const RemoteUnet::Stage& stage : replica.split.stages()) {
-    busy.push_back(by_worker.at(stage.module.worker()));
+    out.compute.push_back(by_worker.at(stage.module.worker()));
   }
-  return busy;
+  out.busy = out.compute;
+  out.per_worker = true;
+  return out;
+}
+
+std::vector<double> estimated_compute_s(const StagePlan& plan,
+                                        const std::vector<std::string>& places, bool per_worker) {
+  std::vector<double> out;
+  for (const PlannedStage& stage : plan.stages) out.push_back(stage.compute_s);
+  if (!per_worker) return out;
+  std::map<std::string, double> by_worker;
+  for (size_t k = 0; k < out.size(); ++k) by_worker[worker_of(places.at(k))] += out[k];
+  for (size_t k = 0; k < out.size(); ++k) out[k] = by_worker[worker_of(places[k])];
+  return out;
+}
+
+std::string compute_table(const StagePlan& plan, const std::vector<std::string>& places,
+                          const std::vector<double>& estimated,
+                          const std::vector<double>& measured) {
+  std::string out = fmt::format("{:<8} {:<10} {:>16} {:>19} {:>14}\n", "stage", "worker",
+                                "est. compute s", "measured compute s", "measured/est.");
+  for (size_t k = 0; k < plan.stages.size() && k < measured.size(); ++k) {
+    out += fmt::format("{:<8} {:<10} {:>16.3f} {:>19.3f} {:>14.2f}\n", plan.stages[k].name,
+                       places.at(k), estimated.at(k), measured[k],
+                       estimated[k] > 0 ? measured[k] / estimated[k] : 0.0);
+  }
+  return out;
 }
 
 void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,

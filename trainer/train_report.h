@@ -10,6 +10,7 @@
 
 #include "ferry/models/remote_unet.h"
 #include "ferry/trainer/epoch_monitor.h"
+#include "ferry/trainer/stage_plan.h"
 #include "trainer/replicas.h"
 
 namespace ferry::trainer {
@@ -34,11 +35,24 @@ class ProgressBar {
 // activations went stage to stage.
 void print_stage_table(const models::RemoteUnet& split, double train_s, bool direct);
 
-// Seconds each stage's worker has computed so far, per stage of `replica`: in pipelined steps its
-// stage's forward, backward and sends (the timeline); otherwise the forward of every stage its
-// worker hosts and that worker's backward. The difference over an epoch, divided by its training
-// time, is the worker's busy share.
-std::vector<double> busy_seconds(const Replica& replica);
+// Seconds each stage has worked so far, per stage of `replica`. In pipelined steps, its own
+// forwards and backwards (compute) and those with its sends (busy), from the timeline; in plain
+// steps, the forward of every stage its worker hosts and that worker's backward (both). The
+// difference over an epoch, divided by its training time, is the busy share.
+struct StageSeconds {
+  std::vector<double> compute, busy;
+  bool per_worker = false;  // plain steps: a worker's figures stand for each stage it hosts
+};
+StageSeconds stage_seconds(const Replica& replica);
+
+// The plan's compute per step as stage_seconds counts it: in plain steps, a stage's worker's
+// stages summed.
+std::vector<double> estimated_compute_s(const StagePlan& plan, const std::vector<std::string>& places,
+                                        bool per_worker);
+
+// Estimated against measured compute per step, a row per stage.
+std::string compute_table(const StagePlan& plan, const std::vector<std::string>& places,
+                          const std::vector<double>& estimated, const std::vector<double>& measured);
 
 // The end of a run by the monitored metric: which epoch was best, where its checkpoint is (the
 // latest in `best_dir`; empty: none was kept), whether the run stopped early after epoch

@@ -107,6 +107,8 @@ StagePlan plan_of(const TrainSettings& s) {
   }
   p.in_flight_samples =
       in_flight_samples(s.plan.batch_size, s.microbatches, s.pipeline == "1f1b", stages);
+  p.microbatches = s.microbatches;
+  p.recompute = s.checkpoint_activations;
   // The blocks are measured here, all in this process: no stage's budget applies to that.
   const std::int64_t budget = core::tensor_memory_budget();
   core::set_tensor_memory_budget(0);

@@ -1,6 +1,5 @@
 // The U-Net as a list of blocks: the list and its carries, any cut chaining to the whole model
-// with the same weights, names and outputs as the one-piece Unet, the stage type, and the
-// measured block costs.
+// with the same weights, names and outputs as the one-piece Unet, and the stage type.
 #include "ferry/models/unet_blocks.h"
 
 #include <gmock/gmock.h>
@@ -9,7 +8,6 @@
 
 #include <map>
 
-#include "ferry/models/block_costs.h"
 #include "ferry/models/compare.h"
 #include "ferry/models/unet.h"
 #include "ferry/models/weights.h"
@@ -206,28 +204,6 @@ TEST(UnetBlocks, FrozenBatchNormKeepsItsStatisticsAndGetsNoGradientInTrainMode) 
     EXPECT_TRUE(torch::equal(t, before.at(name))) << name << " moved in a training forward";
   }
   EXPECT_TRUE(images.grad().defined());
-}
-
-TEST(BlockCosts, EveryBlockIsMeasuredAndTheParametersAddUp) {
-  std::vector<BlockCost> costs = measure_unet_blocks(18, 1, 64);
-  ASSERT_EQ(costs.size(), unet_blocks(18).size());
-  int64_t parameters = 0;
-  for (const BlockCost& c : costs) {
-    parameters += c.parameters;
-    EXPECT_GT(c.activation_bytes_per_sample, 0) << c.name;
-    EXPECT_GE(c.activation_bytes_per_sample, c.output_bytes_per_sample) << c.name;
-    EXPECT_GT(c.forward_s_per_sample + c.backward_s_per_sample, 0) << c.name;
-  }
-  Unet net(18, 1);
-  int64_t want = 0;
-  for (const auto& p : net->parameters()) want += p.numel();
-  EXPECT_EQ(parameters, want);
-  // The stem's output alone is 64 channels at half of 64 x 64, in floats.
-  EXPECT_DOUBLE_EQ(costs[0].output_bytes_per_sample, 64.0 * 32 * 32 * 4);
-  // Autograd keeps more than the output of a residual block (its convolutions' inputs).
-  EXPECT_GT(costs[2].activation_bytes_per_sample, 2 * costs[2].output_bytes_per_sample);
-  EXPECT_THAT(error_of([] { measure_unet_blocks(18, 1, 48); }),
-              HasSubstr("image size 48 is not a multiple of 32"));
 }
 
 }  // namespace

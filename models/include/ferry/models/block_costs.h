@@ -1,12 +1,34 @@
-// What each block of a U-Net costs to train, measured in this process: the figures that
-// `--stages N --balance memory|time|parameters` balances and that the stage table shows.
+// What each block of a model costs to train, measured in this process: the figures that
+// `--stages N --balance memory|time|parameters` balances, that the stage table shows and that a
+// run's measured stage compute is held against.
+//
+// A block's time is measured at two numbers of samples (the run's micro-batch and a second) and
+// kept as a fixed part plus a part per sample: a deep block of few pixels and many channels is
+// bound by its weights (mostly fixed), an early one by its activations (mostly per sample), so a
+// time per sample taken at one size mispredicts the other.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace ferry::models {
+
+// Seconds of one pass (a forward or a backward) over `samples` samples. Value type.
+struct PassCost {
+  double fixed_s = 0;
+  double per_sample_s = 0;
+  double at(double samples) const { return fixed_s + per_sample_s * samples; }
+};
+
+// The line through two timings of a pass, at `small` and `large` samples (in either order). Noise
+// can tilt a line through two points below zero: a negative per-sample part becomes a fixed cost
+// (their mean), and a negative fixed part a cost per sample alone (the least-squares line through
+// the origin). The same sizes give that line through the origin too.
+PassCost fit_pass_cost(int64_t small, double small_s, int64_t large, double large_s);
 
 // One block's measured costs. Value type.
 struct BlockCost {
@@ -19,18 +41,45 @@ struct BlockCost {
   double output_bytes_per_sample = 0;  // the tensor it makes
   double carry_bytes_per_sample = 0;   // everything it passes on: its output and the skips
   int64_t largest_parameter_bytes = 0;
-  double forward_s_per_sample = 0;
-  double backward_s_per_sample = 0;
+  PassCost forward, backward;
+  // Forward and backward of `samples` samples.
+  double train_s(double samples) const { return forward.at(samples) + backward.at(samples); }
 };
 
-// Runs every block of a U-Net-ResNet-`depth` forward and backward, one at a time, on a batch of
-// `sample_batch` random images of `image_size` (training mode): one pass to warm up, then
-// `timed_passes`, keeping each block's fastest time (at least one; memory is the same in each).
-// Installs the counting allocator (core::count_tensor_memory) if nothing has. Throws
-// std::invalid_argument for an unknown depth or an image size the encoder cannot halve
+// How blocks are timed. Value type.
+struct CostSampling {
+  int64_t samples = 2;         // the run's micro-batch; memory is measured at this size
+  int64_t second_samples = 0;  // 0: half of `samples` (2 when `samples` is 1)
+  int threads = 0;             // the intra-op threads a stage will have; 0: this process's
+  // Passes timed at each size after one that is not (it pays for fresh pages and each kernel's
+  // first call on the size's shapes); each block keeps its fastest, which the machine's other
+  // work disturbs least.
+  int timed_passes = 2;
+
+  int64_t second_size() const {
+    if (second_samples > 0) return second_samples;
+    return samples == 1 ? 2 : samples / 2;
+  }
+};
+
+// A model as a chain of blocks: each block takes the carry the one before gave (the first, the
+// input) and gives the next one's; its backward starts from the last tensor it gives.
+struct BlockChain {
+  std::vector<std::string> names;
+  std::function<std::vector<at::Tensor>(int64_t block, std::vector<at::Tensor> carry)> forward;
+  std::function<std::vector<at::Tensor>(int64_t block)> parameters;
+  std::function<std::vector<at::Tensor>(int64_t samples)> input;
+};
+
+// Runs every block of `chain` forward and backward, one at a time (training mode is the
+// chain's), at both sizes of `sampling`. Installs the counting allocator
+// (core::count_tensor_memory) if nothing has. Throws std::invalid_argument for sizes below 1.
+std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSampling& sampling);
+
+// measure_blocks over the blocks of a U-Net-ResNet-`depth` on random images of `image_size`.
+// Throws std::invalid_argument for an unknown depth or an image size the encoder cannot halve
 // five times.
 std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64_t image_size,
-                                           int64_t sample_batch = 2, int64_t seed = 0,
-                                           int timed_passes = 2);
+                                           const CostSampling& sampling = {}, int64_t seed = 0);
 
 }  // namespace ferry::models

@@ -1,8 +1,9 @@
 // How a job cuts the U-Net into stages before it builds any: at its three seams (the default),
 // into N stages balanced by measured memory, time or parameters (--stages N --balance ...), or
 // at the blocks a user names (--partition). Each stage's parameters, estimated peak memory and
-// step time are worked out from the blocks' measured costs, for the table `train` prints and
-// `describe` prints or writes as JSON.
+// compute per step are worked out from the blocks' costs, measured at the run's micro-batch size
+// with the threads a stage will have, for the table `train` prints and `describe` prints or
+// writes as JSON.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,15 @@ struct PlanSettings {
   // Samples whose activations a stage holds at once: the batch for plain and GPipe steps, fewer
   // for 1F1B (see in_flight_samples).
   int64_t in_flight_samples = 0;  // 0: the batch
+  int microbatches = 1;           // a step's forwards and backwards per stage
+  bool recompute = false;         // every stage runs its forward again in backward
+  int threads = 0;                // each stage's intra-op threads; 0: this process's
 };
+
+// The sizes blocks are timed at for a batch of `batch_size` in `microbatches`: the micro-batch
+// and, to tell a block's fixed cost from its cost per sample, half of it for plain steps or up to
+// four times it (at most the batch) for pipelined ones, whose plain step is then predicted too.
+models::CostSampling cost_sampling(int64_t batch_size, int microbatches, int threads);
 
 // One stage of a plan. Value type.
 struct PlannedStage {
@@ -38,7 +47,9 @@ struct PlannedStage {
   // Parameters, gradients and optimizer state, activations in flight, the carries in and out and
   // the optimizer step's temporaries.
   double peak_mib = 0;
-  double step_s = 0;  // forward and backward of one batch, as measured in one process
+  // Forward and backward of every micro-batch of one batch (and the recomputed forwards), from
+  // the blocks' costs.
+  double compute_s = 0;
 };
 
 struct StagePlan {
@@ -50,6 +61,12 @@ struct StagePlan {
   // device, "worker2/cuda:0" (PyTorch RemoteModule's form).
   std::vector<models::RemoteUnet::StagePlan> on(const std::vector<std::string>& workers) const;
 };
+
+// Each stage's compute per step for a batch of `batch_size` in `microbatches` (with `recompute`,
+// each forward twice) from the blocks' costs: a block's fixed part once per micro-batch, its part
+// per sample once per sample.
+std::vector<double> stage_compute_s(const StagePlan& plan, int64_t batch_size, int microbatches,
+                                    bool recompute);
 
 // The worker of a place: "worker2" of "worker2" and of "worker2/cuda:0".
 std::string worker_of(const std::string& place);
@@ -71,10 +88,10 @@ int64_t in_flight_samples(int64_t batch_size, int microbatches, bool one_f_one_b
 StagePlan plan_stages(const PlanSettings& settings);
 
 // A table of the plan: one row per stage with its worker (if given), blocks, parameters,
-// estimated peak and step time.
+// estimated peak and compute per step.
 std::string plan_table(const StagePlan& plan, const std::vector<std::string>& workers = {});
 // The plan as JSON: {"model", "method", "stages": [{name, blocks, first, last, parameters,
-// estimated_peak_mib, estimated_step_s}], "total_parameters"}.
+// estimated_peak_mib, estimated_compute_s}], "total_parameters"}.
 nlohmann::ordered_json plan_json(const StagePlan& plan);
 
 }  // namespace ferry::trainer

@@ -1,0 +1,78 @@
+// The plan's arithmetic on blocks' costs, without measuring any: the sizes blocks are timed at,
+// and each stage's compute per step for a number of micro-batches.
+#include "ferry/trainer/stage_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace ferry::trainer {
+namespace {
+
+using ::testing::DoubleNear;
+using ::testing::ElementsAre;
+
+TEST(CostSampling, BlocksAreTimedAtTheMicroBatchAndAtASecondSize) {
+  models::CostSampling pipelined = cost_sampling(128, 8, 1);
+  EXPECT_EQ(pipelined.samples, 16);
+  EXPECT_EQ(pipelined.second_size(), 64);
+  EXPECT_EQ(pipelined.threads, 1);
+  models::CostSampling plain = cost_sampling(8, 1, 0);
+  EXPECT_EQ(plain.samples, 8);
+  EXPECT_EQ(plain.second_size(), 4);
+  // tensor_split cuts 10 into 3, 3, 2, 2; the second size stops at the batch.
+  models::CostSampling uneven = cost_sampling(10, 4, 0);
+  EXPECT_EQ(uneven.samples, 3);
+  EXPECT_EQ(uneven.second_size(), 10);
+  // More micro-batches than images: one image each.
+  models::CostSampling tiny = cost_sampling(4, 8, 0);
+  EXPECT_EQ(tiny.samples, 1);
+  EXPECT_EQ(tiny.second_size(), 4);
+  EXPECT_EQ(cost_sampling(1, 1, 0).second_size(), 2);
+}
+
+models::BlockCost block(const std::string& name, models::PassCost forward,
+                        models::PassCost backward) {
+  models::BlockCost cost;
+  cost.name = name;
+  cost.forward = forward;
+  cost.backward = backward;
+  return cost;
+}
+
+// Two stages: blocks a and b, then c.
+StagePlan two_stages() {
+  StagePlan plan;
+  plan.costs = {block("a", {0.010, 0.001}, {0.020, 0.002}),
+                block("b", {0.0, 0.004}, {0.0, 0.008}),
+                block("c", {0.100, 0.0}, {0.200, 0.0})};
+  PlannedStage first, second;
+  first.first = 0;
+  first.last = 2;
+  second.first = 2;
+  second.last = 3;
+  plan.stages = {first, second};
+  return plan;
+}
+
+TEST(StageCompute, AFixedPartCountsOncePerMicroBatchAndAPartPerSampleOncePerSample) {
+  const StagePlan plan = two_stages();
+  // One batch of 16: a 0.030 + 16 x 0.003, b 16 x 0.012, c 0.300.
+  EXPECT_THAT(stage_compute_s(plan, 16, 1, false),
+              ElementsAre(DoubleNear(0.030 + 0.048 + 0.192, 1e-12), DoubleNear(0.300, 1e-12)));
+  // Four micro-batches of 4: the fixed parts four times.
+  EXPECT_THAT(stage_compute_s(plan, 16, 4, false),
+              ElementsAre(DoubleNear(0.120 + 0.048 + 0.192, 1e-12), DoubleNear(1.200, 1e-12)));
+  // More micro-batches than samples: one each.
+  EXPECT_THAT(stage_compute_s(plan, 2, 8, false),
+              ElementsAre(DoubleNear(0.060 + 0.006 + 0.024, 1e-12), DoubleNear(0.600, 1e-12)));
+}
+
+TEST(StageCompute, RecomputationRunsEveryForwardTwice) {
+  const StagePlan plan = two_stages();
+  EXPECT_THAT(stage_compute_s(plan, 16, 1, true),
+              ElementsAre(DoubleNear(0.030 + 0.048 + 0.192 + 0.010 + 0.016 + 0.064, 1e-12),
+                          DoubleNear(0.400, 1e-12)));
+}
+
+}  // namespace
+}  // namespace ferry::trainer

@@ -79,6 +79,8 @@ CLI::App* add_pipeline(CLI::App& app, ferry::bench::PipelineBenchSettings& pipel
   pipeline_cmd->add_option("--steps", pipeline.steps, "timed steps of each configuration");
   pipeline_cmd->add_option("--warmup", pipeline.warmup, "untimed steps of each first");
   pipeline_cmd->add_flag("!--no-pin", pipeline.pin, "do not pin each worker to a core");
+  pipeline_cmd->add_flag("!--no-rebalance", pipeline.rebalance,
+                         "unet: keep the cut measured before the workers start");
   pipeline_cmd->add_option("--trace", pipeline.trace_file,
                            "write a Chrome trace of the last configuration's steps");
   return pipeline_cmd;

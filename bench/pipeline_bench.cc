@@ -20,6 +20,7 @@
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/rpc/options.h"
 #include "ferry/rpc/rpc.h"
+#include "ferry/trainer/rebalance.h"
 #include "ferry/trainer/stage_plan.h"
 
 namespace ferry::bench {
@@ -78,18 +79,18 @@ struct Model {
   std::string name;
 };
 
-// The U-Net's cut, measured and balanced here before any worker starts.
-trainer::StagePlan unet_plan(const PipelineBenchSettings& s) {
+// The U-Net's plan settings: blocks timed at the most micro-batches' size and four times it,
+// with the stages' one thread.
+trainer::PlanSettings unet_plan_settings(const PipelineBenchSettings& s) {
   trainer::PlanSettings plan;
   plan.model = fmt::format("unet-resnet{}", s.depth);
   plan.image_size = s.image_size;
   plan.batch_size = s.batch;
   plan.stages = s.stages;
   plan.balance = s.balance;
-  // Timed at the most micro-batches' size and four times it, with the stages' one thread.
   plan.microbatches = *std::max_element(s.microbatches.begin(), s.microbatches.end());
   plan.threads = 1;
-  return trainer::plan_stages(plan);
+  return plan;
 }
 
 std::vector<std::string> worker_names(int p) {
@@ -138,9 +139,8 @@ Model build(const PipelineBenchSettings& s, int p, const trainer::StagePlan& pla
   return m;
 }
 
-nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinned,
-                               const trainer::StagePlan& plan) {
-  Model model = build(s, p, plan);
+// A pipeline per configuration over `model`'s stages: naive, then GPipe and 1F1B at each M.
+std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& model) {
   std::vector<Config> configs;
   configs.push_back({"naive", pipeline::Schedule::GPipe, 1, nullptr, {}, {}, {}, {}});
   for (pipeline::Schedule schedule : {pipeline::Schedule::GPipe, pipeline::Schedule::OneFOneB}) {
@@ -156,6 +156,35 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
     c.activation_mib.assign(model.stages.size(), 0);
     c.tensor_mib.assign(model.stages.size(), 0);
   }
+  return configs;
+}
+
+// The cut that the last configuration's stages (1F1B at the most micro-batches) measured in
+// their latest step calls for (ferry/trainer/rebalance.h), or `plan` when no cut shortens its
+// slowest stage by kMinGain. `record` says what was measured and decided.
+trainer::StagePlan rebalanced(const PipelineBenchSettings& s, const trainer::StagePlan& plan,
+                              Config& last, nlohmann::ordered_json& record) {
+  const StageFigures measured = stage_figures(last);
+  const std::vector<pipeline::Range> current = plan.ranges();
+  const std::vector<double> calibrated = trainer::calibrated_block_s(
+      trainer::block_compute_s(plan, s.batch, last.microbatches, false), current,
+      measured.compute_s);
+  const trainer::Recut recut = trainer::propose_recut(calibrated, measured.compute_s);
+  record = {{"measured_compute_s", measured.compute_s},
+            {"predicted_compute_s", recut.predicted_s},
+            {"moved", recut.moves(current) && recut.worth_it()}};
+  if (!record["moved"].get<bool>()) return plan;
+  trainer::StagePlan to = trainer::recut(plan, unet_plan_settings(s), recut.ranges,
+                                         "re-balanced from measured compute");
+  record["blocks"] = trainer::describe_move(plan, to);
+  std::cerr << "re-balanced: " << record["blocks"].get<std::string>() << "\n";
+  return to;
+}
+
+nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinned,
+                               trainer::StagePlan plan) {
+  Model model = build(s, p, plan);
+  std::vector<Config> configs = make_configs(s, model);
   std::vector<double> local_steps;
   // The whole model in this process, one micro-batch after another: what micro-batching itself
   // costs the same blocks, without any stage boundary.
@@ -170,8 +199,14 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
       }
     });
   };
-  for (int round = 0; round < s.warmup + s.steps; ++round) {
-    bool timed = round >= s.warmup;
+  // Re-balancing (a U-Net cut by time) measures one more step after the warm-up, moves, and warms
+  // the new stages up again.
+  const bool rebalance = s.rebalance && s.model == "unet" && p > 1;
+  const int untimed = rebalance ? 2 * s.warmup + 1 : s.warmup;
+  nlohmann::ordered_json rebalance_record;
+  for (int round = 0; round < untimed + s.steps; ++round) {
+    bool timed = round >= untimed;
+    if (rebalance && round == s.warmup) configs.back().warm = configs.back().pipe->timeline().report();
     for (Config& c : configs) {
       c.pipe->memory_peaks();  // starts this step's peaks
       double seconds;
@@ -194,7 +229,16 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
       const double seconds = local_step(m);
       if (timed) local_microbatched[m].push_back(seconds);
     }
-    if (round + 1 == s.warmup) {
+    if (rebalance && round == s.warmup) {
+      trainer::StagePlan to = rebalanced(s, plan, configs.back(), rebalance_record);
+      if (rebalance_record["moved"].get<bool>()) {
+        configs.clear();
+        plan = std::move(to);
+        model = build(s, p, plan);
+        configs = make_configs(s, model);
+      }
+    }
+    if (round + 1 == untimed) {
       for (Config& c : configs) c.warm = c.pipe->timeline().report();
     }
     std::cerr << fmt::format("round {}: naive {:.3f} s, {} {}: {:.3f} s, one process {:.3f} s\n",
@@ -210,6 +254,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   out["model"] = model.name;
   out["p"] = p;
   if (s.model == "unet") out["plan"] = trainer::plan_json(plan);
+  if (rebalance) out["rebalance"] = rebalance_record;
   out["batch"] = s.batch;
   out["pinned"] = pinned;
   out["threads_per_process"] = 1;
@@ -275,7 +320,7 @@ int run_pipeline_bench(const PipelineBenchSettings& s) {
   }
   at::set_num_threads(1);
   trainer::StagePlan plan;
-  if (s.model == "unet") plan = unet_plan(s);
+  if (s.model == "unet") plan = trainer::plan_stages(unet_plan_settings(s));
   const int p =
       s.model == "unet" ? static_cast<int>(plan.stages.size()) : (s.stages == 0 ? 2 : s.stages);
   if (p < 1) {

@@ -23,6 +23,9 @@ struct PipelineBenchSettings {
   int steps = 5;           // timed steps of each configuration; medians are reported
   int warmup = 1;          // untimed steps of each first
   bool pin = true;         // each worker on its own core (taskset) where there are enough cores
+  // unet: after the warm-up, cut the blocks anew from what the stages measured (as ferry-master
+  // train --rebalance does) when that shortens the slowest stage by 5% or more.
+  bool rebalance = true;
   std::string trace_file;  // Chrome trace of the last configuration (1f1b, most micro-batches)
   std::string self_path;
 };

@@ -255,6 +255,45 @@ NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
   return read_extra(folder, manifest);
 }
 
+void load_state_by_tensor_name(std::map<std::string, at::Tensor> state,
+                               const NamedStages& stages, const std::string& source) {
+  // Every stage's part is found before any is loaded, so a state that does not fit changes
+  // nothing.
+  std::vector<c10::Dict<std::string, at::Tensor>> parts;
+  for (const auto& [name, module] : stages) {
+    c10::Dict<std::string, at::Tensor> part;
+    std::vector<std::string> missing;
+    for (const auto& item : module.state_dict()) {
+      auto it = state.find(item.key());
+      if (it == state.end()) {
+        missing.push_back(item.key());
+        continue;
+      }
+      part.insert(it->first, it->second);
+      state.erase(it);
+    }
+    if (!missing.empty()) {
+      fail(fmt::format("{} has no tensor for {} of stage \"{}\"'s: {}", source, missing.size(),
+                       name, first_names(missing)));
+    }
+    parts.push_back(std::move(part));
+  }
+  if (!state.empty()) {
+    std::vector<std::string> left;
+    for (const auto& [name, tensor] : state) left.push_back(name);
+    fail(fmt::format("{} has {} tensors that no stage has: {}", source, left.size(),
+                     first_names(left)));
+  }
+  for (size_t k = 0; k < stages.size(); ++k) {
+    try {
+      stages[k].second.load_state_dict(parts[k]);
+    } catch (const rpc::Error& e) {
+      throw e.restated(
+          fmt::format("restoring stage \"{}\" from {}: {}", stages[k].first, source, e.what()));
+    }
+  }
+}
+
 NamedValues load_checkpoint_by_tensor_name(const std::string& dir, const NamedStages& stages) {
   auto [folder, manifest] = latest_checkpoint(dir);
   std::map<std::string, at::Tensor> pool;
@@ -263,36 +302,8 @@ NamedValues load_checkpoint_by_tensor_name(const std::string& dir, const NamedSt
       pool[item.key()] = item.value();
     }
   }
-  // Every stage's part is found before any is loaded, so a checkpoint that does not fit changes
-  // nothing.
-  std::vector<c10::Dict<std::string, at::Tensor>> parts;
-  for (const auto& [name, module] : stages) {
-    c10::Dict<std::string, at::Tensor> part;
-    std::vector<std::string> missing;
-    for (const auto& item : module.state_dict()) {
-      auto it = pool.find(item.key());
-      if (it == pool.end()) {
-        missing.push_back(item.key());
-        continue;
-      }
-      part.insert(it->first, it->second);
-      pool.erase(it);
-    }
-    if (!missing.empty()) {
-      fail(fmt::format("checkpoint \"{}\" has no tensor for {} of stage \"{}\"'s: {}",
-                       folder.string(), missing.size(), name, first_names(missing)));
-    }
-    parts.push_back(std::move(part));
-  }
-  if (!pool.empty()) {
-    std::vector<std::string> left;
-    for (const auto& [name, tensor] : pool) left.push_back(name);
-    fail(fmt::format("checkpoint \"{}\" has {} tensors that no stage has: {}", folder.string(),
-                     left.size(), first_names(left)));
-  }
-  for (size_t k = 0; k < stages.size(); ++k) {
-    restore_stage(stages[k].first, stages[k].second, parts[k], folder);
-  }
+  load_state_by_tensor_name(std::move(pool), stages,
+                            fmt::format("checkpoint \"{}\"", folder.string()));
   return read_extra(folder, manifest);
 }
 

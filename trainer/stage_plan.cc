@@ -180,10 +180,8 @@ models::CostSampling cost_sampling(int64_t batch_size, int microbatches, int thr
 
 std::vector<double> stage_compute_s(const StagePlan& plan, int64_t batch_size, int microbatches,
                                     bool recompute) {
-  std::vector<pipeline::Range> ranges;
-  for (const PlannedStage& stage : plan.stages) ranges.push_back({stage.first, stage.last});
   return pipeline::range_costs(time_costs(plan.costs, batch_size, microbatches, recompute),
-                               ranges);
+                               plan.ranges());
 }
 
 int64_t in_flight_samples(int64_t batch_size, int microbatches, bool one_f_one_b, int stages) {
@@ -203,6 +201,42 @@ std::vector<models::RemoteUnet::StagePlan> StagePlan::on(
   }
   return out;
 }
+
+namespace {
+
+// Fills `plan.stages` from `ranges` over `plan.costs`: names (`names`, or by the plan's method),
+// blocks, parameters, and estimated peak and compute.
+void fill_stages(StagePlan& plan, const PlanSettings& s, const std::vector<pipeline::Range>& ranges,
+                 const std::vector<std::string>& names) {
+  const int64_t samples = s.in_flight_samples > 0 ? s.in_flight_samples : s.batch_size;
+  const std::vector<double> memory = memory_costs(plan.costs, state_factor(s.optimizer), samples);
+  const std::vector<double> stage_memory = pipeline::range_costs(memory, ranges);
+  const std::vector<double> stage_time = pipeline::range_costs(
+      time_costs(plan.costs, s.batch_size, s.microbatches, s.recompute), ranges);
+  const std::vector<double> stage_parameters =
+      pipeline::range_costs(parameter_costs(plan.costs), ranges);
+  const std::vector<models::RemoteUnet::StagePlan> seams =
+      models::RemoteUnet::seams(plan.depth, {});
+  plan.stages.clear();
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    PlannedStage stage;
+    stage.name = k < names.size()              ? names[k]
+                 : plan.method == "seams" ? seams[k].name
+                                               : fmt::format("stage{}", k);
+    stage.first = ranges[k].begin;
+    stage.last = ranges[k].end;
+    const std::string& from = plan.costs[stage.first].name;
+    const std::string& to = plan.costs[stage.last - 1].name;
+    stage.blocks = stage.last - stage.first == 1 ? from : fmt::format("{}..{}", from, to);
+    stage.parameters = static_cast<int64_t>(stage_parameters[k]);
+    stage.peak_mib =
+        (stage_memory[k] + stage_extra_bytes(plan.costs, ranges[k], s, samples)) / kMiB;
+    stage.compute_s = stage_time[k];
+    plan.stages.push_back(stage);
+  }
+}
+
+}  // namespace
 
 StagePlan plan_stages(const PlanSettings& s) {
   StagePlan plan;
@@ -225,28 +259,31 @@ StagePlan plan_stages(const PlanSettings& s) {
   const std::vector<double> memory = memory_costs(plan.costs, state_factor(s.optimizer), samples);
   const std::vector<double> time =
       time_costs(plan.costs, s.batch_size, s.microbatches, s.recompute);
-  const std::vector<pipeline::Range> ranges = cut(s, plan.costs, memory, time, plan.method);
-  const std::vector<double> stage_memory = pipeline::range_costs(memory, ranges);
-  const std::vector<double> stage_time = pipeline::range_costs(time, ranges);
-  const std::vector<double> stage_parameters =
-      pipeline::range_costs(parameter_costs(plan.costs), ranges);
-  const std::vector<models::RemoteUnet::StagePlan> seams =
-      models::RemoteUnet::seams(plan.depth, {});
-  for (size_t k = 0; k < ranges.size(); ++k) {
-    PlannedStage stage;
-    stage.name = plan.method == "seams" ? seams[k].name : fmt::format("stage{}", k);
-    stage.first = ranges[k].begin;
-    stage.last = ranges[k].end;
-    const std::string& from = plan.costs[stage.first].name;
-    const std::string& to = plan.costs[stage.last - 1].name;
-    stage.blocks = stage.last - stage.first == 1 ? from : fmt::format("{}..{}", from, to);
-    stage.parameters = static_cast<int64_t>(stage_parameters[k]);
-    stage.peak_mib =
-        (stage_memory[k] + stage_extra_bytes(plan.costs, ranges[k], s, samples)) / kMiB;
-    stage.compute_s = stage_time[k];
-    plan.stages.push_back(stage);
-  }
+  fill_stages(plan, s, cut(s, plan.costs, memory, time, plan.method), {});
   return plan;
+}
+
+StagePlan recut(const StagePlan& plan, const PlanSettings& s,
+                const std::vector<pipeline::Range>& ranges, const std::string& method) {
+  StagePlan out;
+  out.depth = plan.depth;
+  out.method = method;
+  out.costs = plan.costs;
+  std::vector<std::string> names;
+  for (const PlannedStage& stage : plan.stages) names.push_back(stage.name);
+  fill_stages(out, s, ranges, names);
+  return out;
+}
+
+std::vector<pipeline::Range> StagePlan::ranges() const {
+  std::vector<pipeline::Range> out;
+  for (const PlannedStage& stage : stages) out.push_back({stage.first, stage.last});
+  return out;
+}
+
+std::vector<double> block_compute_s(const StagePlan& plan, int64_t batch_size, int microbatches,
+                                    bool recompute) {
+  return time_costs(plan.costs, batch_size, microbatches, recompute);
 }
 
 std::string plan_table(const StagePlan& plan, const std::vector<std::string>& workers) {

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <map>
 
 #include "ferry/core/log.h"
+#include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/rpc/rpc.h"
 #include "trainer/train_setup.h"
@@ -126,4 +128,23 @@ void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_ste
                   extra.at("best_value").toDouble(),
                   static_cast<int>(extra.at("stale_epochs").toInt()));
 }
+
+void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, const StagePlan& to,
+                 const std::vector<std::string>& workers) {
+  std::map<std::string, at::Tensor> state;
+  for (const auto& stage : job->split().stages()) {
+    for (const auto& item : stage.module.state_dict()) state[item.key()] = item.value();
+  }
+  const c10::IValue optimizer = job->optimizer->state_dict();
+  const double last_loss = job->last_train_loss;
+  // The old stages go first: a worker holds one copy of its blocks at a time.
+  job.reset();
+  job = build_stages(s, to, workers);
+  remote_module::load_state_by_tensor_name(std::move(state), job->split().named(),
+                                           "the stages before the move");
+  align_replicas(*job);
+  job->optimizer->load_state_dict(optimizer);
+  job->last_train_loss = last_loss;
+}
+
 }  // namespace ferry::trainer

@@ -69,4 +69,11 @@ remote_module::NamedValues progress_values(const Progress& p, const StagesOnWork
 void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
              Progress& progress);
 
+// Builds the stages of `to` on `workers` (every replica) in place of `job`'s and moves every
+// parameter, buffer and the optimizer's state into them by tensor name, as a resume onto another
+// cut restores them, without a checkpoint on disk (ferry/trainer/rebalance.h says when). What this
+// throws leaves `job` empty: the caller goes back to a checkpoint, as after a lost worker.
+void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, const StagePlan& to,
+                 const std::vector<std::string>& workers);
+
 }  // namespace ferry::trainer

@@ -27,6 +27,7 @@
 #include "ferry/trainer/epoch_monitor.h"
 #include "ferry/trainer/metrics_log.h"
 #include "ferry/trainer/model_tools.h"
+#include "ferry/trainer/rebalance.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
 #include "trainer/placement.h"
@@ -64,6 +65,9 @@ struct Run {
   std::vector<double> compute_s;
   std::size_t computed_batches = 0;
   bool compute_per_worker = false;
+  bool show_compute = true;  // after the first epoch and after a move
+  PlanSettings plan_settings;
+  int rebalance_checks = 0;
   int takeovers = 0;
   int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
 };
@@ -108,10 +112,29 @@ void load_data(Run& run) {
   run.progress.monitor = monitor_of(s);
 }
 
+// The ranges of --rebalance-to's cut; fails naming the flag if it does not fit the plan.
+std::vector<pipeline::Range> ranges_to(const Run& run, const std::string& cuts) {
+  std::vector<std::string> names;
+  for (const models::BlockCost& c : run.plan.costs) names.push_back(c.name);
+  std::vector<pipeline::Range> ranges;
+  try {
+    ranges = pipeline::ranges_from_cuts(names, cuts);
+  } catch (const std::invalid_argument& e) {
+    fail_setting(fmt::format("--rebalance-to {}: {}", cuts, e.what()));
+  }
+  if (ranges.size() != run.plan.stages.size()) {
+    fail_setting(fmt::format("--rebalance-to {} makes {} stages but the job has {}", cuts,
+                             ranges.size(), run.plan.stages.size()));
+  }
+  return ranges;
+}
+
 // The cut, its places and the spares, shown before the stages are built.
 void place(Run& run) {
   const TrainSettings& s = run.s;
+  run.plan_settings = plan_settings_of(s);
   run.plan = plan_of(s);
+  if (!s.rebalance_to.empty()) ranges_to(run, s.rebalance_to);  // refused before training
   run.workers = place_stages(run.plan, s.placement, s.spares, s.replicas);
   run.stage_names = replica_stage_names(run.plan, s.replicas);
   const std::size_t stage_count = run.plan.stages.size();
@@ -167,6 +190,7 @@ void start(Run& run) {
     log::info("learning rate: {}", schedule.describe());
   }
   run.metrics["epochs"] = nlohmann::ordered_json::array();
+  run.metrics["rebalances"] = nlohmann::ordered_json::array();
 }
 
 // Each stage's compute per step over the epoch against the plan's: shown after the run's first
@@ -178,7 +202,8 @@ std::vector<double> record_compute(Run& run, int epoch, const EpochTimes& times,
     per_step.push_back((after.compute[k] - before.compute[k]) / times.batches);
   }
   run.compute_per_worker = after.per_worker;
-  if (run.computed_batches == 0) {
+  if (run.show_compute) {
+    run.show_compute = false;
     const std::vector<std::string> places(run.workers.begin(),
                                           run.workers.begin() + run.plan.stages.size());
     std::cerr << fmt::format("stage compute per step in epoch {}, estimated and measured:\n{}",
@@ -193,8 +218,9 @@ std::vector<double> record_compute(Run& run, int epoch, const EpochTimes& times,
   return per_step;
 }
 
-// An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line.
-void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
+// An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line. Returns
+// each stage's compute per step.
+std::vector<double> record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
                   const StageSeconds& before, const StageSeconds& after) {
   const TrainSettings& s = run.s;
   const double loss = run.job->last_train_loss;
@@ -227,6 +253,7 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
       "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, Dice {:.3f}, learning "
       "rate {:.3g}\n",
       epoch, s.epochs, loss, v.loss, v.iou, v.dice, lr);
+  return compute;
 }
 
 // The epoch's checkpoint, and the best one's when it improved.
@@ -238,6 +265,71 @@ void save_checkpoints(Run& run, bool improved) {
   if (s.save_best && improved) {
     remote_module::save_checkpoint(best_dir(s), run.job->split().named(), 1, values);
   }
+}
+
+// Whether the job looks for a better cut after its epochs (--rebalance).
+bool rebalancing(const Run& run) {
+  const TrainSettings& s = run.s;
+  if (!run.job->replicas.front().pipe || s.rebalance == "off") return false;
+  return s.rebalance == "on" || (s.plan.balance == "time" && s.plan.stages > 0 &&
+                                 s.plan.partition.empty());
+}
+
+// After an epoch: the cut that the stages' measured compute calls for (or --rebalance-to's, after
+// the first), moved to while the job runs when it shortens the slowest stage by kMinGain and its
+// estimated peaks fit the memory budget; otherwise training goes on with the cut it has.
+void rebalance(Run& run, int epoch, const std::vector<double>& measured) {
+  const TrainSettings& s = run.s;
+  const bool forced = !s.rebalance_to.empty() && run.rebalance_checks == 0;
+  if (!forced && !rebalancing(run)) return;
+  if (!forced && run.rebalance_checks > 0 && imbalance(measured) <= kMaxImbalance) return;
+  ++run.rebalance_checks;
+  const std::vector<pipeline::Range> current = run.plan.ranges();
+  const std::vector<double> calibrated = calibrated_block_s(
+      block_compute_s(run.plan, s.plan.batch_size, s.microbatches, s.checkpoint_activations),
+      current, measured);
+  Recut proposal = propose_recut(calibrated, measured);
+  if (forced) {
+    proposal.ranges = ranges_to(run, s.rebalance_to);
+    proposal.predicted_s = pipeline::range_costs(calibrated, proposal.ranges);
+    proposal.predicted_slowest_s =
+        *std::max_element(proposal.predicted_s.begin(), proposal.predicted_s.end());
+  }
+  nlohmann::ordered_json record{{"after_epoch", epoch},
+                                {"measured_slowest_s", proposal.slowest_s},
+                                {"predicted_slowest_s", proposal.predicted_slowest_s}};
+  auto keep = [&](const std::string& why) {
+    record["moved"] = false;
+    record["why_not"] = why;
+    run.metrics["rebalances"].push_back(record);
+  };
+  if (!proposal.moves(current) || (!forced && !proposal.worth_it())) {
+    log::info("re-balance after epoch {}: the cut stays (its slowest stage computes {:.3f} s per "
+              "step; the best cut from the measured compute, {:.3f} s)",
+              epoch, proposal.slowest_s, proposal.predicted_slowest_s);
+    return keep(proposal.moves(current) ? "the step would not get 5% shorter"
+                                        : "the best cut is the one the job has");
+  }
+  StagePlan to = recut(run.plan, run.plan_settings, proposal.ranges,
+                       forced ? "moved by --rebalance-to" : "re-balanced from measured compute");
+  const std::vector<std::string> places(run.workers.begin(),
+                                        run.workers.begin() + run.plan.stages.size());
+  const std::string over = over_budget(to, places, core::tensor_memory_budget() / double(1 << 20));
+  const std::string move = describe_move(run.plan, to);
+  record["blocks"] = move;
+  if (!over.empty()) {
+    log::warn("re-balance after epoch {} not made ({}): {}; training goes on with the cut it has",
+              epoch, move, over);
+    return keep(over);
+  }
+  log::info("re-balance after epoch {}: {}; slowest stage {:.3f} s per step measured, {:.3f} s "
+            "predicted",
+            epoch, move, proposal.slowest_s, proposal.predicted_slowest_s);
+  run.plan = to;  // a failure while moving goes back to a checkpoint with the new cut
+  move_stages(run.job, s, run.plan, run.workers);
+  run.show_compute = true;
+  record["moved"] = true;
+  run.metrics["rebalances"].push_back(record);
 }
 
 // One epoch: train, bring the replicas together, validate, record, checkpoint. True if the
@@ -252,13 +344,14 @@ bool run_epoch(Run& run, int epoch) {
   run.train_s += times.train_s;
   align_replicas(job);
   const Validation v = validate(job.replicas, *run.validation_loader, s.loss, !s.via_master);
-  record_epoch(run, epoch, times, v, before, after);
+  const std::vector<double> compute = record_epoch(run, epoch, times, v, before, after);
   run.progress.epoch = epoch;
   EpochMonitor::Verdict verdict;
   if (run.progress.monitor) {
     verdict = run.progress.monitor->observe(epoch, v.of(run.progress.monitor->metric()));
   }
   save_checkpoints(run, verdict.improved);
+  if (!verdict.stop && epoch < s.epochs) rebalance(run, epoch, compute);
   return verdict.stop;
 }
 
@@ -278,9 +371,10 @@ void take_over(Run& run, const rpc::Error& e) {
         Clock::now() + std::chrono::seconds(3), std::chrono::milliseconds(50));
   }
   if (taken.empty()) {
-    throw rpc::Error(
-        e.kind(),
-        fmt::format("{}{}", e.what(), stages_concerned(e, run.job->splits(), s.checkpoint_dir)));
+    throw rpc::Error(e.kind(), fmt::format("{}{}", e.what(),
+                                           run.job ? stages_concerned(e, run.job->splits(),
+                                                                      s.checkpoint_dir)
+                                                   : std::string()));
   }
   log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
   // The stages that survived are rebuilt too: all of them go back to the same checkpoint.

@@ -97,8 +97,7 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
   return std::make_unique<pipeline::Pipeline>(std::move(stages), options);
 }
 
-// The cut the settings ask for, measured in this process before any stage is built.
-StagePlan plan_of(const TrainSettings& s) {
+PlanSettings plan_settings_of(const TrainSettings& s) {
   PlanSettings p = s.plan;
   int stages = s.plan.stages > 0 ? s.plan.stages : 3;
   if (!s.plan.partition.empty()) {
@@ -109,6 +108,11 @@ StagePlan plan_of(const TrainSettings& s) {
       in_flight_samples(s.plan.batch_size, s.microbatches, s.pipeline == "1f1b", stages);
   p.microbatches = s.microbatches;
   p.recompute = s.checkpoint_activations;
+  return p;
+}
+
+StagePlan plan_of(const TrainSettings& s) {
+  const PlanSettings p = plan_settings_of(s);
   // The blocks are measured here, all in this process: no stage's budget applies to that.
   const std::int64_t budget = core::tensor_memory_budget();
   core::set_tensor_memory_budget(0);

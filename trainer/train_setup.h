@@ -32,6 +32,10 @@ dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s);
 std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
                                                 const models::RemoteUnet& split);
 
+// The plan's settings as the run's schedule makes them: micro-batches, samples in flight,
+// recomputation.
+PlanSettings plan_settings_of(const TrainSettings& s);
+
 // The cut the settings ask for, measured in this process before any stage is built.
 StagePlan plan_of(const TrainSettings& s);
 

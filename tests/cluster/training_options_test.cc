@@ -1,11 +1,13 @@
 // What a training job offers beside stages and pipelines, run as a user runs it (ferry-launch,
 // ferry-master train): gradient accumulation, data-parallel replicas, learning-rate schedules,
-// bf16-mixed precision, and the errors of settings that cannot work.
+// bf16-mixed precision, blocks moved between stages while training, and the errors of settings
+// that cannot work.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -270,6 +272,92 @@ TEST(TrainingJob, BFloat16MixedHalvesTheBytesLearnsAndResumesExactly) {
   std::filesystem::remove_all(base);
   std::remove((base + "-32.json").c_str());
   std::remove((base + "-bf16.json").c_str());
+}
+
+
+// The re-balancing job: Adam (its moments must move with their blocks), one thread per process,
+// two pipelined stages (by default cut after the encoder).
+std::string rebalance_job(int epochs = 3, const std::string& partition = "decoder.0") {
+  return std::string("env OMP_NUM_THREADS=1 ") + FERRY_LAUNCH + " --nproc 3 -- " + FERRY_MASTER +
+         " train --model unet-resnet18 --image-size 32 --samples 30 --batch-size 4 --epochs " +
+         std::to_string(epochs) +
+         " --optimizer adam --lr 0.003 --seed 3 --pipeline 1f1b --microbatches 2 --partition " +
+         partition;
+}
+
+// Blocks moved between stages after the first epoch (parameters, batch-norm statistics and Adam's
+// moments by tensor name, worker to worker through the master) change nothing that follows: every
+// epoch's losses and the final weights and optimizer state are those of the run that kept its cut.
+TEST(Rebalance, AMoveBetweenEpochsGivesTheLossesOfTheRunThatKeptItsCut) {
+  const std::string base = ferry::testing::process_temp_dir().file("rebalance");
+  CommandResult kept = run(rebalance_job() + " --checkpoint-dir " + base + "-kept --metrics-file " +
+                           base + "-kept.json");
+  ASSERT_EQ(kept.status, 0) << kept.output;
+  CommandResult moved = run(rebalance_job() + " --rebalance-to layer3.0 --checkpoint-dir " + base +
+                            "-moved --metrics-file " + base + "-moved.json");
+  ASSERT_EQ(moved.status, 0) << moved.output;
+  EXPECT_THAT(moved.output,
+              HasSubstr("re-balance after epoch 1: stage0 stem..layer4.1 -> stem..layer2.1, "
+                        "stage1 decoder.0..head -> layer3.0..head"))
+      << moved.output;
+  auto kept_json = nlohmann::json::parse(std::ifstream(base + "-kept.json"));
+  auto moved_json = nlohmann::json::parse(std::ifstream(base + "-moved.json"));
+  ASSERT_EQ(moved_json["rebalances"].size(), 1u);
+  EXPECT_TRUE(moved_json["rebalances"][0]["moved"].get<bool>());
+  EXPECT_TRUE(kept_json["rebalances"].empty());
+  EXPECT_EQ(moved_json["stages"][1]["blocks"], "layer3.0..head");
+  ASSERT_EQ(kept_json["epochs"].size(), 3u);
+  ASSERT_EQ(moved_json["epochs"].size(), 3u);
+  for (size_t e = 0; e < 3; ++e) {
+    for (const char* loss : {"train_loss", "val_loss"}) {
+      const double want = kept_json["epochs"][e][loss].get<double>();
+      EXPECT_NEAR(moved_json["epochs"][e][loss].get<double>(), want, 1e-5 * std::abs(want))
+          << loss << " of epoch " << e + 1;
+    }
+  }
+  SavedCheckpoint a = read_checkpoint(latest_checkpoint(base + "-kept"));
+  SavedCheckpoint b = read_checkpoint(latest_checkpoint(base + "-moved"));
+  ASSERT_GT(a.tensors.size(), 100u);
+  EXPECT_LE(largest_relative_difference(a, b), 1e-5);
+  for (const char* suffix : {"-kept", "-moved"}) {
+    std::filesystem::remove_all(base + suffix);
+    std::remove((base + suffix + ".json").c_str());
+  }
+}
+
+// A move whose stage would not fit the memory budget (by the plan's estimate) is not made, says
+// why, and training goes on with the cut it has.
+TEST(Rebalance, AMoveOverTheMemoryBudgetIsRefusedAndTrainingGoesOn) {
+  const std::string metrics = ferry::testing::process_temp_dir().file("refused.json");
+  // Cut within layer4, each stage holds about half of the parameters; moved to the head, stage 0
+  // would hold all but the head's (estimated at 240 MiB).
+  CommandResult r = run(rebalance_job(2, "layer4.1") +
+                        " --rebalance-to head --memory-budget-mib 190 --metrics-file " + metrics);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("re-balance after epoch 1 not made (stage0 stem..layer4.0 -> "
+                                  "stem..decoder.4, stage1 layer4.1..head -> head): stage0 "
+                                  "(stem..decoder.4) on worker1 would peak at an estimated"))
+      << r.output;
+  EXPECT_THAT(r.output, HasSubstr("over the budget of 190 MiB per process; training goes on"));
+  auto json = nlohmann::json::parse(std::ifstream(metrics));
+  ASSERT_EQ(json["epochs"].size(), 2u);
+  ASSERT_EQ(json["rebalances"].size(), 1u);
+  EXPECT_FALSE(json["rebalances"][0]["moved"].get<bool>());
+  EXPECT_EQ(json["stages"][0]["blocks"], "stem..layer4.0");
+  std::remove(metrics.c_str());
+}
+
+// A cut that names no block, or makes another number of stages, is refused before training.
+TEST(Rebalance, ABadCutIsRefusedBeforeTraining) {
+  CommandResult unknown = run(rebalance_job() + " --rebalance-to layer9.0");
+  EXPECT_NE(unknown.status, 0);
+  EXPECT_THAT(unknown.output, HasSubstr("--rebalance-to layer9.0: ")) << unknown.output;
+  EXPECT_THAT(unknown.output, Not(HasSubstr("epoch 1/3")));
+  CommandResult three = run(rebalance_job() + " --rebalance-to layer3.0,decoder.0");
+  EXPECT_NE(three.status, 0);
+  EXPECT_THAT(three.output,
+              HasSubstr("--rebalance-to layer3.0,decoder.0 makes 3 stages but the job has 2"))
+      << three.output;
 }
 
 }  // namespace

@@ -35,6 +35,14 @@ NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages);
 // tensor must find a stage; errors name the directory, the stage and the tensors.
 NamedValues load_checkpoint_by_tensor_name(const std::string& dir, const NamedStages& stages);
 
+// Loads `state` (a whole model's tensors by name) into `stages`, each taking the tensors its own
+// state dict names: what a checkpoint of another cut saved, or a running job's stages cut anew.
+// Every tensor of every stage must be in `state` and every tensor in `state` must find a stage;
+// otherwise nothing is loaded and rpc::Error names `source` ("checkpoint \"DIR/ckpt-3\""), the
+// stage and the tensors.
+void load_state_by_tensor_name(std::map<std::string, at::Tensor> state, const NamedStages& stages,
+                               const std::string& source);
+
 // A checkpoint as its files hold it, without stages to load it into: to export it or look at it.
 struct SavedCheckpoint {
   std::string folder;

@@ -13,6 +13,7 @@
 
 #include "ferry/models/block_costs.h"
 #include "ferry/models/remote_unet.h"
+#include "ferry/pipeline/partition.h"
 
 namespace ferry::trainer {
 
@@ -60,7 +61,13 @@ struct StagePlan {
   // The plans for RemoteUnet::create, with `workers[k]` for stage k: "worker2" or, with a
   // device, "worker2/cuda:0" (PyTorch RemoteModule's form).
   std::vector<models::RemoteUnet::StagePlan> on(const std::vector<std::string>& workers) const;
+  std::vector<pipeline::Range> ranges() const;
 };
+
+// Each block's compute per step for a batch of `batch_size` in `microbatches`, as
+// stage_compute_s sums it.
+std::vector<double> block_compute_s(const StagePlan& plan, int64_t batch_size, int microbatches,
+                                    bool recompute);
 
 // Each stage's compute per step for a batch of `batch_size` in `microbatches` (with `recompute`,
 // each forward twice) from the blocks' costs: a block's fixed part once per micro-batch, its part
@@ -86,6 +93,11 @@ int64_t in_flight_samples(int64_t batch_size, int microbatches, bool one_f_one_b
 // partition naming no block, more stages than blocks) are rpc::Error(InvalidArgument) naming the
 // flag.
 StagePlan plan_stages(const PlanSettings& settings);
+
+// `plan`'s blocks cut into `ranges` instead, without measuring them again: for a running job cut
+// anew. Its stages keep the names of `plan`'s, in order; `method` says how the ranges were found.
+StagePlan recut(const StagePlan& plan, const PlanSettings& settings,
+                const std::vector<pipeline::Range>& ranges, const std::string& method);
 
 // A table of the plan: one row per stage with its worker (if given), blocks, parameters,
 // estimated peak and compute per step.

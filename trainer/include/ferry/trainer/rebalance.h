@@ -1,0 +1,55 @@
+// Re-cutting a running job from what its stages measured. Blocks are timed once, in one process,
+// before training (block_costs.h); a stage's real compute differs (its threads, the cores it
+// shares, its micro-batches). Each stage's measured compute per step calibrates its blocks' costs
+// (their shares within the stage stay the estimate's), the min-max cut of the calibrated costs is
+// the proposal, and the job moves to it when its slowest stage is at least kMinGain faster: the
+// stages are built on the same workers with the new ranges, and every parameter, buffer and
+// optimizer state goes to its new stage by tensor name, as a resume onto another cut restores
+// them, without a checkpoint on disk (move_stages, trainer/stages_on_workers.h). Pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ferry/pipeline/partition.h"
+#include "ferry/trainer/stage_plan.h"
+
+namespace ferry::trainer {
+
+constexpr double kMinGain = 0.05;       // a move must shorten the slowest stage by this share
+constexpr double kMaxImbalance = 1.10;  // after the first check, only beyond this slowest/fastest
+
+// Each block's cost scaled by its stage's measured over estimated compute (`ranges` are the
+// stages; a stage that measured nothing keeps its estimate).
+std::vector<double> calibrated_block_s(const std::vector<double>& block_s,
+                                       const std::vector<pipeline::Range>& ranges,
+                                       const std::vector<double>& measured);
+
+// A proposed cut. Value type.
+struct Recut {
+  std::vector<pipeline::Range> ranges;
+  std::vector<double> predicted_s;  // each stage's compute per step on the new cut
+  double slowest_s = 0;             // the slowest stage as measured on the current cut
+  double predicted_slowest_s = 0;
+  bool moves(const std::vector<pipeline::Range>& current) const { return ranges != current; }
+  bool worth_it() const { return predicted_slowest_s <= (1 - kMinGain) * slowest_s; }
+};
+
+// The min-max cut of `calibrated` into as many stages as `measured` has, ties broken by `memory`
+// (each block's bytes, as the plan counts them; may be empty).
+Recut propose_recut(const std::vector<double>& calibrated, const std::vector<double>& measured,
+                    const std::vector<double>& memory = {});
+
+// The slowest stage's compute over the fastest's.
+double imbalance(const std::vector<double>& measured);
+
+// "stage0 stem..layer4.1 -> stem..layer3.1, stage1 decoder.0..head -> layer4.0..head": the
+// stages whose blocks change.
+std::string describe_move(const StagePlan& from, const StagePlan& to);
+
+// Why `plan` cannot run under a budget of `budget_mib` per process ("" if it can, or no budget):
+// the stages whose estimated peak, with the others on their worker, exceeds it.
+std::string over_budget(const StagePlan& plan, const std::vector<std::string>& places,
+                        double budget_mib);
+
+}  // namespace ferry::trainer

@@ -1,0 +1,70 @@
+#include "ferry/trainer/rebalance.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+
+
+namespace ferry::trainer {
+
+std::vector<double> calibrated_block_s(const std::vector<double>& block_s,
+                                       const std::vector<pipeline::Range>& ranges,
+                                       const std::vector<double>& measured) {
+  std::vector<double> out = block_s;
+  const std::vector<double> estimated = pipeline::range_costs(block_s, ranges);
+  for (size_t k = 0; k < ranges.size() && k < measured.size(); ++k) {
+    if (estimated[k] <= 0 || measured[k] <= 0) continue;
+    const double factor = measured[k] / estimated[k];
+    for (int64_t b = ranges[k].begin; b < ranges[k].end; ++b) out[b] *= factor;
+  }
+  return out;
+}
+
+Recut propose_recut(const std::vector<double>& calibrated, const std::vector<double>& measured,
+                    const std::vector<double>& memory) {
+  Recut recut;
+  recut.ranges =
+      pipeline::partition_min_max(calibrated, static_cast<int64_t>(measured.size()), memory);
+  recut.predicted_s = pipeline::range_costs(calibrated, recut.ranges);
+  recut.slowest_s = *std::max_element(measured.begin(), measured.end());
+  recut.predicted_slowest_s = *std::max_element(recut.predicted_s.begin(), recut.predicted_s.end());
+  return recut;
+}
+
+double imbalance(const std::vector<double>& measured) {
+  const auto [fastest, slowest] = std::minmax_element(measured.begin(), measured.end());
+  return *fastest > 0 ? *slowest / *fastest : 0;
+}
+
+std::string describe_move(const StagePlan& from, const StagePlan& to) {
+  std::vector<std::string> moved;
+  for (size_t k = 0; k < from.stages.size() && k < to.stages.size(); ++k) {
+    if (from.stages[k].blocks == to.stages[k].blocks) continue;
+    moved.push_back(fmt::format("{} {} -> {}", from.stages[k].name, from.stages[k].blocks,
+                                to.stages[k].blocks));
+  }
+  return fmt::format("{}", fmt::join(moved, ", "));
+}
+
+std::string over_budget(const StagePlan& plan, const std::vector<std::string>& places,
+                        double budget_mib) {
+  if (budget_mib <= 0) return "";
+  std::map<std::string, double> by_worker;
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    by_worker[worker_of(places.at(k))] += plan.stages[k].peak_mib;
+  }
+  std::vector<std::string> over;
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const double peak = by_worker[worker_of(places[k])];
+    if (peak <= budget_mib) continue;
+    over.push_back(fmt::format("{} ({}) on {} would peak at an estimated {:.0f} MiB",
+                               plan.stages[k].name, plan.stages[k].blocks, places[k], peak));
+  }
+  if (over.empty()) return "";
+  return fmt::format("{}, over the budget of {:.0f} MiB per process", fmt::join(over, "; "),
+                     budget_mib);
+}
+
+}  // namespace ferry::trainer

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <iostream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "bench/processes.h"
@@ -50,10 +50,9 @@ StageFigures stage_figures(const Config& c) {
   StageFigures out;
   for (size_t k = 0; k < all.per_stage.size(); ++k) {
     const pipeline::StageReport& now = all.per_stage[k];
-    const pipeline::StageReport& then = c.warm.per_stage.empty() ? pipeline::StageReport{}
-                                                                 : c.warm.per_stage[k];
-    const double compute =
-        now.forward_s + now.backward_s - then.forward_s - then.backward_s;
+    const pipeline::StageReport& then =
+        c.warm.per_stage.empty() ? pipeline::StageReport{} : c.warm.per_stage[k];
+    const double compute = now.forward_s + now.backward_s - then.forward_s - then.backward_s;
     out.compute_s.push_back(steps > 0 ? compute / steps : 0);
     out.idle_share.push_back(wall > 0 ? (now.idle_s - then.idle_s) / wall : 0);
   }
@@ -166,9 +165,9 @@ trainer::StagePlan rebalanced(const PipelineBenchSettings& s, const trainer::Sta
                               Config& last, nlohmann::ordered_json& record) {
   const StageFigures measured = stage_figures(last);
   const std::vector<pipeline::Range> current = plan.ranges();
-  const std::vector<double> calibrated = trainer::calibrated_block_s(
-      trainer::block_compute_s(plan, s.batch, last.microbatches, false), current,
-      measured.compute_s);
+  const std::vector<double> calibrated =
+      trainer::calibrated_block_s(trainer::block_compute_s(plan, s.batch, last.microbatches, false),
+                                  current, measured.compute_s);
   const trainer::Recut recut = trainer::propose_recut(calibrated, measured.compute_s);
   record = {{"measured_compute_s", measured.compute_s},
             {"predicted_compute_s", recut.predicted_s},
@@ -206,7 +205,8 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   nlohmann::ordered_json rebalance_record;
   for (int round = 0; round < untimed + s.steps; ++round) {
     bool timed = round >= untimed;
-    if (rebalance && round == s.warmup) configs.back().warm = configs.back().pipe->timeline().report();
+    if (rebalance && round == s.warmup)
+      configs.back().warm = configs.back().pipe->timeline().report();
     for (Config& c : configs) {
       c.pipe->memory_peaks();  // starts this step's peaks
       double seconds;

@@ -20,9 +20,9 @@ struct PipelineBenchSettings {
   int depth = 18;                   // unet: ResNet depth of the encoder
   int image_size = 64;              // unet
   std::vector<int> microbatches = {1, 2, 4, 8};
-  int steps = 5;           // timed steps of each configuration; medians are reported
-  int warmup = 1;          // untimed steps of each first
-  bool pin = true;         // each worker on its own core (taskset) where there are enough cores
+  int steps = 5;    // timed steps of each configuration; medians are reported
+  int warmup = 1;   // untimed steps of each first
+  bool pin = true;  // each worker on its own core (taskset) where there are enough cores
   // unet: after the warm-up, cut the blocks anew from what the stages measured (as ferry-master
   // train --rebalance does) when that shortens the slowest stage by 5% or more.
   bool rebalance = true;

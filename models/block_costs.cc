@@ -124,10 +124,10 @@ std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSamplin
   const PassTimes at_run = fastest_times(chain, sampling.samples, timed, &costs);
   const PassTimes at_second = fastest_times(chain, second, timed, nullptr);
   for (size_t k = 0; k < costs.size(); ++k) {
-    costs[k].forward = fit_pass_cost(sampling.samples, at_run.forward_s[k], second,
-                                     at_second.forward_s[k]);
-    costs[k].backward = fit_pass_cost(sampling.samples, at_run.backward_s[k], second,
-                                      at_second.backward_s[k]);
+    costs[k].forward =
+        fit_pass_cost(sampling.samples, at_run.forward_s[k], second, at_second.forward_s[k]);
+    costs[k].backward =
+        fit_pass_cost(sampling.samples, at_run.backward_s[k], second, at_second.backward_s[k]);
   }
   return costs;
 }

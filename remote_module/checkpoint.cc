@@ -255,8 +255,8 @@ NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
   return read_extra(folder, manifest);
 }
 
-void load_state_by_tensor_name(std::map<std::string, at::Tensor> state,
-                               const NamedStages& stages, const std::string& source) {
+void load_state_by_tensor_name(std::map<std::string, at::Tensor> state, const NamedStages& stages,
+                               const std::string& source) {
   // Every stage's part is found before any is loaded, so a state that does not fit changes
   // nothing.
   std::vector<c10::Dict<std::string, at::Tensor>> parts;

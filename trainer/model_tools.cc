@@ -74,11 +74,11 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks) {
     std::cout << fmt::format("\n{:<12} {:>11} {:>18} {:>17} {:>17}\n", "block", "parameters",
                              "activations MiB/img", "forward ms", "backward ms");
     for (const auto& c : plan.costs) {
-      std::cout << fmt::format("{:<12} {:>11} {:>18.2f} {:>7.2f} + {:>5.2f}/img {:>7.2f} + "
-                               "{:>5.2f}/img\n",
-                               c.name, c.parameters, c.activation_bytes_per_sample / (1 << 20),
-                               1e3 * c.forward.fixed_s, 1e3 * c.forward.per_sample_s,
-                               1e3 * c.backward.fixed_s, 1e3 * c.backward.per_sample_s);
+      std::cout << fmt::format(
+          "{:<12} {:>11} {:>18.2f} {:>7.2f} + {:>5.2f}/img {:>7.2f} + "
+          "{:>5.2f}/img\n",
+          c.name, c.parameters, c.activation_bytes_per_sample / (1 << 20), 1e3 * c.forward.fixed_s,
+          1e3 * c.forward.per_sample_s, 1e3 * c.backward.fixed_s, 1e3 * c.backward.per_sample_s);
     }
     std::cout << fmt::format(
         "times are a fixed part plus a part per image, fitted to each block timed on {} and {} "

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <map>
 
-
 namespace ferry::trainer {
 
 std::vector<double> calibrated_block_s(const std::vector<double>& block_s,

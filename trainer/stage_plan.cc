@@ -171,7 +171,8 @@ int64_t depth_of(const std::string& model) {
 
 models::CostSampling cost_sampling(int64_t batch_size, int microbatches, int threads) {
   models::CostSampling sampling;
-  const int64_t parts = std::min<int64_t>(std::max(microbatches, 1), std::max<int64_t>(batch_size, 1));
+  const int64_t parts =
+      std::min<int64_t>(std::max(microbatches, 1), std::max<int64_t>(batch_size, 1));
   sampling.samples = std::max<int64_t>((batch_size + parts - 1) / parts, 1);
   if (parts > 1) sampling.second_samples = std::min(batch_size, 4 * sampling.samples);
   sampling.threads = threads;
@@ -220,9 +221,9 @@ void fill_stages(StagePlan& plan, const PlanSettings& s, const std::vector<pipel
   plan.stages.clear();
   for (size_t k = 0; k < ranges.size(); ++k) {
     PlannedStage stage;
-    stage.name = k < names.size()              ? names[k]
+    stage.name = k < names.size()         ? names[k]
                  : plan.method == "seams" ? seams[k].name
-                                               : fmt::format("stage{}", k);
+                                          : fmt::format("stage{}", k);
     stage.first = ranges[k].begin;
     stage.last = ranges[k].end;
     const std::string& from = plan.costs[stage.first].name;

@@ -68,6 +68,7 @@ struct Run {
   bool show_compute = true;  // after the first epoch and after a move
   PlanSettings plan_settings;
   int rebalance_checks = 0;
+  int moves = 0;  // re-balances made
   int takeovers = 0;
   int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
 };
@@ -206,11 +207,10 @@ std::vector<double> record_compute(Run& run, int epoch, const EpochTimes& times,
     run.show_compute = false;
     const std::vector<std::string> places(run.workers.begin(),
                                           run.workers.begin() + run.plan.stages.size());
-    std::cerr << fmt::format("stage compute per step in epoch {}, estimated and measured:\n{}",
-                             epoch,
-                             compute_table(run.plan, places,
-                                           estimated_compute_s(run.plan, places, after.per_worker),
-                                           per_step));
+    std::cerr << fmt::format(
+        "stage compute per step in epoch {}, estimated and measured:\n{}", epoch,
+        compute_table(run.plan, places, estimated_compute_s(run.plan, places, after.per_worker),
+                      per_step));
   }
   run.compute_s.resize(per_step.size());
   for (std::size_t k = 0; k < per_step.size(); ++k) run.compute_s[k] += per_step[k] * times.batches;
@@ -221,7 +221,7 @@ std::vector<double> record_compute(Run& run, int epoch, const EpochTimes& times,
 // An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line. Returns
 // each stage's compute per step.
 std::vector<double> record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
-                  const StageSeconds& before, const StageSeconds& after) {
+                                 const StageSeconds& before, const StageSeconds& after) {
   const TrainSettings& s = run.s;
   const double loss = run.job->last_train_loss;
   const double lr = run.job->optimizer->spec().options.at("lr");
@@ -271,8 +271,8 @@ void save_checkpoints(Run& run, bool improved) {
 bool rebalancing(const Run& run) {
   const TrainSettings& s = run.s;
   if (!run.job->replicas.front().pipe || s.rebalance == "off") return false;
-  return s.rebalance == "on" || (s.plan.balance == "time" && s.plan.stages > 0 &&
-                                 s.plan.partition.empty());
+  return s.rebalance == "on" ||
+         (s.plan.balance == "time" && s.plan.stages > 0 && s.plan.partition.empty());
 }
 
 // After an epoch: the cut that the stages' measured compute calls for (or --rebalance-to's, after
@@ -304,9 +304,10 @@ void rebalance(Run& run, int epoch, const std::vector<double>& measured) {
     run.metrics["rebalances"].push_back(record);
   };
   if (!proposal.moves(current) || (!forced && !proposal.worth_it())) {
-    log::info("re-balance after epoch {}: the cut stays (its slowest stage computes {:.3f} s per "
-              "step; the best cut from the measured compute, {:.3f} s)",
-              epoch, proposal.slowest_s, proposal.predicted_slowest_s);
+    log::info(
+        "re-balance after epoch {}: the cut stays (its slowest stage computes {:.3f} s per "
+        "step; the best cut from the measured compute, {:.3f} s)",
+        epoch, proposal.slowest_s, proposal.predicted_slowest_s);
     return keep(proposal.moves(current) ? "the step would not get 5% shorter"
                                         : "the best cut is the one the job has");
   }
@@ -322,12 +323,17 @@ void rebalance(Run& run, int epoch, const std::vector<double>& measured) {
               epoch, move, over);
     return keep(over);
   }
-  log::info("re-balance after epoch {}: {}; slowest stage {:.3f} s per step measured, {:.3f} s "
-            "predicted",
-            epoch, move, proposal.slowest_s, proposal.predicted_slowest_s);
+  log::info(
+      "re-balance after epoch {}: {}; slowest stage {:.3f} s per step measured, {:.3f} s "
+      "predicted",
+      epoch, move, proposal.slowest_s, proposal.predicted_slowest_s);
   run.plan = to;  // a failure while moving goes back to a checkpoint with the new cut
   move_stages(run.job, s, run.plan, run.workers);
   run.show_compute = true;
+  // The end of the run compares the cut it ends with: what the old one measured goes.
+  run.compute_s.clear();
+  run.computed_batches = 0;
+  ++run.moves;
   record["moved"] = true;
   run.metrics["rebalances"].push_back(record);
 }
@@ -371,10 +377,10 @@ void take_over(Run& run, const rpc::Error& e) {
         Clock::now() + std::chrono::seconds(3), std::chrono::milliseconds(50));
   }
   if (taken.empty()) {
-    throw rpc::Error(e.kind(), fmt::format("{}{}", e.what(),
-                                           run.job ? stages_concerned(e, run.job->splits(),
-                                                                      s.checkpoint_dir)
-                                                   : std::string()));
+    throw rpc::Error(e.kind(),
+                     fmt::format("{}{}", e.what(),
+                                 run.job ? stages_concerned(e, run.job->splits(), s.checkpoint_dir)
+                                         : std::string()));
   }
   log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
   // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
@@ -438,7 +444,8 @@ void report_stages(Run& run) {
     run.metrics["stages"].push_back(stage);
   }
   if (measured.empty()) return;
-  std::cerr << fmt::format("\ncompute per step over the run, estimated and measured{}:\n{}",
+  std::cerr << fmt::format("\ncompute per step over the run{}, estimated and measured{}:\n{}",
+                           run.moves > 0 ? " since the last move" : "",
                            run.compute_per_worker ? " (per worker: all the stages it hosts)" : "",
                            compute_table(run.plan, places, estimated, measured));
 }

@@ -47,12 +47,13 @@ StageSeconds stage_seconds(const Replica& replica);
 
 // The plan's compute per step as stage_seconds counts it: in plain steps, a stage's worker's
 // stages summed.
-std::vector<double> estimated_compute_s(const StagePlan& plan, const std::vector<std::string>& places,
-                                        bool per_worker);
+std::vector<double> estimated_compute_s(const StagePlan& plan,
+                                        const std::vector<std::string>& places, bool per_worker);
 
 // Estimated against measured compute per step, a row per stage.
 std::string compute_table(const StagePlan& plan, const std::vector<std::string>& places,
-                          const std::vector<double>& estimated, const std::vector<double>& measured);
+                          const std::vector<double>& estimated,
+                          const std::vector<double>& measured);
 
 // The end of a run by the monitored metric: which epoch was best, where its checkpoint is (the
 // latest in `best_dir`; empty: none was kept), whether the run stopped early after epoch

@@ -274,7 +274,6 @@ TEST(TrainingJob, BFloat16MixedHalvesTheBytesLearnsAndResumesExactly) {
   std::remove((base + "-bf16.json").c_str());
 }
 
-
 // The re-balancing job: Adam (its moments must move with their blocks), one thread per process,
 // two pipelined stages (by default cut after the encoder).
 std::string rebalance_job(int epochs = 3, const std::string& partition = "decoder.0") {

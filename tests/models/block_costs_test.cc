@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
 #include "tests/support/error_of.h"
@@ -59,25 +62,60 @@ BlockChain synthetic_chain(std::vector<torch::nn::Linear>& layers) {
   return chain;
 }
 
+// The largest relative error, over the three blocks, of the line fitted to each block's training
+// time at 64 and 16 samples against its time at 40. The three sizes are timed in turn, five times
+// each, each block keeping its fastest: whatever else the machine runs meanwhile slows all three
+// alike. (One size timed alone has its line through the origin: its time itself.)
+double third_size_error(const BlockChain& chain) {
+  const std::vector<int64_t> sizes = {64, 16, 40};
+  std::vector<std::vector<double>> fastest(sizes.size(), std::vector<double>(3, 1e9));
+  for (int round = 0; round < 5; ++round) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      CostSampling sampling;
+      sampling.samples = sampling.second_samples = sizes[i];
+      sampling.threads = 1;
+      sampling.timed_passes = 1;
+      const std::vector<BlockCost> costs = measure_blocks(chain, sampling);
+      for (size_t k = 0; k < costs.size(); ++k) {
+        fastest[i][k] = std::min(fastest[i][k], costs[k].train_s(static_cast<double>(sizes[i])));
+      }
+    }
+  }
+  double worst = 0;
+  for (size_t k = 0; k < 3; ++k) {
+    const double predicted = fit_pass_cost(64, fastest[0][k], 16, fastest[1][k]).at(40);
+    worst = std::max(worst, std::abs(predicted - fastest[2][k]) / fastest[2][k]);
+  }
+  return worst;
+}
+
 TEST(BlockCosts, AFittedCostPredictsAThirdSizeWithinFifteenPercent) {
   std::vector<torch::nn::Linear> layers;
   const BlockChain chain = synthetic_chain(layers);
+  // The process's first passes run slower than any after them (fresh pages, the kernels' first
+  // calls), which the fastest of five does not always hide: they are not part of a try.
+  CostSampling warm_up;
+  warm_up.samples = 64;
+  warm_up.threads = 1;
+  measure_blocks(chain, warm_up);
+  // A burst of other work can still fall on one size's passes: a second and third try are
+  // measured afresh. A line that does not fit misses in every try.
+  std::vector<double> errors;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    errors.push_back(third_size_error(chain));
+    if (errors.back() <= 0.15) break;
+  }
+  EXPECT_LE(*std::min_element(errors.begin(), errors.end()), 0.15)
+      << "the largest error of each try: " << ::testing::PrintToString(errors);
   CostSampling sampling;
   sampling.samples = 64;
   sampling.second_samples = 16;
   sampling.threads = 1;
-  sampling.timed_passes = 5;
-  const std::vector<BlockCost> fitted = measure_blocks(chain, sampling);
-  // Timed at 40 samples alone, the line through the origin is the measured time itself.
-  sampling.samples = 40;
-  sampling.second_samples = 40;
-  const std::vector<BlockCost> at_40 = measure_blocks(chain, sampling);
-  ASSERT_EQ(fitted.size(), 3u);
-  for (size_t k = 0; k < fitted.size(); ++k) {
-    const double measured = at_40[k].train_s(40);
-    EXPECT_THAT(fitted[k].train_s(40), DoubleNear(measured, 0.15 * measured)) << fitted[k].name;
-    EXPECT_EQ(fitted[k].parameters, 1024 * 1024 + 1024);
-    EXPECT_DOUBLE_EQ(fitted[k].output_bytes_per_sample, 1024.0 * 4);
+  const std::vector<BlockCost> costs = measure_blocks(chain, sampling);
+  ASSERT_EQ(costs.size(), 3u);
+  for (const BlockCost& cost : costs) {
+    EXPECT_EQ(cost.parameters, 1024 * 1024 + 1024) << cost.name;
+    EXPECT_DOUBLE_EQ(cost.output_bytes_per_sample, 1024.0 * 4) << cost.name;
   }
 }
 

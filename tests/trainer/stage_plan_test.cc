@@ -42,8 +42,7 @@ models::BlockCost block(const std::string& name, models::PassCost forward,
 // Two stages: blocks a and b, then c.
 StagePlan two_stages() {
   StagePlan plan;
-  plan.costs = {block("a", {0.010, 0.001}, {0.020, 0.002}),
-                block("b", {0.0, 0.004}, {0.0, 0.008}),
+  plan.costs = {block("a", {0.010, 0.001}, {0.020, 0.002}), block("b", {0.0, 0.004}, {0.0, 0.008}),
                 block("c", {0.100, 0.0}, {0.200, 0.0})};
   PlannedStage first, second;
   first.first = 0;

@@ -145,13 +145,13 @@ c10::Dict<std::string, at::Tensor> read_state(const fs::path& file) {
   }
 }
 
+// `source` says where `state` comes from: "\"DIR/ckpt-3\"", "checkpoint \"DIR/ckpt-3\"".
 void restore_stage(const std::string& name, const RemoteModule& module,
-                   const c10::Dict<std::string, at::Tensor>& state, const fs::path& folder) {
+                   const c10::Dict<std::string, at::Tensor>& state, const std::string& source) {
   try {
     module.load_state_dict(state);
   } catch (const rpc::Error& e) {
-    throw e.restated(
-        fmt::format("restoring stage \"{}\" from \"{}\": {}", name, folder.string(), e.what()));
+    throw e.restated(fmt::format("restoring stage \"{}\" from {}: {}", name, source, e.what()));
   }
 }
 
@@ -250,7 +250,8 @@ NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
       fail(fmt::format("checkpoint \"{}\" has no stage \"{}\" (it has: {})", folder.string(), name,
                        fmt::join(saved, ", ")));
     }
-    restore_stage(name, module, read_state(folder / (name + ".pt")), folder);
+    restore_stage(name, module, read_state(folder / (name + ".pt")),
+                  fmt::format("\"{}\"", folder.string()));
   }
   return read_extra(folder, manifest);
 }
@@ -285,12 +286,7 @@ void load_state_by_tensor_name(std::map<std::string, at::Tensor> state, const Na
                      first_names(left)));
   }
   for (size_t k = 0; k < stages.size(); ++k) {
-    try {
-      stages[k].second.load_state_dict(parts[k]);
-    } catch (const rpc::Error& e) {
-      throw e.restated(
-          fmt::format("restoring stage \"{}\" from {}: {}", stages[k].first, source, e.what()));
-    }
+    restore_stage(stages[k].first, stages[k].second, parts[k], source);
   }
 }
 

@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <map>
 
 namespace ferry::trainer {
 
@@ -21,15 +20,21 @@ std::vector<double> calibrated_block_s(const std::vector<double>& block_s,
   return out;
 }
 
-Recut propose_recut(const std::vector<double>& calibrated, const std::vector<double>& measured,
-                    const std::vector<double>& memory) {
+Recut recut_of(std::vector<pipeline::Range> ranges, const std::vector<double>& calibrated,
+               const std::vector<double>& measured) {
   Recut recut;
-  recut.ranges =
-      pipeline::partition_min_max(calibrated, static_cast<int64_t>(measured.size()), memory);
+  recut.ranges = std::move(ranges);
   recut.predicted_s = pipeline::range_costs(calibrated, recut.ranges);
   recut.slowest_s = *std::max_element(measured.begin(), measured.end());
   recut.predicted_slowest_s = *std::max_element(recut.predicted_s.begin(), recut.predicted_s.end());
   return recut;
+}
+
+Recut propose_recut(const std::vector<double>& calibrated, const std::vector<double>& measured,
+                    const std::vector<double>& memory) {
+  return recut_of(
+      pipeline::partition_min_max(calibrated, static_cast<int64_t>(measured.size()), memory),
+      calibrated, measured);
 }
 
 double imbalance(const std::vector<double>& measured) {
@@ -50,16 +55,14 @@ std::string describe_move(const StagePlan& from, const StagePlan& to) {
 std::string over_budget(const StagePlan& plan, const std::vector<std::string>& places,
                         double budget_mib) {
   if (budget_mib <= 0) return "";
-  std::map<std::string, double> by_worker;
-  for (size_t k = 0; k < plan.stages.size(); ++k) {
-    by_worker[worker_of(places.at(k))] += plan.stages[k].peak_mib;
-  }
+  std::vector<double> peaks;
+  for (const PlannedStage& stage : plan.stages) peaks.push_back(stage.peak_mib);
+  peaks = summed_by_worker(peaks, places);
   std::vector<std::string> over;
   for (size_t k = 0; k < plan.stages.size(); ++k) {
-    const double peak = by_worker[worker_of(places[k])];
-    if (peak <= budget_mib) continue;
+    if (peaks[k] <= budget_mib) continue;
     over.push_back(fmt::format("{} ({}) on {} would peak at an estimated {:.0f} MiB",
-                               plan.stages[k].name, plan.stages[k].blocks, places[k], peak));
+                               plan.stages[k].name, plan.stages[k].blocks, places[k], peaks[k]));
   }
   if (over.empty()) return "";
   return fmt::format("{}, over the budget of {:.0f} MiB per process", fmt::join(over, "; "),

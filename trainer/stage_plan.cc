@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 
 #include "ferry/models/unet.h"
@@ -106,18 +107,8 @@ std::vector<double> parameter_costs(const std::vector<models::BlockCost>& costs)
 std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models::BlockCost>& costs,
                                  const std::vector<double>& memory, const std::vector<double>& time,
                                  std::string& method) {
-  std::vector<std::string> names;
-  for (const auto& c : costs) names.push_back(c.name);
   if (!s.partition.empty()) {
-    std::vector<pipeline::Range> ranges;
-    try {
-      ranges = pipeline::ranges_from_cuts(names, s.partition);
-    } catch (const std::invalid_argument& e) {
-      fail_setting(
-          fmt::format("--partition {}: {} (the blocks: stem, layer1.0, ..., decoder.0, ..., "
-                      "head; `ferry-master describe --blocks` lists them)",
-                      s.partition, e.what()));
-    }
+    std::vector<pipeline::Range> ranges = ranges_at_cuts(costs, "--partition", s.partition);
     if (s.stages > 0 && static_cast<int>(ranges.size()) != s.stages) {
       fail_setting(fmt::format("--partition {} makes {} stages but --stages is {}", s.partition,
                                ranges.size(), s.stages));
@@ -149,6 +140,29 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
 }  // namespace
 
 std::string worker_of(const std::string& place) { return place.substr(0, place.find('/')); }
+
+std::vector<double> summed_by_worker(const std::vector<double>& values,
+                                     const std::vector<std::string>& places) {
+  std::map<std::string, double> by_worker;
+  for (size_t k = 0; k < values.size(); ++k) by_worker[worker_of(places.at(k))] += values[k];
+  std::vector<double> out;
+  for (size_t k = 0; k < values.size(); ++k) out.push_back(by_worker[worker_of(places[k])]);
+  return out;
+}
+
+std::vector<pipeline::Range> ranges_at_cuts(const std::vector<models::BlockCost>& costs,
+                                            const std::string& flag, const std::string& cuts) {
+  std::vector<std::string> names;
+  for (const auto& c : costs) names.push_back(c.name);
+  try {
+    return pipeline::ranges_from_cuts(names, cuts);
+  } catch (const std::invalid_argument& e) {
+    fail_setting(
+        fmt::format("{} {}: {} (the blocks: stem, layer1.0, ..., decoder.0, ..., head; "
+                    "`ferry-master describe --blocks` lists them)",
+                    flag, cuts, e.what()));
+  }
+}
 
 int64_t depth_of(const std::string& model) {
   const std::string prefix = "unet-resnet";

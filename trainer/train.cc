@@ -115,14 +115,7 @@ void load_data(Run& run) {
 
 // The ranges of --rebalance-to's cut; fails naming the flag if it does not fit the plan.
 std::vector<pipeline::Range> ranges_to(const Run& run, const std::string& cuts) {
-  std::vector<std::string> names;
-  for (const models::BlockCost& c : run.plan.costs) names.push_back(c.name);
-  std::vector<pipeline::Range> ranges;
-  try {
-    ranges = pipeline::ranges_from_cuts(names, cuts);
-  } catch (const std::invalid_argument& e) {
-    fail_setting(fmt::format("--rebalance-to {}: {}", cuts, e.what()));
-  }
+  std::vector<pipeline::Range> ranges = ranges_at_cuts(run.plan.costs, "--rebalance-to", cuts);
   if (ranges.size() != run.plan.stages.size()) {
     fail_setting(fmt::format("--rebalance-to {} makes {} stages but the job has {}", cuts,
                              ranges.size(), run.plan.stages.size()));
@@ -288,13 +281,8 @@ void rebalance(Run& run, int epoch, const std::vector<double>& measured) {
   const std::vector<double> calibrated = calibrated_block_s(
       block_compute_s(run.plan, s.plan.batch_size, s.microbatches, s.checkpoint_activations),
       current, measured);
-  Recut proposal = propose_recut(calibrated, measured);
-  if (forced) {
-    proposal.ranges = ranges_to(run, s.rebalance_to);
-    proposal.predicted_s = pipeline::range_costs(calibrated, proposal.ranges);
-    proposal.predicted_slowest_s =
-        *std::max_element(proposal.predicted_s.begin(), proposal.predicted_s.end());
-  }
+  const Recut proposal = forced ? recut_of(ranges_to(run, s.rebalance_to), calibrated, measured)
+                                : propose_recut(calibrated, measured);
   nlohmann::ordered_json record{{"after_epoch", epoch},
                                 {"measured_slowest_s", proposal.slowest_s},
                                 {"predicted_slowest_s", proposal.predicted_slowest_s}};

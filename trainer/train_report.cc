@@ -107,11 +107,7 @@ std::vector<double> estimated_compute_s(const StagePlan& plan,
                                         const std::vector<std::string>& places, bool per_worker) {
   std::vector<double> out;
   for (const PlannedStage& stage : plan.stages) out.push_back(stage.compute_s);
-  if (!per_worker) return out;
-  std::map<std::string, double> by_worker;
-  for (size_t k = 0; k < out.size(); ++k) by_worker[worker_of(places.at(k))] += out[k];
-  for (size_t k = 0; k < out.size(); ++k) out[k] = by_worker[worker_of(places[k])];
-  return out;
+  return per_worker ? summed_by_worker(out, places) : out;
 }
 
 std::string compute_table(const StagePlan& plan, const std::vector<std::string>& places,

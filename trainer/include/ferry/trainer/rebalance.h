@@ -35,6 +35,10 @@ struct Recut {
   bool worth_it() const { return predicted_slowest_s <= (1 - kMinGain) * slowest_s; }
 };
 
+// The cut `ranges` judged by `calibrated` against the stages' `measured` compute.
+Recut recut_of(std::vector<pipeline::Range> ranges, const std::vector<double>& calibrated,
+               const std::vector<double>& measured);
+
 // The min-max cut of `calibrated` into as many stages as `measured` has, ties broken by `memory`
 // (each block's bytes, as the plan counts them; may be empty).
 Recut propose_recut(const std::vector<double>& calibrated, const std::vector<double>& measured,

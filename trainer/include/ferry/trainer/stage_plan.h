@@ -78,6 +78,17 @@ std::vector<double> stage_compute_s(const StagePlan& plan, int64_t batch_size, i
 // The worker of a place: "worker2" of "worker2" and of "worker2/cuda:0".
 std::string worker_of(const std::string& place);
 
+// Each of `values` (one per stage, at `places`) replaced by the sum over the stages on its
+// worker: what that worker holds or computes for them all.
+std::vector<double> summed_by_worker(const std::vector<double>& values,
+                                     const std::vector<std::string>& places);
+
+// The ranges of `cuts` (the first block of each stage after the first, "layer3.0,decoder.0")
+// over the blocks of `costs`; rpc::Error(InvalidArgument) naming `flag` and listing how blocks are
+// named if one is unknown or out of order.
+std::vector<pipeline::Range> ranges_at_cuts(const std::vector<models::BlockCost>& costs,
+                                            const std::string& flag, const std::string& cuts);
+
 // "unet-resnet<depth>" -> depth; throws rpc::Error(InvalidArgument) naming the model otherwise.
 int64_t depth_of(const std::string& model);
 

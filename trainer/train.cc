@@ -27,11 +27,12 @@
 #include "ferry/trainer/epoch_monitor.h"
 #include "ferry/trainer/metrics_log.h"
 #include "ferry/trainer/model_tools.h"
-#include "ferry/trainer/rebalance.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
+#include "trainer/epoch_rebalance.h"
 #include "trainer/placement.h"
 #include "trainer/replicas.h"
+#include "trainer/stage_compute.h"
 #include "trainer/stages_on_workers.h"
 #include "trainer/train_epoch.h"
 #include "trainer/train_report.h"
@@ -60,15 +61,8 @@ struct Run {
   std::optional<MetricsLog> metrics_log;
   nlohmann::ordered_json metrics;
   double train_s = 0;
-  // Each stage's measured compute over the run's batches (of the first replica), as
-  // stage_seconds counts it.
-  std::vector<double> compute_s;
-  std::size_t computed_batches = 0;
-  bool compute_per_worker = false;
-  bool show_compute = true;  // after the first epoch and after a move
-  PlanSettings plan_settings;
-  int rebalance_checks = 0;
-  int moves = 0;  // re-balances made
+  StageCompute compute;
+  std::optional<EpochRebalance> rebalance;
   int takeovers = 0;
   int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
 };
@@ -113,27 +107,20 @@ void load_data(Run& run) {
   run.progress.monitor = monitor_of(s);
 }
 
-// The ranges of --rebalance-to's cut; fails naming the flag if it does not fit the plan.
-std::vector<pipeline::Range> ranges_to(const Run& run, const std::string& cuts) {
-  std::vector<pipeline::Range> ranges = ranges_at_cuts(run.plan.costs, "--rebalance-to", cuts);
-  if (ranges.size() != run.plan.stages.size()) {
-    fail_setting(fmt::format("--rebalance-to {} makes {} stages but the job has {}", cuts,
-                             ranges.size(), run.plan.stages.size()));
-  }
-  return ranges;
+// The places of replica 0's stages: what the tables show and the budget is checked on.
+std::vector<std::string> first_places(const Run& run) {
+  return {run.workers.begin(), run.workers.begin() + run.plan.stages.size()};
 }
 
 // The cut, its places and the spares, shown before the stages are built.
 void place(Run& run) {
   const TrainSettings& s = run.s;
-  run.plan_settings = plan_settings_of(s);
   run.plan = plan_of(s);
-  if (!s.rebalance_to.empty()) ranges_to(run, s.rebalance_to);  // refused before training
+  run.rebalance.emplace(s, plan_settings_of(s), run.plan);  // a bad --rebalance-to fails here
   run.workers = place_stages(run.plan, s.placement, s.spares, s.replicas);
   run.stage_names = replica_stage_names(run.plan, s.replicas);
   const std::size_t stage_count = run.plan.stages.size();
-  std::cerr << plan_table(run.plan, {run.workers.begin(), run.workers.begin() + stage_count})
-            << std::flush;
+  std::cerr << plan_table(run.plan, first_places(run)) << std::flush;
   for (int r = 1; r < s.replicas; ++r) {
     std::vector<std::string> places;
     for (std::size_t k = 0; k < stage_count; ++k) {
@@ -187,30 +174,6 @@ void start(Run& run) {
   run.metrics["rebalances"] = nlohmann::ordered_json::array();
 }
 
-// Each stage's compute per step over the epoch against the plan's: shown after the run's first
-// epoch, kept for the end of the run.
-std::vector<double> record_compute(Run& run, int epoch, const EpochTimes& times,
-                                   const StageSeconds& before, const StageSeconds& after) {
-  std::vector<double> per_step;
-  for (std::size_t k = 0; k < after.compute.size(); ++k) {
-    per_step.push_back((after.compute[k] - before.compute[k]) / times.batches);
-  }
-  run.compute_per_worker = after.per_worker;
-  if (run.show_compute) {
-    run.show_compute = false;
-    const std::vector<std::string> places(run.workers.begin(),
-                                          run.workers.begin() + run.plan.stages.size());
-    std::cerr << fmt::format(
-        "stage compute per step in epoch {}, estimated and measured:\n{}", epoch,
-        compute_table(run.plan, places, estimated_compute_s(run.plan, places, after.per_worker),
-                      per_step));
-  }
-  run.compute_s.resize(per_step.size());
-  for (std::size_t k = 0; k < per_step.size(); ++k) run.compute_s[k] += per_step[k] * times.batches;
-  run.computed_batches += times.batches;
-  return per_step;
-}
-
 // An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line. Returns
 // each stage's compute per step.
 std::vector<double> record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
@@ -229,7 +192,8 @@ std::vector<double> record_epoch(Run& run, int epoch, const EpochTimes& times, c
                                             s.plan.model, run.plan.stages.size(), s.plan.image_size,
                                             s.plan.image_size));
   }
-  const std::vector<double> compute = record_compute(run, epoch, times, before, after);
+  const std::vector<double> compute =
+      run.compute.add_epoch(epoch, times.batches, before, after, run.plan, first_places(run));
   run.metrics["epochs"].push_back({{"epoch", epoch},
                                    {"train_loss", loss},
                                    {"val_loss", v.loss},
@@ -260,70 +224,15 @@ void save_checkpoints(Run& run, bool improved) {
   }
 }
 
-// Whether the job looks for a better cut after its epochs (--rebalance).
-bool rebalancing(const Run& run) {
-  const TrainSettings& s = run.s;
-  if (!run.job->replicas.front().pipe || s.rebalance == "off") return false;
-  return s.rebalance == "on" ||
-         (s.plan.balance == "time" && s.plan.stages > 0 && s.plan.partition.empty());
-}
-
-// After an epoch: the cut that the stages' measured compute calls for (or --rebalance-to's, after
-// the first), moved to while the job runs when it shortens the slowest stage by kMinGain and its
-// estimated peaks fit the memory budget; otherwise training goes on with the cut it has.
+// After an epoch: the cut EpochRebalance calls for, moved to while the job runs.
 void rebalance(Run& run, int epoch, const std::vector<double>& measured) {
-  const TrainSettings& s = run.s;
-  const bool forced = !s.rebalance_to.empty() && run.rebalance_checks == 0;
-  if (!forced && !rebalancing(run)) return;
-  if (!forced && run.rebalance_checks > 0 && imbalance(measured) <= kMaxImbalance) return;
-  ++run.rebalance_checks;
-  const std::vector<pipeline::Range> current = run.plan.ranges();
-  const std::vector<double> calibrated = calibrated_block_s(
-      block_compute_s(run.plan, s.plan.batch_size, s.microbatches, s.checkpoint_activations),
-      current, measured);
-  const Recut proposal = forced ? recut_of(ranges_to(run, s.rebalance_to), calibrated, measured)
-                                : propose_recut(calibrated, measured);
-  nlohmann::ordered_json record{{"after_epoch", epoch},
-                                {"measured_slowest_s", proposal.slowest_s},
-                                {"predicted_slowest_s", proposal.predicted_slowest_s}};
-  auto keep = [&](const std::string& why) {
-    record["moved"] = false;
-    record["why_not"] = why;
-    run.metrics["rebalances"].push_back(record);
-  };
-  if (!proposal.moves(current) || (!forced && !proposal.worth_it())) {
-    log::info(
-        "re-balance after epoch {}: the cut stays (its slowest stage computes {:.3f} s per "
-        "step; the best cut from the measured compute, {:.3f} s)",
-        epoch, proposal.slowest_s, proposal.predicted_slowest_s);
-    return keep(proposal.moves(current) ? "the step would not get 5% shorter"
-                                        : "the best cut is the one the job has");
-  }
-  StagePlan to = recut(run.plan, run.plan_settings, proposal.ranges,
-                       forced ? "moved by --rebalance-to" : "re-balanced from measured compute");
-  const std::vector<std::string> places(run.workers.begin(),
-                                        run.workers.begin() + run.plan.stages.size());
-  const std::string over = over_budget(to, places, core::tensor_memory_budget() / double(1 << 20));
-  const std::string move = describe_move(run.plan, to);
-  record["blocks"] = move;
-  if (!over.empty()) {
-    log::warn("re-balance after epoch {} not made ({}): {}; training goes on with the cut it has",
-              epoch, move, over);
-    return keep(over);
-  }
-  log::info(
-      "re-balance after epoch {}: {}; slowest stage {:.3f} s per step measured, {:.3f} s "
-      "predicted",
-      epoch, move, proposal.slowest_s, proposal.predicted_slowest_s);
-  run.plan = to;  // a failure while moving goes back to a checkpoint with the new cut
-  move_stages(run.job, s, run.plan, run.workers);
-  run.show_compute = true;
-  // The end of the run compares the cut it ends with: what the old one measured goes.
-  run.compute_s.clear();
-  run.computed_batches = 0;
-  ++run.moves;
-  record["moved"] = true;
-  run.metrics["rebalances"].push_back(record);
+  std::optional<StagePlan> to =
+      run.rebalance->after_epoch(epoch, run.job->replicas.front().pipe != nullptr, run.plan,
+                                 first_places(run), measured, run.metrics["rebalances"]);
+  if (!to) return;
+  run.plan = std::move(*to);  // a failure while moving goes back to a checkpoint with the new cut
+  move_stages(run.job, run.s, run.plan, run.workers);
+  run.compute.restart_on_new_cut();
 }
 
 // One epoch: train, bring the replicas together, validate, record, checkpoint. True if the
@@ -405,37 +314,22 @@ void run_epochs(Run& run) {
   }
 }
 
-// Each stage's plan beside what its worker measured: compute per step as a table, and into the
-// metrics JSON.
+// Each stage's plan beside what its worker measured, into the metrics JSON, and its compute per
+// step as a table.
 void report_stages(Run& run) {
-  const std::vector<std::string> places(run.workers.begin(),
-                                        run.workers.begin() + run.plan.stages.size());
-  const std::vector<double> estimated =
-      estimated_compute_s(run.plan, places, run.compute_per_worker);
-  std::vector<double> measured;
-  for (double seconds : run.compute_s) {
-    measured.push_back(seconds / std::max<std::size_t>(run.computed_batches, 1));
-  }
   run.metrics["stages"] = nlohmann::ordered_json::array();
   for (std::size_t k = 0; k < run.plan.stages.size(); ++k) {
     const PlannedStage& planned = run.plan.stages[k];
     remote_module::StageStats stats = run.job->split().stages()[k].module.stats();
-    nlohmann::ordered_json stage{{"name", planned.name},
-                                 {"worker", run.workers[k]},
-                                 {"blocks", planned.blocks},
-                                 {"parameters", planned.parameters},
-                                 {"estimated_peak_mib", planned.peak_mib},
-                                 {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
-                                 {"worker_peak_rss_mib", stats.worker_peak_rss_mib},
-                                 {"estimated_compute_s", estimated[k]}};
-    if (k < measured.size()) stage["measured_compute_s"] = measured[k];
-    run.metrics["stages"].push_back(stage);
+    run.metrics["stages"].push_back({{"name", planned.name},
+                                     {"worker", run.workers[k]},
+                                     {"blocks", planned.blocks},
+                                     {"parameters", planned.parameters},
+                                     {"estimated_peak_mib", planned.peak_mib},
+                                     {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
+                                     {"worker_peak_rss_mib", stats.worker_peak_rss_mib}});
   }
-  if (measured.empty()) return;
-  std::cerr << fmt::format("\ncompute per step over the run{}, estimated and measured{}:\n{}",
-                           run.moves > 0 ? " since the last move" : "",
-                           run.compute_per_worker ? " (per worker: all the stages it hosts)" : "",
-                           compute_table(run.plan, places, estimated, measured));
+  run.compute.report(run.plan, first_places(run), run.metrics["stages"]);
 }
 
 // The pipeline's timeline, activation peaks and bubble, and the trace (--trace).

@@ -103,26 +103,6 @@ StageSeconds stage_seconds(const Replica& replica) {
   return out;
 }
 
-std::vector<double> estimated_compute_s(const StagePlan& plan,
-                                        const std::vector<std::string>& places, bool per_worker) {
-  std::vector<double> out;
-  for (const PlannedStage& stage : plan.stages) out.push_back(stage.compute_s);
-  return per_worker ? summed_by_worker(out, places) : out;
-}
-
-std::string compute_table(const StagePlan& plan, const std::vector<std::string>& places,
-                          const std::vector<double>& estimated,
-                          const std::vector<double>& measured) {
-  std::string out = fmt::format("{:<8} {:<10} {:>16} {:>19} {:>14}\n", "stage", "worker",
-                                "est. compute s", "measured compute s", "measured/est.");
-  for (size_t k = 0; k < plan.stages.size() && k < measured.size(); ++k) {
-    out += fmt::format("{:<8} {:<10} {:>16.3f} {:>19.3f} {:>14.2f}\n", plan.stages[k].name,
-                       places.at(k), estimated.at(k), measured[k],
-                       estimated[k] > 0 ? measured[k] / estimated[k] : 0.0);
-  }
-  return out;
-}
-
 void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
                  nlohmann::ordered_json& metrics) {
   if (monitor.best_epoch() == 0) return;

@@ -10,7 +10,6 @@
 
 #include "ferry/models/remote_unet.h"
 #include "ferry/trainer/epoch_monitor.h"
-#include "ferry/trainer/stage_plan.h"
 #include "trainer/replicas.h"
 
 namespace ferry::trainer {
@@ -44,16 +43,6 @@ struct StageSeconds {
   bool per_worker = false;  // plain steps: a worker's figures stand for each stage it hosts
 };
 StageSeconds stage_seconds(const Replica& replica);
-
-// The plan's compute per step as stage_seconds counts it: in plain steps, a stage's worker's
-// stages summed.
-std::vector<double> estimated_compute_s(const StagePlan& plan,
-                                        const std::vector<std::string>& places, bool per_worker);
-
-// Estimated against measured compute per step, a row per stage.
-std::string compute_table(const StagePlan& plan, const std::vector<std::string>& places,
-                          const std::vector<double>& estimated,
-                          const std::vector<double>& measured);
 
 // The end of a run by the monitored metric: which epoch was best, where its checkpoint is (the
 // latest in `best_dir`; empty: none was kept), whether the run stopped early after epoch

@@ -276,8 +276,19 @@ FuturePtr RRefContext::ready(const RRef& rref) {
         },
         c10::NoneType::get());
   }
+  // The owner answers only once the value exists, and so after it registered this user: the
+  // answer confirms the user before ready() completes, whichever of the create and ready replies
+  // runs its callbacks first.
+  RRefPtr handle = RRefPtr::reclaim_copy(const_cast<RRef*>(&rref));
   return call_(rref.owner_, "ferry.rref.ready", {rank_of(rref.id_), local_of(rref.id_)},
-               std::nullopt);
+               std::nullopt)
+      ->then(
+          [handle](c10::ivalue::Future& f) {
+            f.value();
+            handle->confirmed_ = true;
+            return c10::IValue();
+          },
+          c10::NoneType::get());
 }
 
 c10::IValue RRefContext::local_value(const RRef& rref) {

@@ -65,7 +65,11 @@ void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--epochs", t.epochs, "passes over the training images")
       ->check(count_up_to(kMaxCount));
   add_batch_flag(cmd, t.plan.batch_size, "images per step (per replica)");
-  cmd->add_option("--loss", t.loss, "bce|dice|bce+dice");
+  cmd->add_option("--loss", t.loss, "bce|dice|bce+dice, or a loss a --plugin registers");
+  cmd->add_option("--loss-on", t.loss_on,
+                  "where steps compute the loss: last-stage (only its value comes to the "
+                  "master) or master (the logits come to the master)")
+      ->check(CLI::IsMember({"last-stage", "master"}));
   cmd->add_option("--seed", t.seed, "seed of weights, data and shuffling")
       ->check(in_range(0, static_cast<double>(std::numeric_limits<std::int64_t>::max())));
 }

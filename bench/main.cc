@@ -81,6 +81,10 @@ CLI::App* add_pipeline(CLI::App& app, ferry::bench::PipelineBenchSettings& pipel
   pipeline_cmd->add_flag("!--no-pin", pipeline.pin, "do not pin each worker to a core");
   pipeline_cmd->add_flag("!--no-rebalance", pipeline.rebalance,
                          "unet: keep the cut measured before the workers start");
+  pipeline_cmd
+      ->add_option("--loss-on", pipeline.loss_on,
+                   "where the loss is computed: last-stage or master")
+      ->check(CLI::IsMember({"last-stage", "master"}));
   pipeline_cmd->add_option("--trace", pipeline.trace_file,
                            "write a Chrome trace of the last configuration's steps");
   return pipeline_cmd;

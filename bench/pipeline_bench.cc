@@ -18,6 +18,7 @@
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/pipeline.h"
+#include "ferry/remote_module/loss.h"
 #include "ferry/rpc/options.h"
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/rebalance.h"
@@ -74,6 +75,7 @@ struct Model {
   std::function<at::Tensor(const at::Tensor&)> local_forward;
   std::vector<at::Tensor> local_parameters;
   at::Tensor input, target;
+  std::string loss_name;  // registered (ferry/remote_module/loss.h)
   pipeline::Pipeline::Loss loss;
   std::string name;
 };
@@ -111,9 +113,8 @@ Model build(const PipelineBenchSettings& s, int p, const trainer::StagePlan& pla
     m.local_parameters = (*local)->parameters();
     m.input = torch::randn({s.batch, 3, s.image_size, s.image_size});
     m.target = (torch::rand({s.batch, 1, s.image_size, s.image_size}) > 0.5).to(torch::kFloat);
-    m.loss = [](const at::Tensor& out, const at::Tensor& target) {
-      return torch::binary_cross_entropy_with_logits(out, target);
-    };
+    m.loss_name = "bce";
+    m.loss = remote_module::loss_function(m.loss_name);
     m.name = fmt::format("unet-resnet{} ({})", s.depth, plan.method);
     return m;
   }
@@ -131,9 +132,8 @@ Model build(const PipelineBenchSettings& s, int p, const trainer::StagePlan& pla
   };
   m.input = torch::randn({s.batch, s.width});
   m.target = torch::randn({s.batch, s.width});
-  m.loss = [](const at::Tensor& out, const at::Tensor& target) {
-    return torch::mse_loss(out, target);
-  };
+  m.loss_name = "mse";
+  m.loss = remote_module::loss_function(m.loss_name);
   m.name = fmt::format("synthetic.mlp ({} layers of {} features per stage)", s.layers, s.width);
   return m;
 }
@@ -151,6 +151,7 @@ std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& mo
     options.schedule = c.schedule;
     options.microbatches = c.microbatches;
     options.routes = model.routes;
+    if (s.loss_on == "last-stage") options.loss = model.loss_name;
     c.pipe = std::make_unique<pipeline::Pipeline>(model.stages, options);
     c.activation_mib.assign(model.stages.size(), 0);
     c.tensor_mib.assign(model.stages.size(), 0);
@@ -212,7 +213,13 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
       double seconds;
       {
         dist_autograd::Context context;
-        seconds = seconds_of([&] { c.pipe->step(model.input, model.target, model.loss); });
+        seconds = seconds_of([&] {
+          if (s.loss_on == "last-stage") {
+            c.pipe->step(model.input, model.target);
+          } else {
+            c.pipe->step(model.input, model.target, model.loss);
+          }
+        });
       }
       std::vector<pipeline::Pipeline::StageMemory> peaks = c.pipe->memory_peaks();
       if (!timed) continue;
@@ -259,6 +266,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   out["pinned"] = pinned;
   out["threads_per_process"] = 1;
   out["steps"] = s.steps;
+  out["loss_on"] = s.loss_on;
   out["timed"] = "Pipeline::step: forward and backward of one batch, medians";
   out["local_step_s"] = median(local_steps);
   out["naive_over_local"] = naive / median(local_steps);

@@ -26,6 +26,8 @@ struct PipelineBenchSettings {
   // unet: after the warm-up, cut the blocks anew from what the stages measured (as ferry-master
   // train --rebalance does) when that shortens the slowest stage by 5% or more.
   bool rebalance = true;
+  // Where the loss is computed: "last-stage" (only its value comes to the master) or "master".
+  std::string loss_on = "last-stage";
   std::string trace_file;  // Chrome trace of the last configuration (1f1b, most micro-batches)
   std::string self_path;
 };

@@ -14,7 +14,6 @@
 namespace ferry::models {
 namespace {
 
-
 void check_plan(int64_t depth, const std::vector<RemoteUnet::StagePlan>& plan) {
   const auto count = static_cast<int64_t>(unet_blocks(depth).size());
   if (plan.empty()) fail("a U-Net split needs at least one stage");
@@ -104,6 +103,16 @@ RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes, const std::vector<
 RemoteUnet RemoteUnet::create(int64_t depth, int64_t classes,
                               const std::array<std::string, 3>& workers, int64_t seed) {
   return create(depth, classes, seams(depth, workers), seed);
+}
+
+at::Tensor RemoteUnet::loss(const at::Tensor& images, const at::Tensor& masks,
+                            const std::string& loss) {
+  auto start = std::chrono::steady_clock::now();
+  at::Tensor value =
+      remote_module::RemoteModule::loss_chain(modules(), {images}, routes_, loss, masks);
+  stages_.front().forward_s +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return value;
 }
 
 at::Tensor RemoteUnet::forward(const at::Tensor& images, bool direct) {

@@ -73,18 +73,33 @@ void report_to(const std::shared_ptr<Inbox>& inbox, const rpc::FuturePtr& call,
   });
 }
 
+std::shared_ptr<Inbox> inbox_of(std::int64_t context) {
+  std::lock_guard<std::mutex> lock(inboxes_mutex);
+  auto it = inboxes.find(context);
+  return it != inboxes.end() ? it->second : nullptr;
+}
+
 }  // namespace
 
 void install_master_inbox(rpc::FunctionRegistry& registry) {
-  registry.add("ferry.pipeline.output", [](std::int64_t, std::int64_t microbatch, at::Tensor out) {
-    std::shared_ptr<Inbox> inbox;
-    {
-      std::lock_guard<std::mutex> lock(inboxes_mutex);
-      auto it = inboxes.find(dist_autograd::current_context_id());
-      if (it != inboxes.end()) inbox = it->second;
-    }
-    if (inbox) inbox->push({Arrival::Output, microbatch, std::move(out), nullptr});
-  });
+  registry.add("ferry.pipeline.output",
+               [](std::int64_t, std::int64_t context, std::int64_t microbatch, at::Tensor out) {
+                 if (auto inbox = inbox_of(context)) {
+                   inbox->push({Arrival::Output, microbatch, std::move(out), nullptr});
+                 }
+               });
+  registry.add("ferry.pipeline.failed",
+               [](std::int64_t, std::int64_t context, std::int64_t microbatch, std::int64_t kind,
+                  std::string message, std::string cause, std::string worker) {
+                 if (kind < 0 || kind > static_cast<std::int64_t>(ErrorKind::OutOfMemory)) {
+                   kind = static_cast<std::int64_t>(ErrorKind::RemoteException);
+                 }
+                 auto error = std::make_exception_ptr(Error(static_cast<ErrorKind>(kind), message,
+                                                            std::move(cause), std::move(worker)));
+                 if (auto inbox = inbox_of(context)) {
+                   inbox->push({Arrival::Failed, microbatch, {}, error});
+                 }
+               });
 }
 
 void check_step_arguments(std::int64_t context, const at::Tensor& input, const at::Tensor& target) {
@@ -103,11 +118,12 @@ void check_step_arguments(std::int64_t context, const at::Tensor& input, const a
 }
 
 MasterStep::MasterStep(Ends ends, std::int64_t context, const at::Tensor& input,
-                       const at::Tensor& target, const Pipeline::Loss& loss, Schedule schedule,
-                       int microbatches, int step)
+                       const at::Tensor& target, const Pipeline::Loss* loss, double loss_scale,
+                       Schedule schedule, int microbatches, int step)
     : ends_(std::move(ends)),
       context_(context),
       loss_of_(loss),
+      loss_scale_(loss_scale),
       step_(step),
       count_(static_cast<int>(std::min<std::int64_t>(microbatches, input.size(0)))),
       samples_(static_cast<double>(input.size(0))),
@@ -129,6 +145,7 @@ MasterStep::~MasterStep() {
 }
 
 void MasterStep::run(std::chrono::milliseconds patience) {
+  if (ends_.loss_on_stage) send_targets();
   for (int m : schedule_->start()) send_forward(m);
   while (backwards_done_ < count_) {
     Arrival arrival;
@@ -144,6 +161,14 @@ void MasterStep::run(std::chrono::milliseconds patience) {
       case Arrival::Failed:
         rpc::rethrow_as(arrival.error, "pipeline step failed");
       case Arrival::Output:
+        if (ends_.loss_on_stage) {
+          // The micro-batch's share of the batch's loss, sent once its backward was done.
+          loss_ += arrival.output.item<double>();
+          ++outputs_in_;
+          ++backwards_done_;
+          if (std::optional<int> next = schedule_->on_backward_done()) send_forward(*next);
+          break;
+        }
         take_output(m, std::move(arrival.output));
         ++outputs_in_;
         for (int k : schedule_->on_output(m)) send_backward(k);
@@ -156,7 +181,19 @@ void MasterStep::run(std::chrono::milliseconds patience) {
   }
 }
 
-at::Tensor MasterStep::output() const { return at::cat(outputs_); }
+at::Tensor MasterStep::output() const {
+  return ends_.loss_on_stage ? at::Tensor() : at::cat(outputs_);
+}
+
+void MasterStep::send_targets() {
+  std::int64_t start = now_ns();
+  // Answered at once: the targets are there before any forward reaches the last stage.
+  rpc::rpc_sync(
+      ends_.last_worker, "ferry.pipeline.targets",
+      {ends_.pipeline, std::int64_t{ends_.stages - 1}, static_cast<std::int64_t>(samples_),
+       loss_scale_, c10::List<at::Tensor>(targets_)});
+  add_span(SpanKind::Send, 0, start);
+}
 
 void MasterStep::send_forward(int m) {
   input_sent_[m] = now_ns();
@@ -181,7 +218,7 @@ void MasterStep::take_output(int m, at::Tensor out) {
   at::Tensor leaf = out.requires_grad_();
   at::Tensor value;
   try {
-    value = loss_of_(leaf, targets_[m]);
+    value = (*loss_of_)(leaf, targets_[m]);
   } catch (const c10::Error& e) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("the loss of micro-batch {} failed: {}", m,
                                                         e.what_without_backtrace()));

@@ -4,6 +4,8 @@
 // its gradient here, and sends the gradient to the last stage when the schedule says, until every
 // backward is done. GPipe sends every input at once and every gradient once all outputs are in;
 // 1F1B keeps at most p micro-batches in flight and sends each gradient as soon as it can.
+// With the loss on the last stage, the step's targets go to that stage first, and what arrives
+// per micro-batch is its loss once its backward is done (the stage started it itself).
 //
 // Thread rules: a MasterStep is used by the thread that made it, inside the step's distributed
 // autograd context; replies reach its inbox from the agent's threads.
@@ -37,12 +39,15 @@ class MasterStep {
     std::string first_worker;
     std::string last_worker;
     int stages = 0;
+    bool loss_on_stage = false;
   };
   // Splits `input` and `target` into `microbatches` along their first dimension (fewer for a
   // smaller batch: one sample each) and takes the outputs that arrive for `context` from now on.
-  // `step` numbers its spans.
+  // `loss` computes the loss here; null where the last stage does (Ends::loss_on_stage), each
+  // micro-batch's counting `loss_scale` times in its gradients. `step` numbers its spans.
   MasterStep(Ends ends, std::int64_t context, const at::Tensor& input, const at::Tensor& target,
-             const Pipeline::Loss& loss, Schedule schedule, int microbatches, int step);
+             const Pipeline::Loss* loss, double loss_scale, Schedule schedule, int microbatches,
+             int step);
   ~MasterStep();
   MasterStep(const MasterStep&) = delete;
   MasterStep& operator=(const MasterStep&) = delete;
@@ -54,7 +59,8 @@ class MasterStep {
 
   // The full batch's loss: each micro-batch's weighted by its share of the samples.
   double loss() const { return loss_; }
-  // The last stage's outputs, concatenated in micro-batch order, without grad.
+  // The last stage's outputs, concatenated in micro-batch order, without grad; empty with the
+  // loss on the last stage.
   at::Tensor output() const;
   // The master's own spans (sends and losses), on its steady clock.
   std::vector<Span>& spans() { return spans_; }
@@ -66,11 +72,13 @@ class MasterStep {
   void send_forward(int m);
   void send_backward(int m);
   void take_output(int m, at::Tensor out);
+  void send_targets();
   void add_span(SpanKind kind, int m, std::int64_t start_ns);
 
   const Ends ends_;
   const std::int64_t context_;
-  const Pipeline::Loss& loss_of_;
+  const Pipeline::Loss* loss_of_;
+  const double loss_scale_;
   const int step_;
   const int count_;  // micro-batches
   const double samples_;

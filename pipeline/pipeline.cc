@@ -93,7 +93,8 @@ Pipeline::Pipeline(std::vector<remote_module::RemoteModule> stages, PipelineOpti
         stage.worker(), "ferry.pipeline.setup",
         {id_, s, p, rpc::to_ivalue(stage.module_rref()), s > 0 ? stages_[s - 1].worker() : master,
          s + 1 < p ? stages_[s + 1].worker() : master, master, limit,
-         static_cast<bool>(checkpoint[s]), routes, workers},
+         static_cast<bool>(checkpoint[s]), routes, workers, options_.loss,
+         options_.schedule == Schedule::OneFOneB},
         fmt::format("pipeline stage {} (\"{}\") on worker \"{}\" cannot take part", s, stage.type(),
                     stage.worker()));
     names.push_back(fmt::format("stage {}: {} on {}", s,
@@ -154,12 +155,34 @@ std::vector<Pipeline::StageMemory> Pipeline::memory_peaks() {
 
 Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& target,
                                     const Loss& loss) {
+  if (!options_.loss.empty()) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("this pipeline's last stage computes the loss (\"{}\"): step without "
+                            "a Loss function",
+                            options_.loss));
+  }
+  return run_step(input, target, &loss, 1.0);
+}
+
+Pipeline::StepResult Pipeline::step(const at::Tensor& input, const at::Tensor& target,
+                                    double loss_scale) {
+  if (options_.loss.empty()) {
+    throw Error(ErrorKind::InvalidArgument,
+                "this pipeline's last stage computes no loss (PipelineOptions::loss is empty): "
+                "step with a Loss function");
+  }
+  return run_step(input, target, nullptr, loss_scale);
+}
+
+Pipeline::StepResult Pipeline::run_step(const at::Tensor& input, const at::Tensor& target,
+                                        const Loss* loss, double loss_scale) {
   const std::int64_t context = dist_autograd::current_context_id();
   check_step_arguments(context, input, target);
   const int p = static_cast<int>(stages_.size());
   const int step = timeline_->steps();
-  MasterStep run({id_, stages_.front().worker(), stages_.back().worker(), p}, context, input,
-                 target, loss, options_.schedule, options_.microbatches, step);
+  MasterStep run({id_, stages_.front().worker(), stages_.back().worker(), p, loss == nullptr},
+                 context, input, target, loss, loss_scale, options_.schedule, options_.microbatches,
+                 step);
   const std::int64_t step_start = now_ns();
   try {
     run.run(rpc::agent().options().rpc_timeout + std::chrono::seconds(5));

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "ferry/core/process_memory.h"
+#include "ferry/remote_module/loss.h"
 #include "ferry/remote_module/portal.h"
 #include "ferry/rpc/error.h"
 #include "pipeline/stage_slot.h"
@@ -19,33 +20,38 @@ using rpc::ErrorKind;
 
 // Set-up, and what a failed step leaves behind.
 void install_lifetime(rpc::FunctionRegistry& registry) {
-  registry.add(
-      "ferry.pipeline.setup",
-      [](std::int64_t pipeline, std::int64_t index, std::int64_t count, rpc::RRefPtr module,
-         std::string previous, std::string next, std::string master, std::int64_t limit,
-         bool checkpoint, c10::IValue routes, std::vector<std::string> workers) {
-        if (!module->isOwner()) {
-          throw Error(ErrorKind::InvalidArgument,
-                      fmt::format("stage {} of pipeline {} is not owned by worker "
-                                  "\"{}\"",
-                                  index, pipeline, rpc::self().name));
-        }
-        auto slot = std::make_shared<Slot>();
-        slot->pipeline = pipeline;
-        slot->index = index;
-        slot->count = count;
-        slot->module = module;
-        slot->type = remote_module::stage_type_here(module);
-        slot->previous = std::move(previous);
-        slot->next = std::move(next);
-        slot->master = std::move(master);
-        slot->limit = limit;
-        slot->checkpoint = checkpoint;
-        slot->routes = remote_module::routes_from_ivalue(routes);
-        slot->workers = std::move(workers);
-        remote_module::check_routes(slot->routes, static_cast<size_t>(count));
-        slots().put(pipeline, index, std::move(slot));
-      });
+  registry.add("ferry.pipeline.setup",
+               [](std::int64_t pipeline, std::int64_t index, std::int64_t count,
+                  rpc::RRefPtr module, std::string previous, std::string next, std::string master,
+                  std::int64_t limit, bool checkpoint, c10::IValue routes,
+                  std::vector<std::string> workers, std::string loss, bool backward_at_once) {
+                 if (!module->isOwner()) {
+                   throw Error(ErrorKind::InvalidArgument,
+                               fmt::format("stage {} of pipeline {} is not owned by worker "
+                                           "\"{}\"",
+                                           index, pipeline, rpc::self().name));
+                 }
+                 auto slot = std::make_shared<Slot>();
+                 slot->pipeline = pipeline;
+                 slot->index = index;
+                 slot->count = count;
+                 slot->module = module;
+                 slot->type = remote_module::stage_type_here(module);
+                 slot->previous = std::move(previous);
+                 slot->next = std::move(next);
+                 slot->master = std::move(master);
+                 slot->limit = limit;
+                 slot->checkpoint = checkpoint;
+                 slot->routes = remote_module::routes_from_ivalue(routes);
+                 slot->workers = std::move(workers);
+                 remote_module::check_routes(slot->routes, static_cast<size_t>(count));
+                 if (!loss.empty() && index + 1 == count) {
+                   slot->loss = remote_module::loss_function(loss);
+                   slot->loss_name = std::move(loss);
+                 }
+                 slot->backward_at_once = backward_at_once;
+                 slots().put(pipeline, index, std::move(slot));
+               });
   // After a failed step: what it left (kept graphs, parked forwards) goes; parked requests fail.
   registry.add("ferry.pipeline.discard", [](std::int64_t pipeline) {
     remote_module::drop_pipelined_portals();
@@ -54,6 +60,7 @@ void install_lifetime(rpc::FunctionRegistry& registry) {
       {
         std::lock_guard<std::mutex> lock(slot->mutex);
         slot->saved.clear();
+        slot->step_targets.clear();
         slot->activation_bytes = 0;
         slot->in_flight = 0;
         for (Parked& p : slot->parked) abandoned.push_back(std::move(p));

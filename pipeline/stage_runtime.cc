@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "ferry/core/compute_thread.h"
+#include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/pipeline/pipeline.h"
@@ -152,6 +153,97 @@ std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
 
 bool routes_output(const Slot& slot) { return !slot.routes.empty() && slot.index + 1 < slot.count; }
 
+bool computes_loss(const Slot& slot) { return slot.loss && slot.index + 1 == slot.count; }
+
+// Puts the micro-batch's targets, share and scale into `saved`. Returns the step's number of
+// micro-batches if this was its last forward here, else 0.
+std::int64_t take_targets(Slot& slot, std::int64_t context, std::int64_t microbatch, Saved* saved) {
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  auto it = slot.step_targets.find(context);
+  if (it == slot.step_targets.end()) {
+    throw Error(ErrorKind::InvalidArgument, "no targets arrived here for this step");
+  }
+  StepTargets& step = it->second;
+  const auto count = static_cast<std::int64_t>(step.microbatches.size());
+  if (microbatch < 0 || microbatch >= count) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("the step sent targets for {} micro-batches", count));
+  }
+  saved->target = step.microbatches[microbatch];
+  saved->share = static_cast<double>(saved->target.size(0)) / step.samples;
+  saved->scale = step.scale;
+  if (++step.forwards_done < count) return 0;
+  slot.step_targets.erase(it);
+  return count;
+}
+
+// The micro-batch's share of the batch's loss, computed from the last stage's output.
+at::Tensor loss_share(const Slot& slot, const c10::IValue& output, const Saved& saved) {
+  at::Tensor value = slot.loss(output.toTensor(), saved.target);
+  if (!value.defined() || value.numel() != 1) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("the loss \"{}\" must return a scalar, not a tensor of shape {}",
+                            slot.loss_name, value.defined() ? c10::str(value.sizes()) : "()"));
+  }
+  return value.reshape({}) * saved.share;
+}
+
+void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
+                  std::vector<at::Tensor> grads, const FuturePtr& done);
+
+// Tells the master that the micro-batch's backward, which this stage started from its own loss,
+// is done (with its loss share) or failed.
+void report_own_backward(const Slot& slot, std::int64_t context, std::int64_t microbatch,
+                         double loss_value, std::exception_ptr error) {
+  try {
+    if (error) {
+      rpc::Failure failure = rpc::failure_of(error);
+      rpc::rpc_async(slot.master, "ferry.pipeline.failed",
+                     {slot.pipeline, context, microbatch, static_cast<std::int64_t>(failure.kind),
+                      failure.message, failure.cause, failure.worker});
+    } else {
+      rpc::rpc_async(slot.master, "ferry.pipeline.output",
+                     {slot.pipeline, context, microbatch,
+                      at::scalar_tensor(loss_value, at::TensorOptions().dtype(at::kDouble))});
+    }
+  } catch (const std::exception& e) {
+    // The master is gone or going: its step fails on its own deadline.
+    log::debug("pipeline {}: cannot report micro-batch {}: {}", slot.pipeline, microbatch,
+               e.what());
+  }
+}
+
+// On the compute thread: the backward of a micro-batch from the loss this stage computed.
+void run_own_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch) {
+  double loss_value = 0;
+  {
+    std::lock_guard<std::mutex> lock(slot->mutex);
+    auto it = slot->saved.find({context, microbatch});
+    if (it != slot->saved.end()) loss_value = it->second.loss_value;
+  }
+  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
+  done->addCallback([slot, context, microbatch, loss_value](c10::ivalue::Future& f) {
+    report_own_backward(*slot, context, microbatch, loss_value,
+                        f.hasError() ? f.exception_ptr() : nullptr);
+  });
+  run_backward(slot, context, microbatch, {}, done);
+}
+
+// After a forward on the last stage with a loss: 1F1B runs its backward next; GPipe runs every
+// backward of the step, in order, once its last forward (`step_count` > 0) is done.
+void start_own_backwards(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
+                         std::int64_t step_count) {
+  std::vector<std::int64_t> order;
+  if (slot->backward_at_once) {
+    order.push_back(microbatch);
+  } else {
+    for (std::int64_t m = 0; m < step_count; ++m) order.push_back(m);
+  }
+  for (std::int64_t m : order) {
+    core::post_to_compute_thread([slot, context, m] { run_own_backward(slot, context, m); });
+  }
+}
+
 // On the compute thread.
 void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                  c10::IValue inputs, const FuturePtr& done) {
@@ -185,6 +277,19 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
                   fmt::format("the last stage must return one tensor for the loss, not {}",
                               output.tagKind()));
     }
+    const bool own_loss = computes_loss(*slot);
+    std::int64_t step_count = 0;
+    if (own_loss) {
+      step_count = take_targets(*slot, context, microbatch, &saved);
+      at::Tensor share = loss_share(*slot, output, saved);
+      if (!slot->checkpoint && !share.requires_grad()) {
+        throw Error(
+            ErrorKind::InvalidArgument,
+            fmt::format("the loss \"{}\" must be computed from the output", slot->loss_name));
+      }
+      saved.loss_value = share.item<double>();
+      if (!slot->checkpoint) saved.loss = share * saved.scale;
+    }
     const std::int64_t output_bytes = bytes_of(floating_tensors(output));
     if (routes_output(*slot)) {
       remote_module::offer_portals(slot->routes, slot->index, flow, output, slot->checkpoint);
@@ -205,8 +310,14 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
       slot->saved[{context, microbatch}] = std::move(saved);
     }
     std::int64_t computed = now_ns();
+    if (own_loss) {
+      record(*slot, kForwardEvent, microbatch, start, computed);
+      done->markCompleted(c10::IValue());
+      start_own_backwards(slot, context, microbatch, step_count);
+      return;
+    }
     FuturePtr call = last ? rpc::rpc_async(slot->master, "ferry.pipeline.output",
-                                           {slot->pipeline, microbatch, detached(output)})
+                                           {slot->pipeline, context, microbatch, detached(output)})
                           : rpc::rpc_async(slot->next, "ferry.pipeline.forward",
                                            {slot->pipeline, slot->index + 1, microbatch,
                                             as_inputs(detached(output))});
@@ -272,17 +383,24 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
                                              {context, microbatch}, output);
       }
     }
-    std::vector<at::Tensor> outputs = floating_tensors(output);
-    if (outputs.size() != grads.size()) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("{} gradients arrived for {} floating-point outputs", grads.size(),
-                              outputs.size()));
-    }
     std::vector<at::Tensor> roots, root_grads;
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].requires_grad() && grads[i].defined()) {
-        roots.push_back(outputs[i]);
-        root_grads.push_back(grads[i]);
+    if (computes_loss(*slot)) {
+      at::Tensor root =
+          slot->checkpoint ? loss_share(*slot, output, saved) * saved.scale : saved.loss;
+      roots.push_back(root);
+      root_grads.push_back(at::ones_like(root));
+    } else {
+      std::vector<at::Tensor> outputs = floating_tensors(output);
+      if (outputs.size() != grads.size()) {
+        throw Error(ErrorKind::InvalidArgument,
+                    fmt::format("{} gradients arrived for {} floating-point outputs", grads.size(),
+                                outputs.size()));
+      }
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        if (outputs[i].requires_grad() && grads[i].defined()) {
+          roots.push_back(outputs[i]);
+          root_grads.push_back(grads[i]);
+        }
       }
     }
     std::vector<at::Tensor> params;
@@ -389,6 +507,26 @@ void install_stage_steps(rpc::FunctionRegistry& registry) {
     fail_abandoned(abandoned);
     return done;
   });
+  // The step's targets, split into its micro-batches, before any of its forwards reaches the
+  // last stage; `samples` is the batch's size, `scale` what each loss counts in the gradients.
+  registry.add(
+      "ferry.pipeline.targets", [](std::int64_t pipeline, std::int64_t index, std::int64_t samples,
+                                   double scale, std::vector<at::Tensor> targets) {
+        std::int64_t context = context_or_throw("ferry.pipeline.targets");
+        SlotPtr slot = slot_of(pipeline, index);
+        if (!computes_loss(*slot)) {
+          throw Error(ErrorKind::InvalidArgument,
+                      fmt::format("stage {} of pipeline {} on worker \"{}\" computes no "
+                                  "loss",
+                                  index, pipeline, rpc::self().name));
+        }
+        if (samples <= 0 || targets.empty()) {
+          throw Error(ErrorKind::InvalidArgument,
+                      "ferry.pipeline.targets needs a batch of at least one sample");
+        }
+        std::lock_guard<std::mutex> lock(slot->mutex);
+        slot->step_targets[context] = {std::move(targets), static_cast<double>(samples), scale, 0};
+      });
   registry.add_async("ferry.pipeline.backward", [](std::vector<c10::IValue>& args) {
     std::int64_t arrived = now_ns();
     check_args(args, "ferry.pipeline.backward", 3, &c10::IValue::isTensorList,

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/remote_module/loss.h"
 #include "ferry/remote_module/portal.h"
 #include "ferry/rpc/rpc.h"
 #include "pipeline/in_order.h"
@@ -30,7 +31,21 @@ struct Saved {
   c10::IValue inputs;               // checkpointed stages only: to run forward again
   c10::IValue output;               // the output, graph attached (not for checkpointed stages)
   at::Tensor rng_state;             // checkpointed stages: the random state of the first run
-  std::int64_t bytes = 0;           // what the micro-batch holds here until its backward
+  // The last stage with a loss: the micro-batch's targets, its share of the batch, the step's
+  // scale, its loss share (scaled, graph attached; not for checkpointed stages) and that value.
+  at::Tensor target;
+  double share = 0, scale = 1;
+  at::Tensor loss;
+  double loss_value = 0;
+  std::int64_t bytes = 0;  // what the micro-batch holds here until its backward
+};
+
+// A step's targets on the last stage with a loss, until each of its forwards has taken its own.
+struct StepTargets {
+  std::vector<at::Tensor> microbatches;
+  double samples = 0;
+  double scale = 1;
+  std::int64_t forwards_done = 0;
 };
 
 struct Parked {
@@ -50,9 +65,15 @@ struct Slot {
   bool checkpoint = false;
   remote_module::Routes routes;      // empty: the whole output goes to the next stage
   std::vector<std::string> workers;  // of every stage, for portals
+  // The last stage's loss, when it computes it; it then starts each micro-batch's backward itself:
+  // at once (1F1B) or once the step's last forward is done (GPipe).
+  remote_module::LossFunction loss;
+  std::string loss_name;
+  bool backward_at_once = true;
 
   std::mutex mutex;                                              // guards what follows
   std::map<std::pair<std::int64_t, std::int64_t>, Saved> saved;  // (context, micro-batch)
+  std::map<std::int64_t, StepTargets> step_targets;              // by context
   std::int64_t in_flight = 0;
   std::deque<Parked> parked;
   InOrder<Parked> forwards, backwards;  // micro-batch order

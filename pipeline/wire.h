@@ -1,8 +1,13 @@
 // What a Pipeline and its stages' workers say to each other. Internal to pipeline/.
 //
-//   setup(pipeline, stage, stages, module, previous, next, master, in_flight_limit, checkpoint)
+//   setup(pipeline, stage, stages, module, previous, next, master, in_flight_limit, checkpoint,
+//         routes, workers, loss, backward_at_once)
+//   targets(pipeline, stage, samples, scale, targets) master to the last stage with a loss
 //   forward(pipeline, stage, micro-batch, inputs)     stage to stage; the last stage sends
-//   output(pipeline, micro-batch, output)             its output to the master
+//   output(pipeline, context, micro-batch, output)    its output to the master, or with a loss,
+//                                                     the loss share once the backward is done
+//   failed(pipeline, context, micro-batch, kind, message, cause, worker)
+//                                                     a backward the last stage started failed
 //   backward(pipeline, stage, micro-batch, grads)     master to the last stage, then stage to stage
 //   events(pipeline, stage), memory(pipeline, stage, reset), discard(pipeline),
 //   teardown(pipeline), clock(), kept()

@@ -59,6 +59,21 @@ c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
 
 c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
                                         std::vector<c10::IValue> inputs, const Routes& routes) {
+  return chain(stages, std::move(inputs), routes, {});
+}
+
+at::Tensor RemoteModule::loss_chain(const std::vector<RemoteModule>& stages,
+                                    std::vector<c10::IValue> inputs, const Routes& routes,
+                                    const std::string& loss, const at::Tensor& target) {
+  if (loss.empty() || !target.defined()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument, "loss_chain needs a loss name and targets");
+  }
+  return chain(stages, std::move(inputs), routes, {loss, target}).toTensor();
+}
+
+c10::IValue RemoteModule::chain(const std::vector<RemoteModule>& stages,
+                                std::vector<c10::IValue> inputs, const Routes& routes,
+                                std::vector<c10::IValue> loss) {
   if (stages.empty()) {
     throw rpc::Error(rpc::ErrorKind::InvalidArgument, "forward_chain needs at least one stage");
   }
@@ -73,6 +88,7 @@ c10::IValue RemoteModule::forward_chain(const std::vector<RemoteModule>& stages,
   if (!routes.empty()) {
     args.insert(args.end(), {int64_t{0}, routes_to_ivalue(routes), new_flow_id()});
   }
+  args.insert(args.end(), loss.begin(), loss.end());
   try {
     return rpc::rpc_sync(stages.front().worker_, "ferry.stage.forward_chain", std::move(args));
   } catch (const rpc::Error&) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "ferry/remote_module/loss.h"
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/error.h"
 
@@ -24,16 +25,26 @@ std::vector<std::string>* load_errors = nullptr;
 
 namespace detail {
 
-void register_stage_at_load(const std::string& type, StageFactory factory) {
+namespace {
+void register_at_load(const std::function<void()>& registration) {
   if (load_errors == nullptr) {
-    register_stage(type, std::move(factory));
+    registration();
     return;
   }
   try {
-    register_stage(type, std::move(factory));
+    registration();
   } catch (const std::exception& e) {
     load_errors->push_back(e.what());
   }
+}
+}  // namespace
+
+void register_stage_at_load(const std::string& type, StageFactory factory) {
+  register_at_load([&] { register_stage(type, std::move(factory)); });
+}
+
+void register_loss_at_load(const std::string& name, LossFunction loss) {
+  register_at_load([&] { register_loss(name, std::move(loss)); });
 }
 
 }  // namespace detail
@@ -42,6 +53,7 @@ std::vector<std::string> load_stage_plugin(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) bad_plugin(path, "no such file");
   const std::vector<std::string> before = registered_stages();
+  const std::size_t losses_before = registered_losses().size();
   std::vector<std::string> errors;
   load_errors = &errors;
   // RTLD_GLOBAL: a plugin's stages may be used by code loaded after it (another plugin).
@@ -53,8 +65,10 @@ std::vector<std::string> load_stage_plugin(const std::string& path) {
   for (const std::string& type : registered_stages()) {
     if (std::find(before.begin(), before.end(), type) == before.end()) added.push_back(type);
   }
-  if (added.empty()) {
-    bad_plugin(path, "registers no stage type (no FERRY_REGISTER_STAGE ran as it loaded)");
+  if (added.empty() && registered_losses().size() == losses_before) {
+    bad_plugin(path,
+               "registers no stage type and no loss (no FERRY_REGISTER_STAGE or "
+               "FERRY_REGISTER_LOSS ran as it loaded)");
   }
   return added;
 }

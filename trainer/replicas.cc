@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ferry/remote_module/loss.h"
 #include "ferry/rpc/error.h"
 
 namespace ferry::trainer {
@@ -40,16 +41,8 @@ at::Tensor share_of(const at::Tensor& batch, std::size_t r, std::size_t count) {
   return batch.narrow(0, begin, per + (index < extra ? 1 : 0));
 }
 
-at::Tensor loss_of(const std::string& kind, const at::Tensor& stage_logits,
-                   const at::Tensor& masks) {
-  // In float32 whatever the stages computed in: bfloat16 logits lose too much in a mean.
-  const at::Tensor logits = stage_logits.to(at::kFloat);
-  at::Tensor bce = torch::binary_cross_entropy_with_logits(logits, masks);
-  if (kind == "bce") return bce;
-  at::Tensor p = torch::sigmoid(logits);
-  at::Tensor dice = 1 - (2 * (p * masks).sum() + 1) / (p.sum() + masks.sum() + 1);
-  if (kind == "dice") return dice;
-  return bce + dice;
+at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::Tensor& masks) {
+  return remote_module::loss_function(kind)(logits, masks);
 }
 
 double Validation::of(const std::string& metric) const {

@@ -32,7 +32,7 @@ void for_each_replica(std::size_t count, const std::function<void(std::size_t)>&
 // they do not divide.
 at::Tensor share_of(const at::Tensor& batch, std::size_t r, std::size_t count);
 
-// bce, dice or bce+dice; the mean over the batch's pixels, in float32.
+// The loss registered as `kind` (ferry/remote_module/loss.h: bce, dice, bce+dice, or a user's).
 at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::Tensor& masks);
 
 struct Validation {

@@ -23,6 +23,7 @@
 #include "ferry/dist_autograd/lr_schedule.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/checkpoint.h"
+#include "ferry/remote_module/loss.h"
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/epoch_monitor.h"
 #include "ferry/trainer/metrics_log.h"
@@ -74,8 +75,14 @@ std::string best_dir(const TrainSettings& s) {
 // Settings that cannot work, refused before any data is read or any worker builds a stage.
 void check_settings(const TrainSettings& s) {
   depth_of(s.plan.model);
-  if (s.loss != "bce" && s.loss != "dice" && s.loss != "bce+dice") {
-    fail_setting(fmt::format("--loss must be bce, dice or bce+dice, not \"{}\"", s.loss));
+  // Validation computes the loss here too, so the master must know it, whichever rank trains it.
+  try {
+    remote_module::loss_function(s.loss);
+  } catch (const rpc::Error& e) {
+    fail_setting(fmt::format("--loss: {} (a loss of your own comes with --plugin)", e.what()));
+  }
+  if (s.loss_on != "last-stage" && s.loss_on != "master") {
+    fail_setting(fmt::format("--loss-on must be last-stage or master, not \"{}\"", s.loss_on));
   }
   if (s.accumulate < 1)
     fail_setting(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));

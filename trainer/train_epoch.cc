@@ -61,11 +61,17 @@ EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoc
       Replica& replica = job.replicas[r];
       at::Tensor images = share_of(batch->images, r, count);
       at::Tensor masks = share_of(batch->masks, r, count);
+      if (replica.pipe && !replica.pipe->options().loss.empty()) {
+        losses[r] = replica.pipe->step(images, masks, scale).loss;
+        return;
+      }
       if (replica.pipe) {
         losses[r] = replica.pipe->step(images, masks, micro_loss).loss / scale;
         return;
       }
-      at::Tensor loss = loss_of(s.loss, replica.split.forward(images, !s.via_master), masks);
+      at::Tensor loss = !s.via_master && s.loss_on == "last-stage"
+                            ? replica.split.loss(images, masks, s.loss)
+                            : loss_of(s.loss, replica.split.forward(images, !s.via_master), masks);
       dist_autograd::backward(ids[r], {loss * scale});
       losses[r] = loss.item<double>();
     });

@@ -1,7 +1,7 @@
 // What a training job offers beside stages and pipelines, run as a user runs it (ferry-launch,
-// ferry-master train): gradient accumulation, data-parallel replicas, learning-rate schedules,
-// bf16-mixed precision, blocks moved between stages while training, and the errors of settings
-// that cannot work.
+// ferry-master train): gradient accumulation, where the loss is computed, data-parallel replicas,
+// learning-rate schedules, bf16-mixed precision, blocks moved between stages while training, and
+// the errors of settings that cannot work.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -70,6 +70,23 @@ TEST(TrainingJob, AccumulatingFourBatchesOfTwoStepsAsOneBatchOfEight) {
       SavedCheckpoint apart = train_into(base, equivalence_job(3) + " --batch-size 2");
       EXPECT_GT(largest_relative_difference(eight, apart), 1e-3);
     }
+  }
+}
+
+// The loss on the last stage (only its value comes to the master) and on the master (the logits
+// come to it, their gradients go back) train the same: plain steps, and pipelined ones with
+// recomputed activations.
+TEST(TrainingJob, TheLossOnTheLastStageTrainsAsTheLossOnTheMaster) {
+  const std::string base = ferry::testing::process_temp_dir().file("loss_on");
+  for (const std::string steps :
+       {"", " --pipeline 1f1b --microbatches 2 --checkpoint-activations"}) {
+    SCOPED_TRACE(steps);
+    const std::string job = equivalence_job(3) + " --batch-size 4" + steps;
+    SavedCheckpoint on_stage = train_into(base, job + " --loss-on last-stage");
+    SavedCheckpoint on_master = train_into(base, job + " --loss-on master");
+    ASSERT_GT(on_stage.tensors.size(), 100u);
+    EXPECT_EQ(on_stage.values.at("step").toInt(), 4);
+    EXPECT_LE(largest_relative_difference(on_stage, on_master), 1e-5);
   }
 }
 
@@ -214,6 +231,7 @@ TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
       {" --save-best", "--save-best needs --checkpoint-dir"},
       {" --monitor val_acc", "--monitor must be val_loss, val_iou or val_dice, not \"val_acc\""},
       {" --accumulate 0", "--accumulate"},
+      {" --loss focal", "--loss: unknown loss \"focal\""},
       {" --replicas 2",
        "--replicas 2 needs a worker of its own for each replica at least; the "
        "world has 0 besides the master"},

@@ -21,6 +21,7 @@
 namespace ferry::dist_autograd {
 namespace {
 
+using ferry::testing::error_of;
 using ferry::testing::kind_and_error_of;
 using ::testing::HasSubstr;
 
@@ -344,6 +345,37 @@ TEST(DistBackward, UnetStageToStageChainEqualsOneProcessAndSkipsThisProcess) {
             << through_sent << " bytes (images " << images << ")\n";
   EXPECT_LT(direct_sent, images + 16 * 1024);
   EXPECT_GT(through_sent, images + 800 * 1024);
+}
+
+// The loss on the last stage's worker (RemoteUnet::loss): the logits stay there, only the loss
+// comes back, and the loss and gradients equal one process's.
+TEST(DistBackward, AChainsLossOnItsLastWorkerEqualsOneProcessAndOnlyTheLossComesBack) {
+  LocalWorld world(deterministic_three_workers());
+  models::RemoteUnet split = split_unet(18);
+  models::Unet local = split.local_copy();
+  torch::manual_seed(9);
+  at::Tensor x = torch::randn({2, 3, 64, 64});
+  at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
+  {
+    Context context;
+    std::uint64_t received = rpc::agent().bytes_received();
+    at::Tensor loss = split.loss(x, target, "bce");
+    received = rpc::agent().bytes_received() - received;
+    backward(context.id(), {loss});
+    std::vector<at::Tensor> grads = get_gradients(context.id(), split.parameters());
+    at::Tensor local_loss = torch::binary_cross_entropy_with_logits(local->forward(x), target);
+    local_loss.backward();
+    EXPECT_NEAR(loss.item<double>(), local_loss.item<double>(), 1e-6);
+    std::vector<at::Tensor> want;
+    for (const auto& p : local->parameters()) want.push_back(p.grad());
+    EXPECT_LE(models::max_relative_error(grads, want), 1e-5);
+    // The logits would be 2 x 64 x 64 floats (32 KiB); the loss is one.
+    EXPECT_LT(received, 8u << 10) << received;
+  }
+  Context context;
+  const std::string unknown = error_of([&] { split.loss(x, target, "focal"); });
+  EXPECT_NE(unknown.find("unknown loss \"focal\" on worker \"c\""), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("registered: bce, bce+dice, dice, mse"), std::string::npos) << unknown;
 }
 
 TEST(DistBackward, AFailingStageInAChainIsNamed) {

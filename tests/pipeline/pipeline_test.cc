@@ -121,6 +121,81 @@ TEST(Pipeline, GradientsEqualTheFullBatchForEveryScheduleAndMicroBatchCount) {
   }
 }
 
+PipelineOptions with_stage_loss(PipelineOptions o, const std::string& loss = "test.mse") {
+  o.loss = loss;
+  return o;
+}
+
+// The last stage computes the loss from its output and the targets the master sent it, and starts
+// each backward itself: the same loss and gradients as the master computing it, for each schedule,
+// with recomputed stages too, and with the loss scaled as when batches accumulate.
+TEST(Pipeline, TheLossOnTheLastStageGivesTheSameLossAndGradients) {
+  LocalWorld world(three_workers());
+  Chain chain(6, 16);
+  torch::manual_seed(7);
+  at::Tensor x = torch::randn({16, 6});
+  at::Tensor y = torch::randn({16, 1});
+  auto [want_loss, want] = chain.reference(x, y);
+  auto params = chain.parameters();
+  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+    for (int m : {1, 3, 8}) {
+      for (bool recompute : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} M={} recompute {}", schedule_name(schedule), m, recompute));
+        std::vector<int> checkpoint;
+        if (recompute) checkpoint = {0, 1, 2};
+        Pipeline pipe(chain.stages, with_stage_loss(options(schedule, m, checkpoint)));
+        for (double scale : {1.0, 0.25}) {
+          dist_autograd::Context context;
+          Pipeline::StepResult result = pipe.step(x, y, scale);
+          EXPECT_NEAR(result.loss, want_loss, 1e-5 * std::abs(want_loss));
+          EXPECT_FALSE(result.output.defined());
+          std::vector<at::Tensor> scaled;
+          for (const at::Tensor& g : want) scaled.push_back(g * scale);
+          EXPECT_LE(models::max_relative_error(dist_autograd::get_gradients(context.id(), params),
+                                               scaled),
+                    1e-5);
+        }
+        for (const char* worker : {"a", "b", "c"}) EXPECT_EQ(kept_on(worker), 0) << worker;
+      }
+    }
+  }
+}
+
+TEST(Pipeline, ALossTheLastStageCannotComputeIsAClearError) {
+  LocalWorld world(three_workers());
+  Chain chain(6, 8);
+  // Not registered on the last stage's worker: refused when the pipeline is set up.
+  std::string unknown = error_of(
+      [&] { Pipeline(chain.stages, with_stage_loss(options(Schedule::GPipe, 2), "focal")); });
+  EXPECT_NE(unknown.find("pipeline stage 2 (\"test.mlp\") on worker \"c\" cannot take part"),
+            std::string::npos)
+      << unknown;
+  EXPECT_NE(unknown.find("unknown loss \"focal\""), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("test.mse"), std::string::npos) << unknown;
+
+  Pipeline pipe(chain.stages, with_stage_loss(options(Schedule::OneFOneB, 2)));
+  at::Tensor x = torch::randn({4, 6});
+  auto context = std::make_unique<dist_autograd::Context>();
+  EXPECT_NE(error_of([&] {
+              pipe.step(x, torch::randn({4, 1}), mse);
+            }).find("last stage computes the loss (\"test.mse\")"),
+            std::string::npos);
+  // Targets the loss cannot take: the error names the micro-batch, the stage and its worker,
+  // and the next step starts clean.
+  std::string bad = error_of([&] { pipe.step(x, torch::randn({4, 3, 2}), 1.0); });
+  context.reset();
+  EXPECT_NE(bad.find("forward of micro-batch "), std::string::npos) << bad;
+  EXPECT_NE(bad.find(" at stage 2 (\"test.mlp\") on worker \"c\""), std::string::npos) << bad;
+  for (const char* worker : {"a", "b", "c"}) EXPECT_EQ(kept_on(worker), 0) << worker;
+  context = std::make_unique<dist_autograd::Context>();
+  EXPECT_GT(pipe.step(x, torch::randn({4, 1}), 1.0).loss, 0);
+  Pipeline plain(chain.stages, options(Schedule::GPipe, 2));
+  EXPECT_NE(error_of([&] {
+              plain.step(x, torch::randn({4, 1}), 1.0);
+            }).find("computes no loss (PipelineOptions::loss is empty)"),
+            std::string::npos);
+}
+
 // Each stage runs its micro-batches' forwards, and backwards, in micro-batch order whatever order
 // the requests arrive in, so gradients summed over eight micro-batches come out the same to the
 // bit every time (and batch norm's running statistics would too).
@@ -157,17 +232,27 @@ TEST(Pipeline, TheMasterSendsOnlyInputsAndReceivesOnlyOutputs) {
   Chain chain(4, 2048);
   at::Tensor x = torch::randn({64, 4});
   at::Tensor y = torch::randn({64, 1});
-  Pipeline pipe(chain.stages, options(Schedule::OneFOneB, 4));
-  dist_autograd::Context context;
-  std::uint64_t sent = world.master().bytes_sent();
-  std::uint64_t received = world.master().bytes_received();
-  pipe.step(x, y, mse);
-  sent = world.master().bytes_sent() - sent;
-  received = world.master().bytes_received() - received;
-  // Inputs (1 KiB) and output gradients (256 B) out; outputs (256 B), answers and the stages'
-  // events in; a few hundred bytes of envelope per message. One activation is 512 KiB.
-  EXPECT_LT(sent, 16u << 10) << sent;
-  EXPECT_LT(received, 16u << 10) << received;
+  for (bool loss_on_stage : {false, true}) {
+    SCOPED_TRACE(loss_on_stage ? "loss on the last stage" : "loss on the master");
+    PipelineOptions o = options(Schedule::OneFOneB, 4);
+    if (loss_on_stage) o = with_stage_loss(o);
+    Pipeline pipe(chain.stages, o);
+    dist_autograd::Context context;
+    std::uint64_t sent = world.master().bytes_sent();
+    std::uint64_t received = world.master().bytes_received();
+    if (loss_on_stage) {
+      pipe.step(x, y);
+    } else {
+      pipe.step(x, y, mse);
+    }
+    sent = world.master().bytes_sent() - sent;
+    received = world.master().bytes_received() - received;
+    // Inputs (1 KiB) and targets or output gradients (256 B) out; losses or outputs (256 B),
+    // answers and the stages' events in; a few hundred bytes of envelope per message. One
+    // activation is 512 KiB.
+    EXPECT_LT(sent, 16u << 10) << sent;
+    EXPECT_LT(received, 16u << 10) << received;
+  }
 }
 
 TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipe) {
@@ -302,10 +387,11 @@ TEST(Pipeline, MisuseIsAClearError) {
   // A hand-made request with a micro-batch the stage cannot order.
   const std::int64_t id = 999;
   const std::string self = rpc::self().name;
-  rpc::rpc_sync("a", "ferry.pipeline.setup",
-                {id, std::int64_t{0}, std::int64_t{1},
-                 rpc::to_ivalue(chain.stages[0].module_rref()), self, self, self, std::int64_t{4},
-                 false, remote_module::routes_to_ivalue({}), c10::List<std::string>({"a"})});
+  rpc::rpc_sync(
+      "a", "ferry.pipeline.setup",
+      {id, std::int64_t{0}, std::int64_t{1}, rpc::to_ivalue(chain.stages[0].module_rref()), self,
+       self, self, std::int64_t{4}, false, remote_module::routes_to_ivalue({}),
+       c10::List<std::string>({"a"}), std::string(), true});
   auto forward = [&](std::int64_t microbatch) {
     rpc::rpc_sync("a", "ferry.pipeline.forward",
                   {id, std::int64_t{0}, microbatch, c10::ivalue::Tuple::create({x})});

@@ -1,7 +1,9 @@
 // A stage plugin as a user writes one: Ferry's headers and LibTorch, none of Ferry's libraries.
-// "test.plugin.scale" {factor} multiplies its input by a trainable scale that starts at factor.
+// "test.plugin.scale" {factor} multiplies its input by a trainable scale that starts at factor;
+// the loss "test.plugin.l1" is the mean absolute difference.
 #include <ATen/ATen.h>
 
+#include "ferry/remote_module/loss.h"
 #include "ferry/remote_module/stage.h"
 
 namespace {
@@ -32,5 +34,11 @@ std::unique_ptr<ferry::remote_module::Stage> make_scale(
 }
 
 FERRY_REGISTER_STAGE("test.plugin.scale", make_scale);
+
+at::Tensor l1(const at::Tensor& output, const at::Tensor& target) {
+  return (output - target).abs().mean();
+}
+
+FERRY_REGISTER_LOSS("test.plugin.l1", l1);
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ferry/remote_module/loss.h"
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/remote_module/stage.h"
 #include "ferry/rpc/error.h"
@@ -24,6 +25,7 @@ namespace {
 
 using ferry::testing::error_of;
 using ferry::testing::LocalWorld;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -40,6 +42,10 @@ TEST(StagePlugin, RegistersItsStageTypesAsItLoads) {
   EXPECT_TRUE(stage->forward({x}).toTensor().equal(torch::tensor({3.0f, 6.0f})));
   ASSERT_EQ(stage->named_parameters().size(), 1u);
   EXPECT_EQ(stage->named_parameters()[0].first, "scale");
+  // Its loss too, by name, as a pipeline's last stage looks it up.
+  EXPECT_THAT(registered_losses(), Contains("test.plugin.l1"));
+  EXPECT_FLOAT_EQ(loss_function("test.plugin.l1")(x, torch::tensor({2.0f, 0.0f})).item<float>(),
+                  1.5f);
 
   // A second copy of the library registers the same name again: an error naming the copy.
   const std::string copy = temp_path("copy.so");

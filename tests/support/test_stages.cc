@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "ferry/remote_module/loss.h"
 #include "ferry/rpc/error.h"
 
 namespace ferry::testing {
@@ -58,6 +59,9 @@ void register_test_stages() {
   static bool done = [] {
     remote_module::register_stage("test.mlp", make_mlp);
     remote_module::register_stage("test.pyramid", make_pyramid);
+    remote_module::register_loss("test.mse", [](const at::Tensor& out, const at::Tensor& target) {
+      return torch::mse_loss(out, target);
+    });
     return true;
   }();
   (void)done;

@@ -11,6 +11,7 @@ namespace ferry::testing {
 // from `seed`; one tensor in, one out.
 // "test.pyramid": Conv2d(channels, channels, 3) - BatchNorm2d, then a list of the features at
 // full, half and quarter size.
+// And the loss "test.mse": torch::mse_loss(output, target).
 void register_test_stages();
 
 // A "test.mlp" configuration without dropout.

@@ -57,6 +57,10 @@ class RemoteUnet {
   // carry its blocks use: each skip feature goes from the stage that makes it to the one that
   // uses it, not through the stages between (routes()).
   at::Tensor forward(const at::Tensor& images, bool direct = false);
+  // The loss registered as `loss` (remote_module/loss.h) of the forward from worker to worker,
+  // computed on the last stage's worker against `masks` (RemoteModule::loss_chain): the logits
+  // stay there, only the scalar comes here.
+  at::Tensor loss(const at::Tensor& images, const at::Tensor& masks, const std::string& loss);
   void train(bool on = true);
   // Every stage's parameters in stage order: the same order as a local Unet's parameters(),
   // whatever the cut.

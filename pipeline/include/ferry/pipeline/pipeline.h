@@ -14,6 +14,12 @@
 // the full batch's gradient. Batch norm normalises each micro-batch by its own statistics (as in
 // GPipe), so a model with batch norm matches the full batch only approximately.
 //
+// The loss: either the last stage computes it (PipelineOptions::loss, a loss registered by name on
+// its worker; remote_module/loss.h), so that only each micro-batch's loss value comes to the
+// master and the last stage starts each backward itself (1F1B: right after the forward; GPipe:
+// once every forward is done), or the master computes it from the logits the last stage sends
+// and sends their gradient back (a Loss function; one more round trip per micro-batch).
+//
 // Activation checkpointing: a checkpointed stage keeps only its inputs and computes its forward
 // again in backward, under the random-number state of the first run.
 //
@@ -57,6 +63,9 @@ struct PipelineOptions {
   // Where each element of each stage's output list goes (portal.h; RemoteUnet::routes()). Empty:
   // each stage's whole output goes to the next.
   remote_module::Routes routes;
+  // The loss the last stage computes, by its registered name; empty: the master computes it
+  // (step() with a Loss).
+  std::string loss;
 };
 
 class Pipeline {
@@ -65,8 +74,9 @@ class Pipeline {
   using Loss = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
 
   // `stages` in order; the first takes the input, the last returns one tensor. Throws
-  // rpc::Error(InvalidArgument) for no stages, M < 1, a checkpoint position out of range or routes
-  // that do not fit the stages, and the error of a worker that cannot take part.
+  // rpc::Error(InvalidArgument) for no stages, M < 1, a checkpoint position out of range, routes
+  // that do not fit the stages or a loss the last stage's worker does not know, and the error of a
+  // worker that cannot take part.
   Pipeline(std::vector<remote_module::RemoteModule> stages, PipelineOptions options);
   // Tells the workers to forget this pipeline (bounded; failures are logged).
   ~Pipeline();
@@ -83,6 +93,10 @@ class Pipeline {
   // is an rpc::Error naming the micro-batch, the stage and its worker; the workers drop what the
   // step left, and the pipeline can step again.
   StepResult step(const at::Tensor& input, const at::Tensor& target, const Loss& loss);
+  // The same with the loss on the last stage (PipelineOptions::loss): the targets go to its
+  // worker, each micro-batch's loss counts `loss_scale` times in the gradients (1/K when K batches
+  // accumulate), and StepResult::loss is the batch's unscaled loss; StepResult::output is empty.
+  StepResult step(const at::Tensor& input, const at::Tensor& target, double loss_scale = 1.0);
 
   // Every step so far, on this process's clock.
   const Timeline& timeline() const { return *timeline_; }
@@ -104,6 +118,9 @@ class Pipeline {
   const std::vector<remote_module::RemoteModule>& stages() const { return stages_; }
 
  private:
+  // `loss` null: the last stage computes it.
+  StepResult run_step(const at::Tensor& input, const at::Tensor& target, const Loss* loss,
+                      double loss_scale);
   // What a failed step left on the workers goes, so that the next step starts clean.
   void discard_step();
 

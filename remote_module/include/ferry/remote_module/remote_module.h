@@ -56,6 +56,14 @@ class RemoteModule {
   // for routes that do not fit the chain before anything is sent.
   static c10::IValue forward_chain(const std::vector<RemoteModule>& stages,
                                    std::vector<c10::IValue> inputs, const Routes& routes);
+  // The same chain with the loss computed where the last stage's output is: `target` travels with
+  // the chain, the last stage's worker applies the loss registered there as `loss` (loss.h), and
+  // only the scalar loss comes back, on the step's distributed autograd graph (backward from it
+  // starts on that worker). Errors as forward_chain's, and one naming the loss and the worker
+  // where it is unknown or fails.
+  static at::Tensor loss_chain(const std::vector<RemoteModule>& stages,
+                               std::vector<c10::IValue> inputs, const Routes& routes,
+                               const std::string& loss, const at::Tensor& target);
 
   void train(bool on = true) const;
   void eval() const { train(false); }
@@ -84,6 +92,9 @@ class RemoteModule {
   const rpc::RRefPtr& module_rref() const { return module_; }
 
  private:
+  // forward_chain's request, ending with (loss name, targets) for loss_chain.
+  static c10::IValue chain(const std::vector<RemoteModule>& stages, std::vector<c10::IValue> inputs,
+                           const Routes& routes, std::vector<c10::IValue> loss);
   RemoteModule(std::string worker, std::string type, rpc::RRefPtr module)
       : worker_(std::move(worker)), type_(std::move(type)), module_(std::move(module)) {}
   // Waits until the worker has built `module`; its failure becomes an error naming both.

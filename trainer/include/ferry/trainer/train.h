@@ -62,7 +62,12 @@ struct TrainSettings {
   // "32" or "bf16-mixed": each stage computes under autocast and sends bfloat16 activations
   // and gradients; parameters and optimizer state stay float32 (ferry/remote_module/precision.h).
   std::string precision = "32";
-  std::string loss = "bce+dice";  // bce | dice | bce+dice
+  // A registered loss (ferry/remote_module/loss.h): bce | dice | bce+dice, or a plugin's.
+  std::string loss = "bce+dice";
+  // Where steps compute it: "last-stage" (only the loss value comes to the master; each
+  // micro-batch's, in pipelined steps) or "master" (the logits come here and their gradients go
+  // back). --via-master steps always compute it here.
+  std::string loss_on = "last-stage";
   std::string checkpoint_dir;
   bool resume = false;
   int spares = 0;  // the last ranks wait as spares; one takes over the stages of a lost worker

@@ -153,97 +153,6 @@ std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
 
 bool routes_output(const Slot& slot) { return !slot.routes.empty() && slot.index + 1 < slot.count; }
 
-bool computes_loss(const Slot& slot) { return slot.loss && slot.index + 1 == slot.count; }
-
-// Puts the micro-batch's targets, share and scale into `saved`. Returns the step's number of
-// micro-batches if this was its last forward here, else 0.
-std::int64_t take_targets(Slot& slot, std::int64_t context, std::int64_t microbatch, Saved* saved) {
-  std::lock_guard<std::mutex> lock(slot.mutex);
-  auto it = slot.step_targets.find(context);
-  if (it == slot.step_targets.end()) {
-    throw Error(ErrorKind::InvalidArgument, "no targets arrived here for this step");
-  }
-  StepTargets& step = it->second;
-  const auto count = static_cast<std::int64_t>(step.microbatches.size());
-  if (microbatch < 0 || microbatch >= count) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("the step sent targets for {} micro-batches", count));
-  }
-  saved->target = step.microbatches[microbatch];
-  saved->share = static_cast<double>(saved->target.size(0)) / step.samples;
-  saved->scale = step.scale;
-  if (++step.forwards_done < count) return 0;
-  slot.step_targets.erase(it);
-  return count;
-}
-
-// The micro-batch's share of the batch's loss, computed from the last stage's output.
-at::Tensor loss_share(const Slot& slot, const c10::IValue& output, const Saved& saved) {
-  at::Tensor value = slot.loss(output.toTensor(), saved.target);
-  if (!value.defined() || value.numel() != 1) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("the loss \"{}\" must return a scalar, not a tensor of shape {}",
-                            slot.loss_name, value.defined() ? c10::str(value.sizes()) : "()"));
-  }
-  return value.reshape({}) * saved.share;
-}
-
-void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
-                  std::vector<at::Tensor> grads, const FuturePtr& done);
-
-// Tells the master that the micro-batch's backward, which this stage started from its own loss,
-// is done (with its loss share) or failed.
-void report_own_backward(const Slot& slot, std::int64_t context, std::int64_t microbatch,
-                         double loss_value, std::exception_ptr error) {
-  try {
-    if (error) {
-      rpc::Failure failure = rpc::failure_of(error);
-      rpc::rpc_async(slot.master, "ferry.pipeline.failed",
-                     {slot.pipeline, context, microbatch, static_cast<std::int64_t>(failure.kind),
-                      failure.message, failure.cause, failure.worker});
-    } else {
-      rpc::rpc_async(slot.master, "ferry.pipeline.output",
-                     {slot.pipeline, context, microbatch,
-                      at::scalar_tensor(loss_value, at::TensorOptions().dtype(at::kDouble))});
-    }
-  } catch (const std::exception& e) {
-    // The master is gone or going: its step fails on its own deadline.
-    log::debug("pipeline {}: cannot report micro-batch {}: {}", slot.pipeline, microbatch,
-               e.what());
-  }
-}
-
-// On the compute thread: the backward of a micro-batch from the loss this stage computed.
-void run_own_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch) {
-  double loss_value = 0;
-  {
-    std::lock_guard<std::mutex> lock(slot->mutex);
-    auto it = slot->saved.find({context, microbatch});
-    if (it != slot->saved.end()) loss_value = it->second.loss_value;
-  }
-  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-  done->addCallback([slot, context, microbatch, loss_value](c10::ivalue::Future& f) {
-    report_own_backward(*slot, context, microbatch, loss_value,
-                        f.hasError() ? f.exception_ptr() : nullptr);
-  });
-  run_backward(slot, context, microbatch, {}, done);
-}
-
-// After a forward on the last stage with a loss: 1F1B runs its backward next; GPipe runs every
-// backward of the step, in order, once its last forward (`step_count` > 0) is done.
-void start_own_backwards(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
-                         std::int64_t step_count) {
-  std::vector<std::int64_t> order;
-  if (slot->backward_at_once) {
-    order.push_back(microbatch);
-  } else {
-    for (std::int64_t m = 0; m < step_count; ++m) order.push_back(m);
-  }
-  for (std::int64_t m : order) {
-    core::post_to_compute_thread([slot, context, m] { run_own_backward(slot, context, m); });
-  }
-}
-
 // On the compute thread.
 void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                  c10::IValue inputs, const FuturePtr& done) {
@@ -365,6 +274,18 @@ void send_input_grads(Slot& slot, std::int64_t microbatch, std::int64_t start,
   complete_with(call, done);
 }
 
+void check_args(const std::vector<c10::IValue>& args, const char* function, size_t ints,
+                bool (c10::IValue::*last)() const, const char* last_name) {
+  bool ok = args.size() == ints + 1 && (args[ints].*last)();
+  for (size_t i = 0; ok && i < ints; ++i) ok = args[i].isInt();
+  if (!ok) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} takes {} ints and {}", function, ints, last_name));
+  }
+}
+
+}  // namespace
+
 // On the compute thread.
 void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                   std::vector<at::Tensor> grads, const FuturePtr& done) {
@@ -445,18 +366,6 @@ std::int64_t context_or_throw(const char* function) {
   return context;
 }
 
-void check_args(const std::vector<c10::IValue>& args, const char* function, size_t ints,
-                bool (c10::IValue::*last)() const, const char* last_name) {
-  bool ok = args.size() == ints + 1 && (args[ints].*last)();
-  for (size_t i = 0; ok && i < ints; ++i) ok = args[i].isInt();
-  if (!ok) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("{} takes {} ints and {}", function, ints, last_name));
-  }
-}
-
-}  // namespace
-
 SlotTable<Slot>& slots() {
   static SlotTable<Slot> table;
   return table;
@@ -507,26 +416,6 @@ void install_stage_steps(rpc::FunctionRegistry& registry) {
     fail_abandoned(abandoned);
     return done;
   });
-  // The step's targets, split into its micro-batches, before any of its forwards reaches the
-  // last stage; `samples` is the batch's size, `scale` what each loss counts in the gradients.
-  registry.add(
-      "ferry.pipeline.targets", [](std::int64_t pipeline, std::int64_t index, std::int64_t samples,
-                                   double scale, std::vector<at::Tensor> targets) {
-        std::int64_t context = context_or_throw("ferry.pipeline.targets");
-        SlotPtr slot = slot_of(pipeline, index);
-        if (!computes_loss(*slot)) {
-          throw Error(ErrorKind::InvalidArgument,
-                      fmt::format("stage {} of pipeline {} on worker \"{}\" computes no "
-                                  "loss",
-                                  index, pipeline, rpc::self().name));
-        }
-        if (samples <= 0 || targets.empty()) {
-          throw Error(ErrorKind::InvalidArgument,
-                      "ferry.pipeline.targets needs a batch of at least one sample");
-        }
-        std::lock_guard<std::mutex> lock(slot->mutex);
-        slot->step_targets[context] = {std::move(targets), static_cast<double>(samples), scale, 0};
-      });
   registry.add_async("ferry.pipeline.backward", [](std::vector<c10::IValue>& args) {
     std::int64_t arrived = now_ns();
     check_args(args, "ferry.pipeline.backward", 3, &c10::IValue::isTensorList,
@@ -557,6 +446,7 @@ void install(rpc::FunctionRegistry& registry) {
   if (registry.contains("ferry.pipeline.setup")) return;
   install_stage_control(registry);
   install_stage_steps(registry);
+  install_stage_loss(registry);
   install_master_inbox(registry);
 }
 

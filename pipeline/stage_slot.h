@@ -93,7 +93,28 @@ void record(Slot& slot, EventKind kind, std::int64_t microbatch, std::int64_t st
 // Fails the requests of a step that was given up.
 void fail_abandoned(std::vector<Parked>& abandoned);
 
+// stage_runtime.cc: micro-batch `microbatch`'s backward, on the compute thread, from the
+// gradients of its outputs (none on the last stage with a loss); `done` completes when the
+// stages before have run theirs.
+void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
+                  std::vector<at::Tensor> grads, const rpc::FuturePtr& done);
+// The step's autograd context on this thread; throws rpc::Error naming `function` without one.
+std::int64_t context_or_throw(const char* function);
+
+// stage_loss.cc: the last stage when it computes the loss.
+bool computes_loss(const Slot& slot);
+// Puts the micro-batch's targets, share and scale into `saved`. Returns the step's number of
+// micro-batches if this was its last forward here, else 0.
+std::int64_t take_targets(Slot& slot, std::int64_t context, std::int64_t microbatch, Saved* saved);
+// The micro-batch's share of the batch's loss, computed from the last stage's output.
+at::Tensor loss_share(const Slot& slot, const c10::IValue& output, const Saved& saved);
+// After a forward on the last stage with a loss: 1F1B runs its backward next; GPipe runs every
+// backward of the step, in order, once its last forward (`step_count` > 0) is done.
+void start_own_backwards(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
+                         std::int64_t step_count);
+
 void install_stage_steps(rpc::FunctionRegistry& registry);    // stage_runtime.cc
+void install_stage_loss(rpc::FunctionRegistry& registry);     // stage_loss.cc
 void install_stage_control(rpc::FunctionRegistry& registry);  // stage_control.cc
 
 }  // namespace ferry::pipeline

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/rpc/registry.h"
 #include "ferry/rpc/rref.h"
 
 namespace ferry::remote_module {
@@ -20,5 +21,8 @@ c10::IValue forward_stage_here(const rpc::RRefPtr& module, const c10::IValue& in
 std::vector<at::Tensor> stage_parameters_here(const rpc::RRefPtr& module);
 // The stage's type, as errors name it.
 std::string stage_type_here(const rpc::RRefPtr& module);
+
+// "ferry.stage.forward_chain" (stage_chain.cc), which stage_host.cc's install() adds.
+void install_stage_chain(rpc::FunctionRegistry& registry);
 
 }  // namespace ferry::remote_module

@@ -68,8 +68,9 @@ void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--loss", t.loss, "bce|dice|bce+dice, or a loss a --plugin registers");
   cmd->add_option("--loss-on", t.loss_on,
                   "where steps compute the loss: last-stage (only its value comes to the "
-                  "master) or master (the logits come to the master)")
-      ->check(CLI::IsMember({"last-stage", "master"}));
+                  "master), master (the logits come to the master) or auto (the last stage in "
+                  "pipelined steps, the master in plain ones)")
+      ->check(CLI::IsMember({"auto", "last-stage", "master"}));
   cmd->add_option("--seed", t.seed, "seed of weights, data and shuffling")
       ->check(in_range(0, static_cast<double>(std::numeric_limits<std::int64_t>::max())));
 }

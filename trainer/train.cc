@@ -81,8 +81,9 @@ void check_settings(const TrainSettings& s) {
   } catch (const rpc::Error& e) {
     fail_setting(fmt::format("--loss: {} (a loss of your own comes with --plugin)", e.what()));
   }
-  if (s.loss_on != "last-stage" && s.loss_on != "master") {
-    fail_setting(fmt::format("--loss-on must be last-stage or master, not \"{}\"", s.loss_on));
+  if (s.loss_on != "auto" && s.loss_on != "last-stage" && s.loss_on != "master") {
+    fail_setting(
+        fmt::format("--loss-on must be auto, last-stage or master, not \"{}\"", s.loss_on));
   }
   if (s.accumulate < 1)
     fail_setting(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));

@@ -89,12 +89,13 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
   for (const models::RemoteUnet::Stage& stage : split.stages())
     options.stage_names.push_back(stage.name());
   options.routes = split.routes();
-  if (s.loss_on == "last-stage") options.loss = s.loss;
+  if (s.loss_on != "master") options.loss = s.loss;
   std::vector<remote_module::RemoteModule> stages = split.modules();
   log::info("pipelined steps: {}, {} micro-batches of {} images{}, the loss on the {}",
             pipeline::schedule_name(options.schedule), options.microbatches,
             s.plan.batch_size / options.microbatches,
-            s.checkpoint_activations ? ", activations recomputed in backward" : "", s.loss_on);
+            s.checkpoint_activations ? ", activations recomputed in backward" : "",
+            options.loss.empty() ? "master" : "last stage");
   return std::make_unique<pipeline::Pipeline>(std::move(stages), options);
 }
 

@@ -281,13 +281,22 @@ models::RemoteUnet split_unet(int64_t depth) {
   return models::RemoteUnet::create(depth, 1, {"a", "b", "c"}, /*seed=*/1);
 }
 
+// Two 64 x 64 images and their masks, drawn from `seed`.
+struct UnetBatch {
+  at::Tensor x, target;
+  explicit UnetBatch(uint64_t seed) {
+    torch::manual_seed(seed);
+    x = torch::randn({2, 3, 64, 64});
+    target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
+  }
+};
+
 TEST(DistBackward, UnetGradientsAcrossThreeWorkersEqualOneProcess) {
   LocalWorld world(deterministic_three_workers());
   models::RemoteUnet split = split_unet(34);
   models::Unet local = split.local_copy();
-  torch::manual_seed(7);
-  at::Tensor x = torch::randn({2, 3, 64, 64});
-  at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
+  const UnetBatch batch(7);
+  const at::Tensor &x = batch.x, &target = batch.target;
 
   Context context;
   at::Tensor loss = torch::binary_cross_entropy_with_logits(split.forward(x), target);
@@ -314,9 +323,8 @@ TEST(DistBackward, UnetStageToStageChainEqualsOneProcessAndSkipsThisProcess) {
   LocalWorld world(deterministic_three_workers());
   models::RemoteUnet split = split_unet(18);
   models::Unet local = split.local_copy();
-  torch::manual_seed(9);
-  at::Tensor x = torch::randn({2, 3, 64, 64});
-  at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
+  const UnetBatch batch(9);
+  const at::Tensor &x = batch.x, &target = batch.target;
 
   auto measure_sent = [&](bool direct, std::vector<at::Tensor>* grads) {
     Context context;
@@ -353,9 +361,8 @@ TEST(DistBackward, AChainsLossOnItsLastWorkerEqualsOneProcessAndOnlyTheLossComes
   LocalWorld world(deterministic_three_workers());
   models::RemoteUnet split = split_unet(18);
   models::Unet local = split.local_copy();
-  torch::manual_seed(9);
-  at::Tensor x = torch::randn({2, 3, 64, 64});
-  at::Tensor target = (torch::rand({2, 1, 64, 64}) > 0.5).to(torch::kFloat);
+  const UnetBatch batch(9);
+  const at::Tensor &x = batch.x, &target = batch.target;
   {
     Context context;
     std::uint64_t received = rpc::agent().bytes_received();

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/compare.h"
@@ -76,6 +77,19 @@ struct Chain {
   }
 };
 
+// 16 samples for `chain`, and the full batch's loss and gradients through it in one process.
+struct FullBatch {
+  at::Tensor x, y;
+  double loss = 0;
+  std::vector<at::Tensor> grads;
+  explicit FullBatch(const Chain& chain) {
+    torch::manual_seed(7);
+    x = torch::randn({16, 6});
+    y = torch::randn({16, 1});
+    std::tie(loss, grads) = chain.reference(x, y);
+  }
+};
+
 at::Tensor mse(const at::Tensor& out, const at::Tensor& target) {
   return torch::mse_loss(out, target);
 }
@@ -91,10 +105,10 @@ PipelineOptions options(Schedule schedule, int microbatches, std::vector<int> ch
 TEST(Pipeline, GradientsEqualTheFullBatchForEveryScheduleAndMicroBatchCount) {
   LocalWorld world(three_workers());
   Chain chain(6, 16);
-  torch::manual_seed(7);
-  at::Tensor x = torch::randn({16, 6});
-  at::Tensor y = torch::randn({16, 1});
-  auto [want_loss, want] = chain.reference(x, y);
+  const FullBatch batch(chain);
+  const at::Tensor &x = batch.x, &y = batch.y;
+  const double want_loss = batch.loss;
+  const std::vector<at::Tensor>& want = batch.grads;
   auto params = chain.parameters();
   struct Case {
     Schedule schedule;
@@ -132,10 +146,10 @@ PipelineOptions with_stage_loss(PipelineOptions o, const std::string& loss = "te
 TEST(Pipeline, TheLossOnTheLastStageGivesTheSameLossAndGradients) {
   LocalWorld world(three_workers());
   Chain chain(6, 16);
-  torch::manual_seed(7);
-  at::Tensor x = torch::randn({16, 6});
-  at::Tensor y = torch::randn({16, 1});
-  auto [want_loss, want] = chain.reference(x, y);
+  const FullBatch batch(chain);
+  const at::Tensor &x = batch.x, &y = batch.y;
+  const double want_loss = batch.loss;
+  const std::vector<at::Tensor>& want = batch.grads;
   auto params = chain.parameters();
   for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
     for (int m : {1, 3, 8}) {

@@ -65,9 +65,10 @@ struct TrainSettings {
   // A registered loss (ferry/remote_module/loss.h): bce | dice | bce+dice, or a plugin's.
   std::string loss = "bce+dice";
   // Where steps compute it: "last-stage" (only the loss value comes to the master; each
-  // micro-batch's, in pipelined steps) or "master" (the logits come here and their gradients go
-  // back). --via-master steps always compute it here.
-  std::string loss_on = "last-stage";
+  // micro-batch's, in pipelined steps), "master" (the logits come here and their gradients go
+  // back) or "auto": the last stage in pipelined steps, the master in plain ones (where the
+  // last stage measured no faster; docs/training.md). --via-master steps always compute it here.
+  std::string loss_on = "auto";
   std::string checkpoint_dir;
   bool resume = false;
   int spares = 0;  // the last ranks wait as spares; one takes over the stages of a lost worker

@@ -17,7 +17,6 @@
 #include <mutex>
 
 #include "ferry/core/compute_thread.h"
-#include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/pipeline/pipeline.h"

@@ -214,7 +214,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
       {
         dist_autograd::Context context;
         seconds = seconds_of([&] {
-          if (s.loss_on == "last-stage") {
+          if (!c.pipe->options().loss.empty()) {
             c.pipe->step(model.input, model.target);
           } else {
             c.pipe->step(model.input, model.target, model.loss);

@@ -81,13 +81,8 @@ std::int64_t take_targets(Slot& slot, std::int64_t context, std::int64_t microba
 }
 
 at::Tensor loss_share(const Slot& slot, const c10::IValue& output, const Saved& saved) {
-  at::Tensor value = slot.loss(output.toTensor(), saved.target);
-  if (!value.defined() || value.numel() != 1) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("the loss \"{}\" must return a scalar, not a tensor of shape {}",
-                            slot.loss_name, value.defined() ? c10::str(value.sizes()) : "()"));
-  }
-  return value.reshape({}) * saved.share;
+  return remote_module::scalar_loss(slot.loss_name, slot.loss, output.toTensor(), saved.target) *
+         saved.share;
 }
 
 void start_own_backwards(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,

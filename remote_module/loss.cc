@@ -78,4 +78,15 @@ LossFunction loss_function(const std::string& name) {
                                fmt::join(registered_losses(), ", ")));
 }
 
+at::Tensor scalar_loss(const std::string& name, const LossFunction& loss, const at::Tensor& output,
+                       const at::Tensor& target) {
+  at::Tensor value = loss(output, target);
+  if (!value.defined() || value.numel() != 1) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("the loss \"{}\" must return a scalar, not a tensor of shape {}",
+                                 name, value.defined() ? c10::str(value.sizes()) : "()"));
+  }
+  return value.reshape({});
+}
+
 }  // namespace ferry::remote_module

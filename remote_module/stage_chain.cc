@@ -46,19 +46,14 @@ rpc::FuturePtr chain_result(const rpc::RRefPtr& module, c10::IValue out, const C
         rpc::ErrorKind::InvalidArgument,
         fmt::format("{}: the last stage must return one tensor, not {}", where, out.tagKind()));
   }
-  at::Tensor value;
   try {
     LossFunction fn = loss_function(loss.name);
-    value = core::on_compute_thread([&] { return fn(out.toTensor(), loss.target); });
+    return completed(core::on_compute_thread(
+        [&] { return scalar_loss(loss.name, fn, out.toTensor(), loss.target); }));
   } catch (...) {
     rpc::Failure failure = rpc::failure_of(std::current_exception());
     throw rpc::Error(failure.kind, fmt::format("{}: {}", where, failure.message));
   }
-  if (!value.defined() || value.numel() != 1) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("{} must return a scalar", where));
-  }
-  return completed(value.reshape({}));
 }
 
 // Stage `index` of a routed chain: its inputs gathered from the stage before and from portals,

@@ -9,6 +9,7 @@
 #include "ferry/dist_autograd/context.h"
 #include "ferry/rpc/rpc.h"
 #include "trainer/train_report.h"
+#include "trainer/train_setup.h"
 
 namespace ferry::trainer {
 namespace {
@@ -69,7 +70,7 @@ EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoc
         losses[r] = replica.pipe->step(images, masks, micro_loss).loss / scale;
         return;
       }
-      at::Tensor loss = !s.via_master && s.loss_on == "last-stage"
+      at::Tensor loss = loss_on_last_stage(s, /*pipelined=*/false)
                             ? replica.split.loss(images, masks, s.loss)
                             : loss_of(s.loss, replica.split.forward(images, !s.via_master), masks);
       dist_autograd::backward(ids[r], {loss * scale});

@@ -89,7 +89,7 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
   for (const models::RemoteUnet::Stage& stage : split.stages())
     options.stage_names.push_back(stage.name());
   options.routes = split.routes();
-  if (s.loss_on != "master") options.loss = s.loss;
+  if (loss_on_last_stage(s, /*pipelined=*/true)) options.loss = s.loss;
   std::vector<remote_module::RemoteModule> stages = split.modules();
   log::info("pipelined steps: {}, {} micro-batches of {} images{}, the loss on the {}",
             pipeline::schedule_name(options.schedule), options.microbatches,
@@ -97,6 +97,10 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
             s.checkpoint_activations ? ", activations recomputed in backward" : "",
             options.loss.empty() ? "master" : "last stage");
   return std::make_unique<pipeline::Pipeline>(std::move(stages), options);
+}
+
+bool loss_on_last_stage(const TrainSettings& s, bool pipelined) {
+  return !s.via_master && (s.loss_on == "last-stage" || (s.loss_on == "auto" && pipelined));
 }
 
 PlanSettings plan_settings_of(const TrainSettings& s) {

@@ -36,6 +36,10 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
 // recomputation.
 PlanSettings plan_settings_of(const TrainSettings& s);
 
+// Whether the last stage computes the loss (--loss-on; auto: in pipelined steps only; never
+// with --via-master).
+bool loss_on_last_stage(const TrainSettings& s, bool pipelined);
+
 // The cut the settings ask for, measured in this process before any stage is built.
 StagePlan plan_of(const TrainSettings& s);
 

@@ -26,6 +26,10 @@ void register_loss(const std::string& name, LossFunction loss);
 std::vector<std::string> registered_losses();
 // Throws rpc::Error(InvalidArgument) listing the registered losses if `name` is unknown.
 LossFunction loss_function(const std::string& name);
+// `loss` (registered as `name`) of `output` against `target`, as a 0-dim tensor; throws
+// rpc::Error(InvalidArgument) naming the loss if it returns anything but one value.
+at::Tensor scalar_loss(const std::string& name, const LossFunction& loss, const at::Tensor& output,
+                       const at::Tensor& target);
 
 namespace detail {
 // As register_stage_at_load: a clash while a plugin loads is reported by the loader.

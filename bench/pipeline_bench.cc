@@ -181,60 +181,120 @@ trainer::StagePlan rebalanced(const PipelineBenchSettings& s, const trainer::Sta
   return to;
 }
 
+// The whole model in this process, one micro-batch after another: what micro-batching itself
+// costs the same blocks, without any stage boundary.
+double local_step_s(Model& model, int microbatches) {
+  return seconds_of([&] {
+    for (auto& t : model.local_parameters) t.mutable_grad() = at::Tensor();
+    std::vector<at::Tensor> inputs = model.input.tensor_split(microbatches);
+    std::vector<at::Tensor> targets = model.target.tensor_split(microbatches);
+    for (size_t m = 0; m < inputs.size(); ++m) {
+      model.loss(model.local_forward(inputs[m]), targets[m]).backward();
+    }
+  });
+}
+
+// One step of `c`'s pipeline; a timed one adds its time and the stages' memory peaks.
+void pipeline_step(Config& c, const Model& model, bool timed) {
+  c.pipe->memory_peaks();  // starts this step's peaks
+  double seconds;
+  {
+    dist_autograd::Context context;
+    seconds = seconds_of([&] {
+      if (!c.pipe->options().loss.empty()) {
+        c.pipe->step(model.input, model.target);
+      } else {
+        c.pipe->step(model.input, model.target, model.loss);
+      }
+    });
+  }
+  std::vector<pipeline::Pipeline::StageMemory> peaks = c.pipe->memory_peaks();
+  if (!timed) return;
+  c.steps.push_back(seconds);
+  for (size_t k = 0; k < peaks.size(); ++k) {
+    c.activation_mib[k] = std::max(c.activation_mib[k], peaks[k].activation_mib);
+    c.tensor_mib[k] = std::max(c.tensor_mib[k], peaks[k].tensor_mib);
+  }
+}
+
+// One process's step times, whole and at each count of micro-batches, measured beside the
+// pipelines.
+struct LocalSteps {
+  std::vector<double> whole;
+  std::map<int, std::vector<double>> microbatched;
+};
+
+// One configuration's figures over the timed steps; `naive` is the naive split's median step.
+nlohmann::ordered_json result_of(const PipelineBenchSettings& s, int p,
+                                 const trainer::StagePlan& plan, const Config& c, double naive,
+                                 const LocalSteps& local) {
+  const double step = median(c.steps);
+  const double local_s = median(local.whole);
+  const double ideal = static_cast<double>(p) * c.microbatches / (c.microbatches + p - 1);
+  pipeline::TimelineReport report = c.pipe->timeline().report();
+  const StageFigures stages = stage_figures(c);
+  const double slowest = *std::max_element(stages.compute_s.begin(), stages.compute_s.end());
+  std::vector<double> share_of_slowest;
+  double summed = 0;
+  for (double compute : stages.compute_s) {
+    share_of_slowest.push_back(slowest > 0 ? compute / slowest : 0);
+    summed += compute;
+  }
+  const double local_at_m =
+      c.microbatches > 1 ? median(local.microbatched.at(c.microbatches)) : local_s;
+  nlohmann::ordered_json result{{"schedule", c.name},
+                                {"microbatches", c.microbatches},
+                                {"step_s", step},
+                                {"throughput", s.batch / step},
+                                {"speedup", naive / step},
+                                {"speedup_over_local", local_s / step},
+                                {"ideal_speedup", ideal},
+                                {"share_of_ideal", naive / step / ideal},
+                                {"bubble", report.bubble},
+                                {"ideal_bubble", report.ideal_bubble},
+                                {"stage_compute_s", stages.compute_s},
+                                {"share_of_slowest", share_of_slowest},
+                                {"idle_share", stages.idle_share},
+                                {"summed_compute_over_local", summed / local_s},
+                                {"local_microbatched_step_s", local_at_m},
+                                {"microbatching_over_local", local_at_m / local_s},
+                                {"summed_compute_over_local_microbatched", summed / local_at_m},
+                                {"peak_activation_mib", c.activation_mib},
+                                {"peak_tensor_mib", c.tensor_mib}};
+  if (s.model == "unet") {
+    const std::vector<double> estimated =
+        trainer::stage_compute_s(plan, s.batch, c.microbatches, false);
+    std::vector<double> ratio;
+    for (size_t k = 0; k < estimated.size(); ++k) {
+      ratio.push_back(estimated[k] > 0 ? stages.compute_s[k] / estimated[k] : 0);
+    }
+    result["estimated_compute_s"] = estimated;
+    result["measured_over_estimated"] = ratio;
+  }
+  return result;
+}
+
 nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinned,
                                trainer::StagePlan plan) {
   Model model = build(s, p, plan);
   std::vector<Config> configs = make_configs(s, model);
-  std::vector<double> local_steps;
-  // The whole model in this process, one micro-batch after another: what micro-batching itself
-  // costs the same blocks, without any stage boundary.
-  std::map<int, std::vector<double>> local_microbatched;
-  auto local_step = [&](int microbatches) {
-    return seconds_of([&] {
-      for (auto& t : model.local_parameters) t.mutable_grad() = at::Tensor();
-      std::vector<at::Tensor> inputs = model.input.tensor_split(microbatches);
-      std::vector<at::Tensor> targets = model.target.tensor_split(microbatches);
-      for (size_t m = 0; m < inputs.size(); ++m) {
-        model.loss(model.local_forward(inputs[m]), targets[m]).backward();
-      }
-    });
-  };
+  LocalSteps local;
   // Re-balancing (a U-Net cut by time) measures one more step after the warm-up, moves, and warms
   // the new stages up again.
   const bool rebalance = s.rebalance && s.model == "unet" && p > 1;
   const int untimed = rebalance ? 2 * s.warmup + 1 : s.warmup;
   nlohmann::ordered_json rebalance_record;
   for (int round = 0; round < untimed + s.steps; ++round) {
-    bool timed = round >= untimed;
+    const bool timed = round >= untimed;
     if (rebalance && round == s.warmup)
       configs.back().warm = configs.back().pipe->timeline().report();
-    for (Config& c : configs) {
-      c.pipe->memory_peaks();  // starts this step's peaks
-      double seconds;
-      {
-        dist_autograd::Context context;
-        seconds = seconds_of([&] {
-          if (!c.pipe->options().loss.empty()) {
-            c.pipe->step(model.input, model.target);
-          } else {
-            c.pipe->step(model.input, model.target, model.loss);
-          }
-        });
-      }
-      std::vector<pipeline::Pipeline::StageMemory> peaks = c.pipe->memory_peaks();
-      if (!timed) continue;
-      c.steps.push_back(seconds);
-      for (size_t k = 0; k < peaks.size(); ++k) {
-        c.activation_mib[k] = std::max(c.activation_mib[k], peaks[k].activation_mib);
-        c.tensor_mib[k] = std::max(c.tensor_mib[k], peaks[k].tensor_mib);
-      }
-    }
-    double local = local_step(1);
-    if (timed) local_steps.push_back(local);
+    for (Config& c : configs) pipeline_step(c, model, timed);
+    const double whole = local_step_s(model, 1);
+    if (timed) local.whole.push_back(whole);
     for (int m : std::set<int>(s.microbatches.begin(), s.microbatches.end())) {
       if (m <= 1) continue;
-      const double seconds = local_step(m);
-      if (timed) local_microbatched[m].push_back(seconds);
+      const double seconds = local_step_s(model, m);
+      if (timed) local.microbatched[m].push_back(seconds);
     }
     if (rebalance && round == s.warmup) {
       trainer::StagePlan to = rebalanced(s, plan, configs.back(), rebalance_record);
@@ -252,10 +312,10 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
                              round,
                              configs.front().steps.empty() ? 0 : configs.front().steps.back(),
                              configs.back().name, configs.back().microbatches,
-                             configs.back().steps.empty() ? 0 : configs.back().steps.back(), local);
+                             configs.back().steps.empty() ? 0 : configs.back().steps.back(), whole);
   }
   if (!s.trace_file.empty()) configs.back().pipe->timeline().write_chrome_trace(s.trace_file);
-  double naive = median(configs.front().steps);
+  const double naive = median(configs.front().steps);
   nlohmann::ordered_json out;
   out["benchmark"] = "pipeline";
   out["model"] = model.name;
@@ -268,54 +328,10 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   out["steps"] = s.steps;
   out["loss_on"] = s.loss_on;
   out["timed"] = "Pipeline::step: forward and backward of one batch, medians";
-  out["local_step_s"] = median(local_steps);
-  out["naive_over_local"] = naive / median(local_steps);
+  out["local_step_s"] = median(local.whole);
+  out["naive_over_local"] = naive / median(local.whole);
   out["results"] = nlohmann::ordered_json::array();
-  for (const Config& c : configs) {
-    double step = median(c.steps);
-    double ideal = static_cast<double>(p) * c.microbatches / (c.microbatches + p - 1);
-    pipeline::TimelineReport report = c.pipe->timeline().report();
-    const StageFigures stages = stage_figures(c);
-    const double slowest = *std::max_element(stages.compute_s.begin(), stages.compute_s.end());
-    std::vector<double> share_of_slowest;
-    double summed = 0;
-    for (double compute : stages.compute_s) {
-      share_of_slowest.push_back(slowest > 0 ? compute / slowest : 0);
-      summed += compute;
-    }
-    const double local_at_m =
-        c.microbatches > 1 ? median(local_microbatched[c.microbatches]) : median(local_steps);
-    nlohmann::ordered_json result{{"schedule", c.name},
-                                  {"microbatches", c.microbatches},
-                                  {"step_s", step},
-                                  {"throughput", s.batch / step},
-                                  {"speedup", naive / step},
-                                  {"speedup_over_local", median(local_steps) / step},
-                                  {"ideal_speedup", ideal},
-                                  {"share_of_ideal", naive / step / ideal},
-                                  {"bubble", report.bubble},
-                                  {"ideal_bubble", report.ideal_bubble},
-                                  {"stage_compute_s", stages.compute_s},
-                                  {"share_of_slowest", share_of_slowest},
-                                  {"idle_share", stages.idle_share},
-                                  {"summed_compute_over_local", summed / median(local_steps)},
-                                  {"local_microbatched_step_s", local_at_m},
-                                  {"microbatching_over_local", local_at_m / median(local_steps)},
-                                  {"summed_compute_over_local_microbatched", summed / local_at_m},
-                                  {"peak_activation_mib", c.activation_mib},
-                                  {"peak_tensor_mib", c.tensor_mib}};
-    if (s.model == "unet") {
-      const std::vector<double> estimated =
-          trainer::stage_compute_s(plan, s.batch, c.microbatches, false);
-      std::vector<double> ratio;
-      for (size_t k = 0; k < estimated.size(); ++k) {
-        ratio.push_back(estimated[k] > 0 ? stages.compute_s[k] / estimated[k] : 0);
-      }
-      result["estimated_compute_s"] = estimated;
-      result["measured_over_estimated"] = ratio;
-    }
-    out["results"].push_back(result);
-  }
+  for (const Config& c : configs) out["results"].push_back(result_of(s, p, plan, c, naive, local));
   return out;
 }
 

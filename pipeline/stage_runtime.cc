@@ -152,6 +152,60 @@ std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
 
 bool routes_output(const Slot& slot) { return !slot.routes.empty() && slot.index + 1 < slot.count; }
 
+// The stage's forward of one micro-batch; what its backward needs goes into `saved`, with the
+// inputs' bytes (the forward keeps them too) as the start of saved.bytes.
+c10::IValue forward_keeping(Slot& slot, const remote_module::Flow& flow, c10::IValue inputs,
+                            Saved& saved) {
+  if (slot.index > 0) {
+    for (at::Tensor& t : floating_tensors(inputs)) saved.leaves.push_back(t.requires_grad_());
+  }
+  if (!slot.routes.empty() && slot.index > 0) {
+    remote_module::Gathered gathered =
+        remote_module::gather_portals(slot.routes, slot.workers, slot.index, flow, inputs);
+    saved.anchors = std::move(gathered.anchors);
+    inputs = std::move(gathered.inputs);
+  }
+  saved.bytes = bytes_of(floating_tensors(inputs));
+  c10::IValue output;
+  remote_module::ForwardPassScope pass({flow.id, /*recompute=*/false});
+  if (slot.checkpoint) {
+    saved.rng_state = rng_state();
+    saved.inputs = inputs;
+    torch::NoGradGuard no_grad;
+    output = remote_module::forward_stage_here(slot.module, inputs);
+  } else {
+    output = remote_module::forward_stage_here(slot.module, inputs);
+  }
+  if (slot.index + 1 == slot.count && !output.isTensor()) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("the last stage must return one tensor for the loss, not {}",
+                            output.tagKind()));
+  }
+  return output;
+}
+
+// On a last stage that computes the loss: the micro-batch's share of it, kept for its backward.
+// Returns the number of micro-batches in the step.
+std::int64_t keep_loss_share(Slot& slot, const remote_module::Flow& flow, const c10::IValue& output,
+                             Saved& saved) {
+  const std::int64_t step_count = take_targets(slot, flow.id, flow.microbatch, &saved);
+  at::Tensor share = loss_share(slot, output, saved);
+  if (!slot.checkpoint && !share.requires_grad()) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("the loss \"{}\" must be computed from the output", slot.loss_name));
+  }
+  saved.loss_value = share.item<double>();
+  if (!slot.checkpoint) saved.loss = share * saved.scale;
+  return step_count;
+}
+
+void keep_saved(Slot& slot, const remote_module::Flow& flow, Saved saved) {
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  slot.activation_bytes += saved.bytes;
+  slot.activation_peak = std::max(slot.activation_peak, slot.activation_bytes);
+  slot.saved[{flow.id, flow.microbatch}] = std::move(saved);
+}
+
 // On the compute thread.
 void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                  c10::IValue inputs, const FuturePtr& done) {
@@ -160,44 +214,9 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
   const remote_module::Flow flow{context, microbatch};
   try {
     Saved saved;
-    if (slot->index > 0) {
-      for (at::Tensor& t : floating_tensors(inputs)) saved.leaves.push_back(t.requires_grad_());
-    }
-    if (!slot->routes.empty() && slot->index > 0) {
-      remote_module::Gathered gathered =
-          remote_module::gather_portals(slot->routes, slot->workers, slot->index, flow, inputs);
-      saved.anchors = std::move(gathered.anchors);
-      inputs = std::move(gathered.inputs);
-    }
-    c10::IValue output;
-    remote_module::ForwardPassScope pass({context, /*recompute=*/false});
-    if (slot->checkpoint) {
-      saved.rng_state = rng_state();
-      saved.inputs = inputs;
-      torch::NoGradGuard no_grad;
-      output = remote_module::forward_stage_here(slot->module, inputs);
-    } else {
-      output = remote_module::forward_stage_here(slot->module, inputs);
-    }
-    bool last = slot->index + 1 == slot->count;
-    if (last && !output.isTensor()) {
-      throw Error(ErrorKind::InvalidArgument,
-                  fmt::format("the last stage must return one tensor for the loss, not {}",
-                              output.tagKind()));
-    }
+    c10::IValue output = forward_keeping(*slot, flow, std::move(inputs), saved);
     const bool own_loss = computes_loss(*slot);
-    std::int64_t step_count = 0;
-    if (own_loss) {
-      step_count = take_targets(*slot, context, microbatch, &saved);
-      at::Tensor share = loss_share(*slot, output, saved);
-      if (!slot->checkpoint && !share.requires_grad()) {
-        throw Error(
-            ErrorKind::InvalidArgument,
-            fmt::format("the loss \"{}\" must be computed from the output", slot->loss_name));
-      }
-      saved.loss_value = share.item<double>();
-      if (!slot->checkpoint) saved.loss = share * saved.scale;
-    }
+    const std::int64_t step_count = own_loss ? keep_loss_share(*slot, flow, output, saved) : 0;
     const std::int64_t output_bytes = bytes_of(floating_tensors(output));
     if (routes_output(*slot)) {
       remote_module::offer_portals(slot->routes, slot->index, flow, output, slot->checkpoint);
@@ -207,16 +226,11 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
     }
     if (!slot->checkpoint) saved.output = output;
     // What the forward left allocated (its graph's saved tensors and the output; a
-    // checkpointed stage's output goes once sent) plus the inputs, which it keeps too. The
-    // compute thread runs one thing at a time, so the difference is this forward's.
-    saved.bytes = core::tensor_memory().live_bytes - live_before +
-                  bytes_of(floating_tensors(inputs)) - (slot->checkpoint ? output_bytes : 0);
-    {
-      std::lock_guard<std::mutex> lock(slot->mutex);
-      slot->activation_bytes += saved.bytes;
-      slot->activation_peak = std::max(slot->activation_peak, slot->activation_bytes);
-      slot->saved[{context, microbatch}] = std::move(saved);
-    }
+    // checkpointed stage's output goes once sent) plus the inputs, counted already. The compute
+    // thread runs one thing at a time, so the difference is this forward's.
+    saved.bytes +=
+        core::tensor_memory().live_bytes - live_before - (slot->checkpoint ? output_bytes : 0);
+    keep_saved(*slot, flow, std::move(saved));
     std::int64_t computed = now_ns();
     if (own_loss) {
       record(*slot, kForwardEvent, microbatch, start, computed);
@@ -224,6 +238,7 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
       start_own_backwards(slot, context, microbatch, step_count);
       return;
     }
+    const bool last = slot->index + 1 == slot->count;
     FuturePtr call = last ? rpc::rpc_async(slot->master, "ferry.pipeline.output",
                                            {slot->pipeline, context, microbatch, detached(output)})
                           : rpc::rpc_async(slot->next, "ferry.pipeline.forward",

@@ -26,15 +26,14 @@ at::Tensor one_tensor(const std::vector<c10::IValue>& inputs, const char* stage)
   return inputs[0].toTensor();
 }
 
-void seed_from(const StageConfig& config, const char* stage) {
-  torch::manual_seed(static_cast<uint64_t>(config_int(config, stage, "seed", 0)));
+void seed_from(const StageConfig& config) {
+  torch::manual_seed(static_cast<uint64_t>(config_int(config, "seed", 0)));
 }
 
 std::unique_ptr<Stage> make_encoder(const StageConfig& config) {
-  seed_from(config, "unet.encoder");
-  auto net =
-      std::make_shared<ResNetEncoderImpl>(config_int(config, "unet.encoder", "depth", 34),
-                                          config_int(config, "unet.encoder", "in_channels", 3));
+  seed_from(config);
+  auto net = std::make_shared<ResNetEncoderImpl>(config_int(config, "depth", 34),
+                                                 config_int(config, "in_channels", 3));
   return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     std::vector<at::Tensor> features = net->forward(one_tensor(inputs, "unet.encoder"));
     return c10::IValue(
@@ -43,8 +42,8 @@ std::unique_ptr<Stage> make_encoder(const StageConfig& config) {
 }
 
 std::unique_ptr<Stage> make_decoder(const StageConfig& config) {
-  seed_from(config, "unet.decoder");
-  int64_t depth = config_int(config, "unet.decoder", "depth", 34);
+  seed_from(config);
+  int64_t depth = config_int(config, "depth", 34);
   auto net = std::make_shared<UnetDecoderImpl>(resnet_channels(depth));
   return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     if (inputs.size() != 1 || !inputs[0].isTensorList()) {
@@ -55,10 +54,9 @@ std::unique_ptr<Stage> make_decoder(const StageConfig& config) {
 }
 
 std::unique_ptr<Stage> make_head(const StageConfig& config) {
-  seed_from(config, "unet.head");
-  auto net =
-      std::make_shared<SegmentationHeadImpl>(config_int(config, "unet.head", "in_channels", 16),
-                                             config_int(config, "unet.head", "classes", 1));
+  seed_from(config);
+  auto net = std::make_shared<SegmentationHeadImpl>(config_int(config, "in_channels", 16),
+                                                    config_int(config, "classes", 1));
   return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     return c10::IValue(net->forward(one_tensor(inputs, "unet.head")));
   });
@@ -66,14 +64,13 @@ std::unique_ptr<Stage> make_head(const StageConfig& config) {
 
 // "unet.blocks": a range of the U-Net's blocks (unet_blocks.h).
 std::unique_ptr<Stage> make_blocks(const StageConfig& config) {
-  const char* type = "unet.blocks";
-  int64_t depth = config_int(config, type, "depth", 34);
+  int64_t depth = config_int(config, "depth", 34);
   int64_t count = static_cast<int64_t>(unet_blocks(depth).size());
   auto net = std::make_shared<UnetBlocksImpl>(
-      depth, config_int(config, type, "classes", 1), config_int(config, type, "first", 0),
-      config_int(config, type, "last", count), config_int(config, type, "seed", 0),
-      config_int(config, type, "in_channels", 3));
-  if (config_int(config, type, "freeze_batchnorm", 0) != 0) net->freeze_batchnorm();
+      depth, config_int(config, "classes", 1), config_int(config, "first", 0),
+      config_int(config, "last", count), config_int(config, "seed", 0),
+      config_int(config, "in_channels", 3));
+  if (config_int(config, "freeze_batchnorm", 0) != 0) net->freeze_batchnorm();
   const bool ends_model = net->last() == count;
   return std::make_unique<ModuleStage>(net, [net, ends_model](std::vector<c10::IValue>& inputs) {
     std::vector<at::Tensor> carry;
@@ -97,9 +94,9 @@ std::unique_ptr<Stage> make_blocks(const StageConfig& config) {
 // "synthetic.mlp": `layers` times Linear(width, width) then ReLU. Stages of equal width and
 // layers cost the same, which is what a pipeline benchmark needs to compare against the ideal.
 std::unique_ptr<Stage> make_synthetic_mlp(const StageConfig& config) {
-  seed_from(config, "synthetic.mlp");
-  int64_t width = config_int(config, "synthetic.mlp", "width");
-  int64_t layers = config_int(config, "synthetic.mlp", "layers", 4);
+  seed_from(config);
+  int64_t width = config_int(config, "width");
+  int64_t layers = config_int(config, "layers", 4);
   auto net = std::make_shared<torch::nn::SequentialImpl>();
   for (int64_t i = 0; i < layers; ++i) {
     net->push_back(torch::nn::Linear(width, width));

@@ -28,12 +28,24 @@ NamedTensors to_vector(const torch::OrderedDict<std::string, at::Tensor>& dict) 
   return out;
 }
 
+// make_stage hands a factory its configuration with the stage's type under this key, so that the
+// typed reads name the stage without the factory repeating it.
+constexpr const char* kTypeKey = "ferry.stage_type";
+
+std::string stage_type_of(const StageConfig& config) {
+  auto it = config.find(c10::IValue(kTypeKey));
+  return it != config.end() && it->value().isString() ? it->value().toStringRef()
+                                                      : std::string("?");
+}
+
 const c10::IValue& field(const StageConfig& config, const std::string& stage,
                          const std::string& name) {
   auto it = config.find(c10::IValue(name));
   if (it == config.end()) {
     std::vector<std::string> given;
-    for (const auto& entry : config) given.push_back(entry.key().toStringRef());
+    for (const auto& entry : config) {
+      if (entry.key().toStringRef() != kTypeKey) given.push_back(entry.key().toStringRef());
+    }
     throw rpc::Error(rpc::ErrorKind::InvalidArgument,
                      fmt::format("stage \"{}\" needs config field \"{}\" (given: {})", stage, name,
                                  given.empty() ? std::string("none")
@@ -97,7 +109,9 @@ std::unique_ptr<Stage> make_stage(const std::string& type, const StageConfig& co
                                  known.empty() ? std::string("none")
                                                : fmt::format("{}", fmt::join(known, ", "))));
   }
-  return factory(config);
+  StageConfig named = config.copy();
+  named.insert_or_assign(kTypeKey, type);
+  return factory(named);
 }
 
 int64_t config_int(const StageConfig& config, const std::string& stage, const std::string& name) {
@@ -125,6 +139,18 @@ double config_double(const StageConfig& config, const std::string& stage, const 
                                  name, stage, value.tagKind()));
   }
   return value.isInt() ? static_cast<double>(value.toInt()) : value.toDouble();
+}
+
+int64_t config_int(const StageConfig& config, const std::string& field) {
+  return config_int(config, stage_type_of(config), field);
+}
+
+int64_t config_int(const StageConfig& config, const std::string& field, int64_t fallback) {
+  return config_int(config, stage_type_of(config), field, fallback);
+}
+
+double config_double(const StageConfig& config, const std::string& field, double fallback) {
+  return config_double(config, stage_type_of(config), field, fallback);
 }
 
 }  // namespace ferry::remote_module

@@ -6,12 +6,11 @@ namespace {
 
 std::unique_ptr<ferry::remote_module::Stage> make_affine(
     const ferry::remote_module::StageConfig& config) {
-  const std::string type = "custom.affine";
-  torch::manual_seed(ferry::remote_module::config_int(config, type, "seed", 0));
-  auto linear = std::make_shared<torch::nn::LinearImpl>(
-      ferry::remote_module::config_int(config, type, "in"),
-      ferry::remote_module::config_int(config, type, "out"));
-  const bool tanh = ferry::remote_module::config_int(config, type, "tanh", 0) != 0;
+  torch::manual_seed(ferry::remote_module::config_int(config, "seed", 0));
+  auto linear =
+      std::make_shared<torch::nn::LinearImpl>(ferry::remote_module::config_int(config, "in"),
+                                              ferry::remote_module::config_int(config, "out"));
+  const bool tanh = ferry::remote_module::config_int(config, "tanh", 0) != 0;
   return std::make_unique<ferry::remote_module::ModuleStage>(
       linear, [linear, tanh](std::vector<c10::IValue>& in) {
         at::Tensor y = linear->forward(in.at(0).toTensor());

@@ -29,8 +29,7 @@ class ScaleStage final : public ferry::remote_module::Stage {
 
 std::unique_ptr<ferry::remote_module::Stage> make_scale(
     const ferry::remote_module::StageConfig& config) {
-  return std::make_unique<ScaleStage>(
-      ferry::remote_module::config_double(config, "test.plugin.scale", "factor", 1.0));
+  return std::make_unique<ScaleStage>(ferry::remote_module::config_double(config, "factor", 1.0));
 }
 
 FERRY_REGISTER_STAGE("test.plugin.scale", make_scale);

@@ -133,7 +133,9 @@ TEST(RemoteModule, BadRequestsAreClearErrorsAndTheWorkerKeepsServing) {
   StageConfig missing = mlp_config(1);
   ASSERT_EQ(missing.erase(c10::IValue("hidden")), 1u);
   std::string no_field = kind_and_error_of([&] { RemoteModule::create("a", "test.mlp", missing); });
-  EXPECT_THAT(no_field, HasSubstr("stage \"test.mlp\" needs config field \"hidden\"")) << no_field;
+  EXPECT_THAT(no_field, HasSubstr("stage \"test.mlp\" needs config field \"hidden\" (given: in, "
+                                  "out, seed, dropout)"))
+      << no_field;
 
   StageConfig wrong = mlp_config(1);
   wrong.insert_or_assign("in", std::string("eight"));
@@ -181,6 +183,33 @@ TEST(StageRegistry, TheRegistrationMacroRegistersAtStartUp) {
   EXPECT_EQ(stage->forward({int64_t{4}}).toInt(), 4);
   EXPECT_THAT(kind_and_error_of([] { register_stage("test.identity", make_identity); }),
               HasSubstr("InvalidArgument: stage type \"test.identity\" is already registered"));
+}
+
+// Reads its configuration without naming its own type: make_stage tells the reads.
+std::unique_ptr<Stage> make_reading(const StageConfig& config) {
+  config_int(config, "width");
+  config_double(config, "scale", 1.0);
+  return make_identity(config);
+}
+FERRY_REGISTER_STAGE("test.reading", make_reading);
+
+TEST(StageRegistry, AFactorysReadsNameItsStageTypeWithoutBeingTold) {
+  StageConfig config = stage_config();
+  config.insert("width", int64_t{3});
+  config.insert("scale", std::string("big"));
+  EXPECT_THAT(kind_and_error_of([&] { make_stage("test.reading", config); }),
+              HasSubstr("config field \"scale\" of stage \"test.reading\" must be a float but "
+                        "is String"));
+  ASSERT_EQ(config.erase(c10::IValue("width")), 1u);
+  std::string missing = kind_and_error_of([&] { make_stage("test.reading", config); });
+  EXPECT_THAT(missing, HasSubstr("stage \"test.reading\" needs config field \"width\" (given: "
+                                 "scale)"));
+  // The caller's configuration is left as it was.
+  EXPECT_EQ(config.size(), 1u);
+  // A configuration built by hand names its type in the call.
+  EXPECT_EQ(config_int(stage_config(), "test.by_hand", "depth", 34), 34);
+  EXPECT_THAT(kind_and_error_of([] { config_int(stage_config(), "test.by_hand", "depth"); }),
+              HasSubstr("stage \"test.by_hand\" needs config field \"depth\""));
 }
 
 TEST(RemoteModule, BFloat16MixedSendsBFloat16AndKeepsFloat32Parameters) {

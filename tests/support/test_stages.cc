@@ -15,14 +15,13 @@ using remote_module::Stage;
 using remote_module::StageConfig;
 
 std::unique_ptr<Stage> make_mlp(const StageConfig& config) {
-  int64_t in = config_int(config, "test.mlp", "in");
-  int64_t hidden = config_int(config, "test.mlp", "hidden");
-  int64_t out = config_int(config, "test.mlp", "out");
-  torch::manual_seed(config_int(config, "test.mlp", "seed", 0));
+  int64_t in = config_int(config, "in");
+  int64_t hidden = config_int(config, "hidden");
+  int64_t out = config_int(config, "out");
+  torch::manual_seed(config_int(config, "seed", 0));
   auto net = std::make_shared<torch::nn::SequentialImpl>(
       torch::nn::Linear(in, hidden), torch::nn::ReLU(),
-      torch::nn::Dropout(config_double(config, "test.mlp", "dropout", 0.0)),
-      torch::nn::Linear(hidden, out));
+      torch::nn::Dropout(config_double(config, "dropout", 0.0)), torch::nn::Linear(hidden, out));
   return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     if (inputs.size() != 1 || !inputs[0].isTensor()) {
       throw rpc::Error(rpc::ErrorKind::InvalidArgument, "test.mlp takes one tensor");
@@ -46,8 +45,8 @@ struct PyramidImpl : torch::nn::Module {
 };
 
 std::unique_ptr<Stage> make_pyramid(const StageConfig& config) {
-  torch::manual_seed(config_int(config, "test.pyramid", "seed", 0));
-  auto net = std::make_shared<PyramidImpl>(config_int(config, "test.pyramid", "channels"));
+  torch::manual_seed(config_int(config, "seed", 0));
+  auto net = std::make_shared<PyramidImpl>(config_int(config, "channels"));
   return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     return c10::IValue(net->forward(inputs.at(0).toTensor()));
   });

@@ -76,7 +76,12 @@ std::vector<std::string> registered_stages();
 std::unique_ptr<Stage> make_stage(const std::string& type, const StageConfig& config);
 
 // Typed reads of a configuration field: a missing or wrong-typed field is an error naming the
-// stage type, the field and what was expected.
+// stage type, the field and what was expected. Inside a factory, the configuration knows its
+// stage's type: config_int(config, "depth", 34).
+int64_t config_int(const StageConfig& config, const std::string& field);
+int64_t config_int(const StageConfig& config, const std::string& field, int64_t fallback);
+double config_double(const StageConfig& config, const std::string& field, double fallback);
+// The same for a configuration built by hand, with the stage's type to name in errors.
 int64_t config_int(const StageConfig& config, const std::string& stage, const std::string& field);
 int64_t config_int(const StageConfig& config, const std::string& stage, const std::string& field,
                    int64_t fallback);

@@ -40,11 +40,14 @@ int lowest_ephemeral_port() {
 
 }  // namespace
 
-std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port) {
-  return {{"RANK", std::to_string(rank)},
-          {"WORLD_SIZE", std::to_string(world_size)},
-          {"MASTER_ADDR", "127.0.0.1"},
-          {"MASTER_PORT", std::to_string(port)}};
+std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port,
+                                                      const std::string& port_file) {
+  std::map<std::string, std::string> env{{"RANK", std::to_string(rank)},
+                                         {"WORLD_SIZE", std::to_string(world_size)},
+                                         {"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", std::to_string(port)}};
+  if (!port_file.empty()) env["FERRY_MASTER_PORT_FILE"] = port_file;
+  return env;
 }
 
 // A port from the kernel's ephemeral range can be handed to another socket bound to port 0 (an

@@ -129,8 +129,15 @@ void fill_from_environment(Options& options, const std::map<std::string, std::st
       }
     }
   }
-  if (options.master_port < 0) {
-    if (!int_from_env(env, {"MASTER_PORT"}, 0, &options.master_port)) {
+  if (options.master_port_file.empty()) {
+    if (const std::string* file = find(env, "FERRY_MASTER_PORT_FILE")) {
+      options.master_port_file = *file;
+    }
+  }
+  if (options.master_port < 0 && !int_from_env(env, {"MASTER_PORT"}, 0, &options.master_port)) {
+    if (!options.master_port_file.empty()) {
+      options.master_port = 0;  // rank 0 publishes the port it gets
+    } else {
       // Slurm and Open MPI give no port: derive one from the job id so every task of a job
       // agrees.
       for (const char* key : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"}) {
@@ -178,10 +185,11 @@ void check_resolved(Options& options) {
                                              options.rank));
   }
   if (options.master_port < 0 || options.master_port > 65535 ||
-      (options.master_port == 0 && options.rank != 0)) {
+      (options.master_port == 0 && options.rank != 0 && options.master_port_file.empty())) {
     throw Error(ErrorKind::Init,
                 fmt::format("rank {}: master port {} is not usable: pass Options::master_port or "
-                            "set MASTER_PORT (0 lets rank 0 pick a free port)",
+                            "set MASTER_PORT (0 lets rank 0 pick a free port, which the other "
+                            "ranks read from FERRY_MASTER_PORT_FILE)",
                             options.rank, options.master_port));
   }
   if (options.name.empty()) options.name = fmt::format("worker{}", options.rank);

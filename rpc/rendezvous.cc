@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ferry/core/backoff.h"
+#include "ferry/core/files.h"
 #include "ferry/core/log.h"
 #include "ferry/core/message_of.h"
 #include "ferry/rpc/error.h"
@@ -36,12 +37,34 @@ std::string seconds(std::chrono::milliseconds ms) {
   return fmt::format("{:.1f} s", ms.count() / 1000.0);
 }
 
+// On a rank other than 0 whose master port is 0: the port rank 0 wrote to the port file once its
+// store listened.
+int published_port(const Options& options) {
+  int port = 0;
+  auto read = [&] {
+    try {
+      port = std::stoi(core::read_whole_file(options.master_port_file));
+    } catch (const std::exception&) {
+      port = 0;  // not written yet
+    }
+    return port > 0 && port <= 65535;
+  };
+  if (!core::poll_with_backoff(read, Clock::now() + options.init_timeout)) {
+    throw Error(ErrorKind::Init,
+                fmt::format("rank {}: rank 0 did not write its port to {} within {}", options.rank,
+                            options.master_port_file, seconds(options.init_timeout)));
+  }
+  return port;
+}
+
 }  // namespace
 
 Rendezvous::Rendezvous(const Options& options)
     : rank_(options.rank), world_size_(options.world_size) {
+  const int master_port =
+      options.master_port == 0 && options.rank != 0 ? published_port(options) : options.master_port;
   c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<std::uint16_t>(options.master_port);
+  store_options.port = static_cast<std::uint16_t>(master_port);
   store_options.isServer = options.rank == 0;
   store_options.waitWorkers = false;
   store_options.timeout = options.init_timeout;
@@ -55,10 +78,18 @@ Rendezvous::Rendezvous(const Options& options)
     }
     throw Error(ErrorKind::Init,
                 fmt::format("rank {} could not reach the master at {}:{} within {}: {}",
-                            options.rank, options.master_addr, options.master_port,
+                            options.rank, options.master_addr, master_port,
                             seconds(options.init_timeout), core::message_of(e)));
   }
   port_ = store_->getPort();
+  if (options.rank == 0 && !options.master_port_file.empty()) {
+    try {
+      core::write_file_atomically(options.master_port_file, std::to_string(port_));
+    } catch (const std::exception& e) {
+      throw Error(ErrorKind::Init,
+                  fmt::format("rank 0 could not publish its port: {}", core::message_of(e)));
+    }
+  }
 }
 
 Rendezvous::~Rendezvous() = default;

@@ -23,6 +23,7 @@
 #include <regex>
 #include <sstream>
 
+#include "ferry/core/local_world.h"
 #include "tests/support/cluster.h"
 #include "tests/support/sanitizer_allowance.h"
 #include "tests/support/temp_dir.h"
@@ -50,13 +51,11 @@ struct World {
     dir = ferry::testing::process_temp_dir().file("fault-" + name);
     fs::remove_all(dir);
     fs::create_directories(dir);
-    int port = ferry::testing::free_port();
+    // The master's store takes its port from the system and writes it where the workers read it.
     auto env = [&](int rank) {
-      return std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
-                                                {"WORLD_SIZE", std::to_string(worker_count + 1)},
-                                                {"MASTER_ADDR", "127.0.0.1"},
-                                                {"MASTER_PORT", std::to_string(port)},
-                                                {"OMP_NUM_THREADS", "1"}};
+      auto vars = ferry::core::loopback_world_env(rank, worker_count + 1, 0, dir + "/port");
+      vars["OMP_NUM_THREADS"] = "1";
+      return vars;
     };
     // Through sh only to keep the master's output; exec leaves the master as the process.
     master = std::make_unique<Process>(

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <set>
 
-#include "ferry/core/files.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
 #include "tests/support/sanitizer_allowance.h"
@@ -27,8 +26,9 @@ double seconds_since(Clock::time_point start) {
 }
 
 // One world with this process as rank 0; returns its seconds from init to the end of shutdown.
-double run_world(int port) {
-  ferry::rpc::Options options = ferry::rpc::loopback_options("master", 0, kAgents, port);
+double run_world(const std::string& port_file) {
+  ferry::rpc::Options options = ferry::rpc::loopback_options("master", 0, kAgents, 0);
+  options.master_port_file = port_file;
   options.num_threads = 1;
   options.rpc_timeout = std::chrono::seconds(20);
   options.init_timeout = ferry::testing::scaled(std::chrono::seconds(60));
@@ -44,13 +44,9 @@ double run_world(int port) {
 TEST(World, SixtyFourAgentsInitialiseCallTheirNeighbourAndShutDownTenTimes) {
   ferry::testing::register_test_functions(ferry::rpc::default_registry());
   // World 0 gathers the agents as their processes come up; worlds 1-10 are timed. Each world's
-  // port is picked just before the world opens and handed to the agents as a file.
+  // store takes its port from the system as it opens and writes it to a file the agents read.
   const ferry::testing::TempDir ports("world-ports");
-  auto open_world = [&](int w) {
-    const int port = ferry::testing::free_port();
-    ferry::core::write_file_atomically(ports.file(std::to_string(w)), std::to_string(port));
-    return run_world(port);
-  };
+  auto open_world = [&](int w) { return run_world(ports.file(std::to_string(w))); };
   auto start = Clock::now();
   std::vector<std::unique_ptr<Process>> agents;
   for (int rank = 1; rank < kAgents; ++rank) {

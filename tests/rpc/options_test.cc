@@ -79,6 +79,23 @@ TEST(Options, OpenMpiOnOneHostNeedsNoMasterSettings) {
             std::string::npos);
 }
 
+// A world on one machine whose rank 0 takes its port from the system: the other ranks read it from
+// the file FERRY_MASTER_PORT_FILE names; without the file, port 0 is of no use to them.
+TEST(Options, APortFileStandsForTheMasterPortOnEveryRank) {
+  Options o = resolve_options({}, {{"RANK", "1"},
+                                   {"WORLD_SIZE", "2"},
+                                   {"MASTER_ADDR", "127.0.0.1"},
+                                   {"FERRY_MASTER_PORT_FILE", "/run/world/port"}});
+  EXPECT_EQ(o.master_port, 0);
+  EXPECT_EQ(o.master_port_file, "/run/world/port");
+  EXPECT_THAT(
+      init_error(
+          {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "0"}}),
+      HasSubstr("rank 1: master port 0 is not usable: pass Options::master_port or set "
+                "MASTER_PORT (0 lets rank 0 pick a free port, which the other ranks "
+                "read from FERRY_MASTER_PORT_FILE)"));
+}
+
 TEST(Options, ExplicitOptionsWinOverTheEnvironment) {
   Options given;
   given.rank = 0;

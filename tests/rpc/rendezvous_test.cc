@@ -17,6 +17,7 @@
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 #include "tests/support/sanitizer_allowance.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/time_scale.h"
 
 namespace ferry::rpc {
@@ -29,19 +30,24 @@ using ferry::testing::Process;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::unique_ptr<Process> spawn_peer(int rank, int world, int port, const std::string& name,
-                                    int timeout_ms) {
+// Each world's master takes its port from the system and writes it to a file of its own, where
+// the peers read it.
+std::string new_port_file() {
+  static int worlds = 0;
+  return ferry::testing::process_temp_dir().file("rendezvous-port-" + std::to_string(++worlds));
+}
+
+std::unique_ptr<Process> spawn_peer(int rank, int world, const std::string& port_file,
+                                    const std::string& name, int timeout_ms) {
   return std::make_unique<Process>(
       ferry::testing::peer_binary(),
       std::vector<std::string>{"--name", name, "--init-timeout-ms", std::to_string(timeout_ms)},
-      std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
-                                         {"WORLD_SIZE", std::to_string(world)},
-                                         {"MASTER_ADDR", "127.0.0.1"},
-                                         {"MASTER_PORT", std::to_string(port)}});
+      ferry::core::loopback_world_env(rank, world, 0, port_file));
 }
 
-Options master_options(int world, int port, milliseconds timeout) {
-  Options o = loopback_options("master", 0, world, port);
+Options master_options(int world, const std::string& port_file, milliseconds timeout) {
+  Options o = loopback_options("master", 0, world, 0);
+  o.master_port_file = port_file;
   o.init_timeout = timeout;
   return o;
 }
@@ -64,7 +70,7 @@ int exit_code(Process& p) {
 }
 
 TEST(Rendezvous, DuplicateWorkerNameFailsEveryRank) {
-  int port = ferry::testing::free_port();
+  const std::string port = new_port_file();
   auto p1 = spawn_peer(1, 3, port, "twin", 10000);
   auto p2 = spawn_peer(2, 3, port, "twin", 10000);
   std::string error = start_error(master_options(3, port, milliseconds(10000)));
@@ -74,7 +80,7 @@ TEST(Rendezvous, DuplicateWorkerNameFailsEveryRank) {
 }
 
 TEST(Rendezvous, IncompleteWorldFailsWithinItsTimeoutNamingTheMissingRank) {
-  int port = ferry::testing::free_port();
+  const std::string port = new_port_file();
   // Long enough for rank 1's process to start (LibTorch loading) on a loaded machine.
   const milliseconds timeout = ferry::testing::scaled(std::chrono::seconds(4));
   auto p1 = spawn_peer(1, 3, port, "a", static_cast<int>(timeout.count()));
@@ -89,7 +95,8 @@ TEST(Rendezvous, IncompleteWorldFailsWithinItsTimeoutNamingTheMissingRank) {
 
 TEST(Rendezvous, UnreachableMasterFailsWithinItsTimeout) {
   int port = ferry::testing::free_port();
-  Options o = master_options(2, port, milliseconds(1000));
+  Options o = loopback_options("master", 0, 2, port);
+  o.init_timeout = milliseconds(1000);
   o.rank = 1;
   o.name = "lonely";
   auto start = Clock::now();
@@ -100,8 +107,21 @@ TEST(Rendezvous, UnreachableMasterFailsWithinItsTimeout) {
       << error;
 }
 
+// A master whose port file never appears: the rank waits for it within its timeout, then says
+// which file it waited for.
+TEST(Rendezvous, ARankWhosePortFileNeverAppearsFailsWithinItsTimeoutNamingTheFile) {
+  const std::string port = new_port_file();
+  Options o = master_options(2, port, milliseconds(1000));
+  o.rank = 1;
+  o.name = "lonely";
+  auto start = Clock::now();
+  std::string error = start_error(o);
+  EXPECT_LT(Clock::now() - start, ferry::testing::scaled(std::chrono::seconds(5)));
+  EXPECT_EQ(error, "rank 1: rank 0 did not write its port to " + port + " within 1.0 s");
+}
+
 TEST(Rendezvous, ShutdownWaitsForEveryAgentAndReturns) {
-  int port = ferry::testing::free_port();
+  const std::string port = new_port_file();
   auto p1 = spawn_peer(1, 2, port, "a", 10000);
   FunctionRegistry registry;
   auto agent = Agent::start(master_options(2, port, milliseconds(10000)), registry);
@@ -140,7 +160,9 @@ TEST(Rendezvous, AMasterPortAnotherProcessListensOnFailsAtRankZeroNamingThePort)
   ASSERT_EQ(::listen(fd, 16), 0);
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   int port = ntohs(addr.sin_port);
-  std::string error = start_error(master_options(2, port, milliseconds(1000)));
+  Options o = loopback_options("master", 0, 2, port);
+  o.init_timeout = milliseconds(1000);
+  std::string error = start_error(o);
   ::close(fd);
   EXPECT_NE(
       error.find("rank 0 could not host the rendezvous store on port " + std::to_string(port)),

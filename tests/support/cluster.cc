@@ -7,6 +7,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 #include "ferry/core/local_world.h"
 #include "ferry/core/processes.h"
 #include "ferry/rpc/rpc.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/test_functions.h"
 #include "tests/support/time_scale.h"
 
@@ -85,9 +87,17 @@ void register_once() {
   (void)done;
 }
 
+// A file no world of this process has used: where its master writes the port it got.
+std::string new_port_file() {
+  static std::atomic<int> worlds{0};
+  return process_temp_dir().file("world-port-" + std::to_string(++worlds));
+}
+
 }  // namespace
 
-LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port_(free_port()) {
+// The master's store takes its port from the system as it opens; the peers read it from a file.
+LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port_(0) {
+  const std::string port_file = new_port_file();
   int world = static_cast<int>(settings_.peer_names.size()) + 1;
   for (size_t i = 0; i < settings_.peer_names.size(); ++i) {
     std::map<std::string, std::string> env = settings_.env;
@@ -95,7 +105,8 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
     if (own != settings_.env_of.end()) {
       for (const auto& [key, value] : own->second) env[key] = value;
     }
-    for (auto& [key, value] : core::loopback_world_env(static_cast<int>(i) + 1, world, port_)) {
+    for (auto& [key, value] :
+         core::loopback_world_env(static_cast<int>(i) + 1, world, 0, port_file)) {
       env[key] = value;
     }
     std::vector<std::string> args = {"--name", settings_.peer_names[i], "--threads",
@@ -111,7 +122,8 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
     peers_.push_back(std::make_unique<Process>(
         settings_.use_ferry_worker ? worker_binary() : peer_binary(), args, env));
   }
-  rpc::Options options = rpc::loopback_options("master", 0, world, port_);
+  rpc::Options options = rpc::loopback_options("master", 0, world, 0);
+  options.master_port_file = port_file;
   options.num_threads = settings_.threads;
   options.rpc_timeout = settings_.rpc_timeout;
   options.init_timeout = init_timeout();
@@ -120,6 +132,7 @@ LocalWorld::LocalWorld(Settings settings) : settings_(std::move(settings)), port
   options.handshake_timeout = settings_.handshake_timeout;
   register_once();
   rpc::init(options);
+  port_ = rpc::agent().master_port();
 }
 
 std::vector<std::optional<int>> LocalWorld::finish() {

@@ -4,8 +4,6 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 
-#include "ferry/core/backoff.h"
-#include "ferry/core/files.h"
 #include "ferry/core/log.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/test_functions.h"
@@ -16,30 +14,16 @@ namespace {
 // With --worlds N: one agent of the large-world test. It joins N worlds one after another (all
 // of the same size, rank 0 being the test), calls its neighbour (rank + 1, wrapping to 0) in each,
 // checks the answer, and shuts down; 0 only if every world went well. World w's rendezvous port
-// appears as the file PORT_DIR/w just before the test opens it, so no port is held back for long.
+// appears as the file PORT_DIR/w when the test's rank 0 opens it, with a port from the system.
 // The process starts once: LibTorch takes most of a second of CPU to load, which is not what the
 // test measures.
 int join_worlds(int rank, int world_size, int worlds, const std::string& port_dir) {
   auto name_of = [](int r) { return r == 0 ? std::string("master") : "agent" + std::to_string(r); };
   for (int world = 0; world < worlds; ++world) {
     const std::string file = port_dir + "/" + std::to_string(world);
-    int port = 0;
-    ferry::core::poll_with_backoff(
-        [&] {
-          try {
-            port = std::stoi(ferry::core::read_whole_file(file));
-          } catch (const std::exception&) {
-            port = 0;
-          }
-          return port > 0;
-        },
-        std::chrono::steady_clock::now() + ferry::testing::scaled(std::chrono::seconds(120)));
-    if (port == 0) {
-      ferry::log::error("world {}: no port appeared in {}", world, file);
-      return 1;
-    }
-    ferry::rpc::Options options =
-        ferry::rpc::loopback_options(name_of(rank), rank, world_size, port);
+    // Rank 0's store takes its port from the system when the world opens and writes it there.
+    ferry::rpc::Options options = ferry::rpc::loopback_options(name_of(rank), rank, world_size, 0);
+    options.master_port_file = file;
     options.num_threads = 1;
     options.rpc_timeout = std::chrono::seconds(20);
     options.init_timeout = ferry::testing::scaled(std::chrono::seconds(60));

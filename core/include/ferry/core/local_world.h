@@ -9,8 +9,11 @@
 namespace ferry::core {
 
 // The variables that make a process rank `rank` of a world of `world_size` on loopback whose
-// rank 0 keeps the rendezvous on `port`, as torchrun sets them.
-std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port);
+// rank 0 keeps the rendezvous on `port`, as torchrun sets them. With `port_file` (and port 0),
+// rank 0 takes its port from the system when its store opens and writes it there, where the
+// other ranks read it (FERRY_MASTER_PORT_FILE, rpc::Options::master_port_file).
+std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port,
+                                                      const std::string& port_file = "");
 
 // A TCP port that is free on `host` right now (bound, then released): what a launcher hands out
 // as MASTER_PORT. Throws std::runtime_error if none can be had.

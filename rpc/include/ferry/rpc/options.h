@@ -18,7 +18,12 @@ struct Options {
   int world_size = -1;      // -1: from the environment
   std::string master_addr;  // host of rank 0's rendezvous store; empty: from the environment
   int master_port = -1;     // -1: from the environment; 0 on rank 0 picks a free port
-  std::string ifname;       // interface to listen on; empty: FERRY_IFNAME, else the route to master
+  // With master port 0: rank 0's store takes a port from the system when it opens and writes
+  // it here; every other rank waits for the file (within init_timeout) and reads it. A file that
+  // does not exist yet, one per world. Empty: FERRY_MASTER_PORT_FILE; set there without a
+  // MASTER_PORT, the port is 0.
+  std::string master_port_file;
+  std::string ifname;  // interface to listen on; empty: FERRY_IFNAME, else the route to master
   // The cluster secret every connection proves at its handshake (see rpc/auth.h). Empty: read
   // from `secret_file`, else FERRY_SECRET, else the file FERRY_SECRET_FILE names; still empty:
   // the cluster is open to anyone who can reach its ports.

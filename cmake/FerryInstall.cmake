@@ -1,7 +1,7 @@
 # `cmake --install build --prefix P`: Ferry's libraries, public headers, binaries and a CMake
 # package, so that another project's `find_package(Ferry)` gives
 #   Ferry::ferry                 every layer (core, rpc, remote_module, dist_autograd, pipeline,
-#                                models, data)
+#                                models, data, trainer)
 #   Ferry::rpc, Ferry::models... one layer and the layers below it
 #   Ferry::core_base             core without LibTorch: logging, settings, local processes
 #   Ferry::plugin                Ferry's headers and LibTorch, for a stage plugin that ferry-worker
@@ -10,7 +10,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(FERRY_LAYERS core rpc remote_module dist_autograd pipeline models data)
+set(FERRY_LAYERS core rpc remote_module dist_autograd pipeline models data trainer)
 set(FERRY_LAYER_TARGETS)
 foreach(layer ${FERRY_LAYERS})
   set_target_properties(ferry_${layer} PROPERTIES EXPORT_NAME ${layer})

@@ -2,20 +2,19 @@
 
 #include <fmt/format.h>
 
-#include <stdexcept>
 #include <utility>
+
+#include "ferry/trainer/fail.h"
 
 namespace ferry::trainer {
 
 EpochMonitor::EpochMonitor(std::string metric, int patience)
     : metric_(std::move(metric)), patience_(patience) {
   if (metric_ != "val_loss" && metric_ != "val_iou" && metric_ != "val_dice") {
-    throw std::invalid_argument(
-        fmt::format("--monitor must be val_loss, val_iou or val_dice, not \"{}\"", metric_));
+    fail(fmt::format("--monitor must be val_loss, val_iou or val_dice, not \"{}\"", metric_));
   }
   if (patience_ < 0) {
-    throw std::invalid_argument(
-        fmt::format("--early-stop-patience must be 0 (never) or more, not {}", patience_));
+    fail(fmt::format("--early-stop-patience must be 0 (never) or more, not {}", patience_));
   }
   lower_is_better_ = metric_ == "val_loss";
 }

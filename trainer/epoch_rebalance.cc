@@ -4,6 +4,7 @@
 
 #include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
+#include "ferry/trainer/fail.h"
 #include "ferry/trainer/rebalance.h"
 
 namespace ferry::trainer {
@@ -14,8 +15,8 @@ EpochRebalance::EpochRebalance(const TrainSettings& s, PlanSettings plan_setting
   if (s.rebalance_to.empty()) return;
   forced_ = ranges_at_cuts(plan.costs, "--rebalance-to", s.rebalance_to);
   if (forced_.size() != plan.stages.size()) {
-    fail_setting(fmt::format("--rebalance-to {} makes {} stages but the job has {}", s.rebalance_to,
-                             forced_.size(), plan.stages.size()));
+    fail(fmt::format("--rebalance-to {} makes {} stages but the job has {}", s.rebalance_to,
+                     forced_.size(), plan.stages.size()));
   }
 }
 

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "ferry/core/files.h"
+#include "ferry/trainer/fail.h"
 
 namespace ferry::trainer {
 namespace {
@@ -164,16 +165,14 @@ std::vector<EpochFigures> parse_metrics_csv(const std::string& text,
   std::istringstream in(text);
   std::string line;
   if (!std::getline(in, line) || line != header_of(columns)) {
-    throw std::invalid_argument(
-        fmt::format("its header is \"{}\", not \"{}\"", line, header_of(columns)));
+    fail(fmt::format("its header is \"{}\", not \"{}\"", line, header_of(columns)));
   }
   std::vector<EpochFigures> rows;
   for (int number = 2; std::getline(in, line); ++number) {
     if (line.empty()) continue;
     std::vector<std::string> cells = split_line(line);
     if (cells.size() != columns.size() + 1) {
-      throw std::invalid_argument(
-          fmt::format("line {} has {} cells, not {}", number, cells.size(), columns.size() + 1));
+      fail(fmt::format("line {} has {} cells, not {}", number, cells.size(), columns.size() + 1));
     }
     EpochFigures row;
     try {
@@ -185,7 +184,7 @@ std::vector<EpochFigures> parse_metrics_csv(const std::string& text,
         if (!cells[k].empty() && used != cells[k].size()) throw std::invalid_argument(cells[k]);
       }
     } catch (const std::exception&) {
-      throw std::invalid_argument(fmt::format("line {} is not numbers: \"{}\"", number, line));
+      fail(fmt::format("line {} is not numbers: \"{}\"", number, line));
     }
     rows.push_back(std::move(row));
   }
@@ -211,8 +210,7 @@ MetricsLog::MetricsLog(std::string dir, std::vector<std::string> columns)
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) {
-    throw std::runtime_error(
-        fmt::format("cannot make log directory \"{}\": {}", dir_, ec.message()));
+    fail(fmt::format("cannot make log directory \"{}\": {}", dir_, ec.message()));
   }
 }
 
@@ -224,7 +222,7 @@ std::string MetricsLog::resume_after(int epoch) {
   if (!fs::exists(csv_path())) return fmt::format("{} was not there; it starts afresh", csv_path());
   try {
     rows_ = parse_metrics_csv(core::read_whole_file(csv_path()), columns_);
-  } catch (const std::invalid_argument& e) {
+  } catch (const rpc::Error& e) {
     return fmt::format("{} is not this run's ({}); it starts afresh", csv_path(), e.what());
   }
   truncate_after(epoch);
@@ -239,8 +237,8 @@ void MetricsLog::truncate_after(int epoch) {
 
 void MetricsLog::add(const EpochFigures& figures) {
   if (figures.values.size() != columns_.size()) {
-    throw std::invalid_argument(fmt::format("a metrics row of {} values for {} columns",
-                                            figures.values.size(), columns_.size()));
+    fail(fmt::format("a metrics row of {} values for {} columns", figures.values.size(),
+                     columns_.size()));
   }
   truncate_after(figures.epoch - 1);
   rows_.push_back(figures);

@@ -11,6 +11,7 @@
 #include "ferry/core/process_memory.h"
 #include "ferry/models/unet_blocks.h"
 #include "ferry/rpc/rpc.h"
+#include "ferry/trainer/fail.h"
 
 namespace ferry::trainer {
 std::vector<std::string> replica_stage_names(const StagePlan& plan, int replicas) {
@@ -23,21 +24,27 @@ std::vector<std::string> replica_stage_names(const StagePlan& plan, int replicas
   return out;
 }
 
-std::vector<std::string> place_stages(const StagePlan& plan, const std::string& placement,
-                                      int spares, int replicas) {
+std::vector<std::string> world_names() {
   std::vector<std::string> names;
   for (const auto& w : rpc::workers()) names.push_back(w.name);
+  return names;
+}
+
+std::vector<std::string> place_stages(const StagePlan& plan, const std::string& placement,
+                                      int spares, int replicas,
+                                      const std::vector<std::string>& world) {
+  std::vector<std::string> names = world;
   if (spares > 0) {
     if (static_cast<int>(names.size()) < 2 + spares) {
-      fail_setting(fmt::format("--spares {} leaves no worker for the stages in a world of {}",
-                               spares, names.size()));
+      fail(fmt::format("--spares {} leaves no worker for the stages in a world of {}", spares,
+                       names.size()));
     }
     names.resize(names.size() - spares);
   }
   // Each replica gets workers of its own (their parameters are averaged between processes).
   const std::size_t available = names.size() == 1 ? 0 : names.size() - 1;
   if (replicas > 1 && available < static_cast<std::size_t>(replicas)) {
-    fail_setting(fmt::format(
+    fail(fmt::format(
         "--replicas {} needs a worker of its own for each replica at least; the "
         "world has {} besides the master{}",
         replicas, available, spares > 0 ? fmt::format(" and the {} spares", spares) : ""));
@@ -56,12 +63,15 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
     auto eq = item.find('=');
     auto it = std::find(stage_names.begin(), stage_names.end(), item.substr(0, eq));
     if (eq == std::string::npos || it == stage_names.end()) {
-      fail_setting(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}",
-                               item, fmt::join(stage_names, ", ")));
+      fail(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}", item,
+                       fmt::join(stage_names, ", ")));
     }
     // "worker2" or "worker2/cuda:0"
     std::string place = item.substr(eq + 1);
-    rpc::worker(worker_of(place));  // throws listing the workers there are
+    if (std::find(world.begin(), world.end(), worker_of(place)) == world.end()) {
+      fail(fmt::format("--placement: \"{}\" names no worker of the world ({})", item,
+                       fmt::join(world, ", ")));
+    }
     out[it - stage_names.begin()] = place;
   }
   return out;
@@ -71,10 +81,11 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
 // worker, or nothing when there is no such worker or not enough spares (then the job fails).
 std::vector<std::string> take_over_lost_workers(const std::vector<std::string>& stage_names,
                                                 std::vector<std::string>& workers,
-                                                std::vector<std::string>& spares) {
+                                                std::vector<std::string>& spares,
+                                                const std::vector<std::string>& lost) {
   // A place is "worker" or "worker/device"; a spare takes the worker's part and keeps the device.
   std::vector<std::string> lost_here;
-  for (const std::string& name : rpc::agent().lost_workers()) {
+  for (const std::string& name : lost) {
     if (std::any_of(workers.begin(), workers.end(),
                     [&](const std::string& place) { return worker_of(place) == name; })) {
       lost_here.push_back(name);

@@ -16,19 +16,26 @@ namespace ferry::trainer {
 // "encoder@1" for replica 1, ...
 std::vector<std::string> replica_stage_names(const StagePlan& plan, int replicas);
 
-// The worker of each copy of each planned stage, replica by replica (as replica_stage_names):
-// the workers that are not spares, shared equally among the replicas, each replica's stages
-// round robin over its own (the master hosts them all in a world of one); then --placement's
-// choices by those names. Throws rpc::Error(InvalidArgument) when a replica gets no worker.
-std::vector<std::string> place_stages(const StagePlan& plan, const std::string& placement,
-                                      int spares, int replicas = 1);
+// The names of the world's workers by rank (rpc::workers()): the master first.
+std::vector<std::string> world_names();
 
-// Puts a spare in place of every lost worker that held a stage; says what it did, one line per
-// worker, or nothing when there is no such worker or not enough spares (then the job fails).
-// `stage_names` and `workers` are as replica_stage_names and place_stages give them.
+// The worker of each copy of each planned stage, replica by replica (as replica_stage_names), in
+// a world of the workers `world` names by rank: the workers that are not spares (the last
+// ranks), shared equally among the replicas, each replica's stages round robin over its own (the
+// master hosts them all in a world of one); then --placement's choices by those names. Throws
+// rpc::Error(InvalidArgument) when a replica gets no worker or --placement names no worker.
+std::vector<std::string> place_stages(const StagePlan& plan, const std::string& placement,
+                                      int spares, int replicas,
+                                      const std::vector<std::string>& world);
+
+// Puts a spare in place of every `lost` worker (rpc::Agent::lost_workers) that held a stage;
+// says what it did, one line per worker, or nothing when there is no such worker or not enough
+// spares (then the job fails). `stage_names` and `workers` are as replica_stage_names and
+// place_stages give them.
 std::vector<std::string> take_over_lost_workers(const std::vector<std::string>& stage_names,
                                                 std::vector<std::string>& workers,
-                                                std::vector<std::string>& spares);
+                                                std::vector<std::string>& spares,
+                                                const std::vector<std::string>& lost);
 
 // What a user needs after a worker is lost, unreachable or out of memory: the stages it holds,
 // and where training can resume from. Empty for other errors.

@@ -17,6 +17,7 @@
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/export_weights.h"
+#include "ferry/trainer/fail.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
 #include "ferry/trainer/worker_loop.h"
@@ -38,7 +39,7 @@ struct Weights {
 
 Weights weights_of(const PredictSettings& s) {
   if (s.weights.empty() == s.checkpoint_dir.empty()) {
-    fail_setting("predict needs either --weights FILE or --checkpoint-dir DIR");
+    fail("predict needs either --weights FILE or --checkpoint-dir DIR");
   }
   if (!s.weights.empty()) return {models::read_weights(s.weights), s.weights};
   const std::string folder = checkpoint_of_epoch(s.checkpoint_dir, s.epoch);
@@ -48,9 +49,8 @@ Weights weights_of(const PredictSettings& s) {
 void check_loaded(const models::LoadReport& report, const Weights& weights,
                   const PredictSettings& s) {
   if (!report.ok()) {
-    fail_setting(fmt::format("the weights in \"{}\" are not a whole {} with {} class{}: {}",
-                             weights.source, s.model, s.classes, s.classes == 1 ? "" : "es",
-                             report.describe()));
+    fail(fmt::format("the weights in \"{}\" are not a whole {} with {} class{}: {}", weights.source,
+                     s.model, s.classes, s.classes == 1 ? "" : "es", report.describe()));
   }
 }
 
@@ -66,8 +66,7 @@ Folder folder_of(const std::string& dir) {
   const bool laid_out = fs::is_directory(images, ec);
   f.images = data::image_files(laid_out ? images.string() : dir);
   if (f.images.empty()) {
-    fail_setting(
-        fmt::format("--data: no PNG or JPEG files in \"{}\"", laid_out ? images.string() : dir));
+    fail(fmt::format("--data: no PNG or JPEG files in \"{}\"", laid_out ? images.string() : dir));
   }
   const fs::path masks = fs::path(dir) / "masks";
   if (laid_out && fs::is_directory(masks, ec)) f.masks = data::image_files(masks.string());
@@ -79,7 +78,7 @@ int predict_folder(const Model& model, const PredictSettings& s) {
   const Folder folder = folder_of(s.data);
   std::error_code ec;
   fs::create_directories(s.out, ec);
-  if (ec) fail_setting(fmt::format("--out: cannot make \"{}\": {}", s.out, ec.message()));
+  if (ec) fail(fmt::format("--out: cannot make \"{}\": {}", s.out, ec.message()));
   std::vector<std::pair<std::string, std::string>> images(folder.images.begin(),
                                                           folder.images.end());
   const std::size_t batches = (images.size() + s.batch_size - 1) / s.batch_size;
@@ -153,7 +152,7 @@ int predict_on_workers(const PredictSettings& s) {
   p.batch_size = s.batch_size;
   p.stages = workers == 3 ? 0 : workers;  // three workers: the seams
   const StagePlan plan = plan_stages(p);
-  const std::vector<std::string> places = place_stages(plan, "", 0);
+  const std::vector<std::string> places = place_stages(plan, "", 0, 1, world_names());
   std::cerr << plan_table(plan, places) << std::flush;
   models::RemoteUnet split = models::RemoteUnet::create(plan.depth, s.classes, plan.on(places));
   check_loaded(split.load_state(weights.state), weights, s);
@@ -185,14 +184,13 @@ Overlap overlap_of(const at::Tensor& predicted, const at::Tensor& truth) {
 
 int run_prediction(const PredictSettings& s) {
   if (s.classes != 1) {
-    fail_setting(
-        fmt::format("predict writes one mask per image: --classes must be 1, not {}", s.classes));
+    fail(fmt::format("predict writes one mask per image: --classes must be 1, not {}", s.classes));
   }
   if (!(s.threshold > 0 && s.threshold < 1)) {
-    fail_setting(fmt::format("--threshold must be between 0 and 1, not {}", s.threshold));
+    fail(fmt::format("--threshold must be between 0 and 1, not {}", s.threshold));
   }
-  if (s.data.empty() || s.out.empty()) fail_setting("predict needs --data DIR and --out DIR");
-  if (s.batch_size < 1) fail_setting("--batch-size must be 1 or more");
+  if (s.data.empty() || s.out.empty()) fail("predict needs --data DIR and --out DIR");
+  if (s.batch_size < 1) fail("--batch-size must be 1 or more");
   depth_of(s.model);
   if (!rpc::world_in_environment()) return predict_in_this_process(s);
 

@@ -10,12 +10,9 @@
 #include "ferry/models/unet_blocks.h"
 #include "ferry/pipeline/partition.h"
 #include "ferry/rpc/error.h"
+#include "ferry/trainer/fail.h"
 
 namespace ferry::trainer {
-
-void fail_setting(const std::string& message) {
-  throw rpc::Error(rpc::ErrorKind::InvalidArgument, message);
-}
 
 namespace {
 
@@ -110,8 +107,8 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
   if (!s.partition.empty()) {
     std::vector<pipeline::Range> ranges = ranges_at_cuts(costs, "--partition", s.partition);
     if (s.stages > 0 && static_cast<int>(ranges.size()) != s.stages) {
-      fail_setting(fmt::format("--partition {} makes {} stages but --stages is {}", s.partition,
-                               ranges.size(), s.stages));
+      fail(fmt::format("--partition {} makes {} stages but --stages is {}", s.partition,
+                       ranges.size(), s.stages));
     }
     method = "manual";
     return ranges;
@@ -125,8 +122,8 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
     return ranges;
   }
   if (s.stages < 1 || s.stages > static_cast<int>(costs.size())) {
-    fail_setting(fmt::format("--stages {}: the U-Net has {} blocks, so 1 to {} stages", s.stages,
-                             costs.size(), costs.size()));
+    fail(fmt::format("--stages {}: the U-Net has {} blocks, so 1 to {} stages", s.stages,
+                     costs.size(), costs.size()));
   }
   method = "balanced by " + s.balance;
   if (s.balance == "memory") return pipeline::partition_min_max(memory, s.stages, time);
@@ -134,7 +131,7 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
   if (s.balance == "parameters") {
     return pipeline::partition_min_max(parameter_costs(costs), s.stages, time);
   }
-  fail_setting(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
+  fail(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
 }
 
 }  // namespace
@@ -157,7 +154,7 @@ std::vector<pipeline::Range> ranges_at_cuts(const std::vector<models::BlockCost>
   try {
     return pipeline::ranges_from_cuts(names, cuts);
   } catch (const std::invalid_argument& e) {
-    fail_setting(
+    fail(
         fmt::format("{} {}: {} (the blocks: stem, layer1.0, ..., decoder.0, ..., head; "
                     "`ferry-master describe --blocks` lists them)",
                     flag, cuts, e.what()));
@@ -174,7 +171,7 @@ int64_t depth_of(const std::string& model) {
     }
   }
   if (depth == 0) {
-    fail_setting(
+    fail(
         fmt::format("unknown model \"{}\" (models: unet-resnet18, unet-resnet34, unet-resnet50, "
                     "unet-resnet101, unet-resnet152)",
                     model));
@@ -256,14 +253,13 @@ void fill_stages(StagePlan& plan, const PlanSettings& s, const std::vector<pipel
 StagePlan plan_stages(const PlanSettings& s) {
   StagePlan plan;
   plan.depth = depth_of(s.model);
-  if (s.stages < 0) fail_setting(fmt::format("--stages {} is not a number of stages", s.stages));
+  if (s.stages < 0) fail(fmt::format("--stages {} is not a number of stages", s.stages));
   if (s.balance != "memory" && s.balance != "time" && s.balance != "parameters") {
-    fail_setting(
-        fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
+    fail(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
   }
-  if (s.batch_size < 1) fail_setting(fmt::format("--batch-size {} is not a batch", s.batch_size));
+  if (s.batch_size < 1) fail(fmt::format("--batch-size {} is not a batch", s.batch_size));
   if (s.microbatches < 1) {
-    fail_setting(fmt::format("--microbatches {} is not a number of micro-batches", s.microbatches));
+    fail(fmt::format("--microbatches {} is not a number of micro-batches", s.microbatches));
   }
   models::CostSampling sampling = cost_sampling(s.batch_size, s.microbatches, s.threads);
   // A balance by time needs the steadier figure of two timed passes; otherwise time is only

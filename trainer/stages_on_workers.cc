@@ -9,6 +9,7 @@
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/rpc/rpc.h"
+#include "ferry/trainer/fail.h"
 #include "trainer/train_setup.h"
 
 namespace ferry::trainer {
@@ -20,8 +21,8 @@ using models::RemoteUnet;
 void load_weights(RemoteUnet& split, const TrainSettings& s) {
   models::LoadReport report = split.load_weights(s.weights);
   if (report.loaded == 0) {
-    fail_setting(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
-                             report.describe()));
+    fail(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
+                     report.describe()));
   }
   if (report.ok()) {
     log::info("weights loaded from {}", s.weights);
@@ -42,7 +43,7 @@ void take_step_statistics(const StagesOnWorkers& job) {
     layers += remote_module::RemoteModule::take_step_statistics(
         copies, fmt::format("ferry/batchnorm/{}/{}/{}/", rpc::self().rank, build, k));
   }
-  if (layers == 0) fail_setting("--sync-batchnorm: no stage of the model has a batch norm");
+  if (layers == 0) fail("--sync-batchnorm: no stage of the model has a batch norm");
   log::info("batch norms: statistics of the whole step ({} layers{})", layers,
             job.replicas.size() > 1 ? fmt::format(", summed over {} replicas", job.replicas.size())
                                     : std::string());

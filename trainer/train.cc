@@ -23,9 +23,9 @@
 #include "ferry/dist_autograd/lr_schedule.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/checkpoint.h"
-#include "ferry/remote_module/loss.h"
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/epoch_monitor.h"
+#include "ferry/trainer/fail.h"
 #include "ferry/trainer/metrics_log.h"
 #include "ferry/trainer/model_tools.h"
 #include "ferry/trainer/stage_plan.h"
@@ -72,26 +72,6 @@ std::string best_dir(const TrainSettings& s) {
   return (std::filesystem::path(s.checkpoint_dir) / "best").string();
 }
 
-// Settings that cannot work, refused before any data is read or any worker builds a stage.
-void check_settings(const TrainSettings& s) {
-  depth_of(s.plan.model);
-  // Validation computes the loss here too, so the master must know it, whichever rank trains it.
-  try {
-    remote_module::loss_function(s.loss);
-  } catch (const rpc::Error& e) {
-    fail_setting(fmt::format("--loss: {} (a loss of your own comes with --plugin)", e.what()));
-  }
-  if (s.loss_on != "auto" && s.loss_on != "last-stage" && s.loss_on != "master") {
-    fail_setting(
-        fmt::format("--loss-on must be auto, last-stage or master, not \"{}\"", s.loss_on));
-  }
-  if (s.accumulate < 1)
-    fail_setting(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
-  if (s.replicas < 1) fail_setting(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
-  precision_of(s);
-  check_sync_batchnorm(s);
-}
-
 // The data first: a wrong folder is found before any worker builds a stage. --batch-size is per
 // replica, as a distributed sampler's: a step takes that many images for each, all different,
 // shuffled anew each epoch.
@@ -104,7 +84,7 @@ void load_data(Run& run) {
   run.train_loader = std::make_unique<data::BatchLoader>(train_set, train_indices, global_batch,
                                                          s.seed, /*drop_last=*/true);
   if (run.train_loader->batches() == 0) {
-    fail_setting(fmt::format(
+    fail(fmt::format(
         "{} training images do not make one batch of {}{}", train_indices.size(), global_batch,
         s.replicas > 1 ? fmt::format(" ({} replicas of {})", s.replicas, s.plan.batch_size) : ""));
   }
@@ -125,7 +105,7 @@ void place(Run& run) {
   const TrainSettings& s = run.s;
   run.plan = plan_of(s);
   run.rebalance.emplace(s, plan_settings_of(s), run.plan);  // a bad --rebalance-to fails here
-  run.workers = place_stages(run.plan, s.placement, s.spares, s.replicas);
+  run.workers = place_stages(run.plan, s.placement, s.spares, s.replicas, world_names());
   run.stage_names = replica_stage_names(run.plan, s.replicas);
   const std::size_t stage_count = run.plan.stages.size();
   std::cerr << plan_table(run.plan, first_places(run)) << std::flush;
@@ -164,7 +144,7 @@ void start(Run& run) {
   const TrainSettings& s = run.s;
   run.job = build_stages(s, run.plan, run.workers);
   if (s.resume) {
-    if (s.checkpoint_dir.empty()) fail_setting("--resume needs --checkpoint-dir");
+    if (s.checkpoint_dir.empty()) fail("--resume needs --checkpoint-dir");
     restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
     log::info("resumed from {} after epoch {} (optimizer step {})", s.checkpoint_dir,
               run.progress.epoch, run.progress.step);
@@ -276,7 +256,8 @@ void take_over(Run& run, const rpc::Error& e) {
     // to the lost worker closed: give that a moment.
     core::poll_with_backoff(
         [&] {
-          taken = take_over_lost_workers(run.stage_names, run.workers, run.spares);
+          taken = take_over_lost_workers(run.stage_names, run.workers, run.spares,
+                                         rpc::agent().lost_workers());
           return !taken.empty();
         },
         Clock::now() + std::chrono::seconds(3), std::chrono::milliseconds(50));

@@ -7,7 +7,9 @@
 
 #include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
+#include "ferry/remote_module/loss.h"
 #include "ferry/rpc/error.h"
+#include "ferry/trainer/fail.h"
 
 namespace ferry::trainer {
 
@@ -33,18 +35,18 @@ dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
   if (s.plan.optimizer == "sgd") return dist_autograd::OptimizerSpec::sgd(s.lr, 0.9, 1e-4);
   if (s.plan.optimizer == "adam") return dist_autograd::OptimizerSpec::adam(s.lr);
   if (s.plan.optimizer == "adamw") return dist_autograd::OptimizerSpec::adamw(s.lr);
-  fail_setting(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.plan.optimizer));
+  fail(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.plan.optimizer));
 }
 
 void check_sync_batchnorm(const TrainSettings& s) {
   if (!s.sync_batchnorm) return;
   if (s.freeze_batchnorm) {
-    fail_setting(
+    fail(
         "--sync-batchnorm with --freeze-batchnorm: frozen batch norms take no batch statistics "
         "to synchronise");
   }
   if (s.via_master) {
-    fail_setting("--sync-batchnorm needs pipelined steps; --via-master (the naive split) is not");
+    fail("--sync-batchnorm needs pipelined steps; --via-master (the naive split) is not");
   }
   bool one_f_one_b = false;
   try {
@@ -54,7 +56,7 @@ void check_sync_batchnorm(const TrainSettings& s) {
     // pipeline_of says what is wrong with it.
   }
   if (s.replicas > 1 && one_f_one_b) {
-    fail_setting(
+    fail(
         "--sync-batchnorm with --replicas and --pipeline 1f1b: under 1f1b a stage's forwards "
         "and backwards interleave differently in each replica, and the replicas' batch norms "
         "must sum their statistics in the same order; use --pipeline gpipe");
@@ -69,17 +71,17 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
   bool wanted = !s.pipeline.empty() || s.microbatches > 1 || s.checkpoint_activations ||
                 !s.trace_file.empty() || s.sync_batchnorm;
   if (!wanted) return nullptr;
-  if (s.via_master) fail_setting("--via-master is the naive split; it cannot be pipelined");
+  if (s.via_master) fail("--via-master is the naive split; it cannot be pipelined");
   pipeline::PipelineOptions options;
   try {
     options.schedule = pipeline::parse_schedule(s.pipeline.empty() ? "gpipe" : s.pipeline);
   } catch (const std::invalid_argument& e) {
-    fail_setting(fmt::format("--pipeline: {}", e.what()));
+    fail(fmt::format("--pipeline: {}", e.what()));
   }
   options.microbatches = s.microbatches;
   if (s.microbatches > s.plan.batch_size) {
-    fail_setting(fmt::format("--microbatches {} is more than the {} images of a batch",
-                             s.microbatches, s.plan.batch_size));
+    fail(fmt::format("--microbatches {} is more than the {} images of a batch", s.microbatches,
+                     s.plan.batch_size));
   }
   if (s.checkpoint_activations) {
     for (size_t k = 0; k < split.stages().size(); ++k) {
@@ -107,8 +109,9 @@ PlanSettings plan_settings_of(const TrainSettings& s) {
   PlanSettings p = s.plan;
   int stages = s.plan.stages > 0 ? s.plan.stages : 3;
   if (!s.plan.partition.empty()) {
+    // The first block of each stage after the first: one stage more than the names.
     stages =
-        1 + static_cast<int>(std::count(s.plan.partition.begin(), s.plan.partition.end(), ','));
+        2 + static_cast<int>(std::count(s.plan.partition.begin(), s.plan.partition.end(), ','));
   }
   p.in_flight_samples =
       in_flight_samples(s.plan.batch_size, s.microbatches, s.pipeline == "1f1b", stages);
@@ -137,21 +140,20 @@ dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total
     return dist_autograd::LrSchedule::parse(s.lr_schedule, s.lr, total_steps, s.warmup_steps,
                                             s.lr_step_size, s.lr_gamma);
   } catch (const std::invalid_argument& e) {
-    fail_setting(fmt::format("--lr-schedule: {}", e.what()));
+    fail(fmt::format("--lr-schedule: {}", e.what()));
   }
 }
 
 // The monitor the settings ask for, if any; fails on settings that cannot work together.
 std::optional<EpochMonitor> monitor_of(const TrainSettings& s) {
   if (s.save_best && s.checkpoint_dir.empty()) {
-    fail_setting(
-        "--save-best needs --checkpoint-dir: the best epoch's checkpoint goes to its best/");
+    fail("--save-best needs --checkpoint-dir: the best epoch's checkpoint goes to its best/");
   }
   if (s.monitor.empty() && !s.save_best && s.early_stop_patience == 0) return std::nullopt;
   try {
     return EpochMonitor(s.monitor.empty() ? "val_loss" : s.monitor, s.early_stop_patience);
   } catch (const std::invalid_argument& e) {
-    fail_setting(e.what());
+    fail(e.what());
   }
 }
 
@@ -159,8 +161,25 @@ remote_module::Precision precision_of(const TrainSettings& s) {
   try {
     return remote_module::parse_precision(s.precision);
   } catch (const std::invalid_argument& e) {
-    fail_setting(fmt::format("--precision: {}", e.what()));
+    fail(fmt::format("--precision: {}", e.what()));
   }
+}
+
+void check_settings(const TrainSettings& s) {
+  depth_of(s.plan.model);
+  // Validation computes the loss here too, so the master must know it, whichever rank trains it.
+  try {
+    remote_module::loss_function(s.loss);
+  } catch (const rpc::Error& e) {
+    fail(fmt::format("--loss: {} (a loss of your own comes with --plugin)", e.what()));
+  }
+  if (s.loss_on != "auto" && s.loss_on != "last-stage" && s.loss_on != "master") {
+    fail(fmt::format("--loss-on must be auto, last-stage or master, not \"{}\"", s.loss_on));
+  }
+  if (s.accumulate < 1) fail(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
+  if (s.replicas < 1) fail(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
+  precision_of(s);
+  check_sync_batchnorm(s);
 }
 
 }  // namespace ferry::trainer

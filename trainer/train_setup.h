@@ -50,6 +50,9 @@ remote_module::Precision precision_of(const TrainSettings& s);
 // Fails on --sync-batchnorm with settings it cannot work with.
 void check_sync_batchnorm(const TrainSettings& s);
 
+// Settings that cannot work, refused before any data is read or any worker builds a stage.
+void check_settings(const TrainSettings& s);
+
 // The monitor the settings ask for, if any; fails on settings that cannot work together.
 std::optional<EpochMonitor> monitor_of(const TrainSettings& s);
 

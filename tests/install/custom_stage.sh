@@ -14,7 +14,8 @@ step() { echo "== $*"; }
 step "install into $work/prefix"
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
 for f in bin/ferry-worker bin/ferry-master bin/ferry-launch include/ferry/rpc/rpc.h \
-         include/ferry/remote_module/stage_plugin.h lib/cmake/Ferry/FerryConfig.cmake \
+         include/ferry/remote_module/stage_plugin.h include/ferry/trainer/worker_loop.h \
+         lib/cmake/Ferry/FerryConfig.cmake \
          lib/cmake/Ferry/FerryConfigVersion.cmake; do
   [ -e "$work/prefix/$f" ] || { echo "not installed: $f"; exit 1; }
 done

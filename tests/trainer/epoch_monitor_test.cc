@@ -4,8 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <stdexcept>
 #include <string>
+
+#include "ferry/rpc/error.h"
 
 namespace ferry::trainer {
 namespace {
@@ -65,14 +66,16 @@ TEST(EpochMonitor, BadSettingsNameTheFlag) {
   try {
     EpochMonitor("val_acc", 1);
     FAIL() << "accepted an unknown metric";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rpc::Error& e) {
+    EXPECT_EQ(e.kind(), rpc::ErrorKind::InvalidArgument);
     EXPECT_THAT(e.what(), HasSubstr("--monitor must be val_loss, val_iou or val_dice, not "
                                     "\"val_acc\""));
   }
   try {
     EpochMonitor("val_iou", -1);
     FAIL() << "accepted a negative patience";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rpc::Error& e) {
+    EXPECT_EQ(e.kind(), rpc::ErrorKind::InvalidArgument);
     EXPECT_THAT(e.what(), HasSubstr("--early-stop-patience must be 0 (never) or more, not -1"));
   }
 }

@@ -10,9 +10,9 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
-#include <stdexcept>
 
 #include "ferry/core/files.h"
+#include "ferry/rpc/error.h"
 
 namespace ferry::trainer {
 namespace {
@@ -97,13 +97,15 @@ TEST(MetricsCsv, MissingValuesAreEmptyCellsAndBadLinesAreNamed) {
   try {
     parse_metrics_csv("epoch,a,b\n1,2,3\n2,x,3\n", {"a", "b"});
     FAIL() << "a cell that is no number was read";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rpc::Error& e) {
+    EXPECT_EQ(e.kind(), rpc::ErrorKind::InvalidArgument);
     EXPECT_THAT(e.what(), HasSubstr("line 3 is not numbers: \"2,x,3\""));
   }
   try {
     parse_metrics_csv("epoch,a,b\n1,2\n", {"a", "b"});
     FAIL() << "a short line was read";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rpc::Error& e) {
+    EXPECT_EQ(e.kind(), rpc::ErrorKind::InvalidArgument);
     EXPECT_THAT(e.what(), HasSubstr("line 2 has 2 cells, not 3"));
   }
 }
@@ -113,7 +115,8 @@ TEST_F(MetricsLogTest, ARowOfTheWrongWidthIsRefused) {
   try {
     log.add({1, {1, 2}});
     FAIL() << "a short row was written";
-  } catch (const std::invalid_argument& e) {
+  } catch (const rpc::Error& e) {
+    EXPECT_EQ(e.kind(), rpc::ErrorKind::InvalidArgument);
     EXPECT_THAT(e.what(), HasSubstr("a metrics row of 2 values for 5 columns"));
   }
 }

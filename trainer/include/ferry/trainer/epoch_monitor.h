@@ -12,7 +12,7 @@ class EpochMonitor {
  public:
   // `metric`: "val_loss" (lower is better), "val_iou" or "val_dice" (higher is better). With
   // `patience` P > 0, observe() says stop after P epochs in a row without improvement; 0 never
-  // stops. Throws std::invalid_argument naming the metrics there are.
+  // stops. Throws rpc::Error(InvalidArgument) naming the metrics there are.
   EpochMonitor(std::string metric, int patience);
 
   struct Verdict {

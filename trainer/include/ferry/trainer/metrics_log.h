@@ -17,8 +17,8 @@ struct EpochFigures {
 class MetricsLog {
  public:
   // Creates `dir` if needed. Columns: "epoch", then `columns`. The file is written whole after
-  // every add(), so a run that dies leaves every finished epoch's row. Throws std::runtime_error
-  // naming the directory when it cannot be made.
+  // every add(), so a run that dies leaves every finished epoch's row. Throws
+  // rpc::Error(InvalidArgument) naming the directory when it cannot be made.
   MetricsLog(std::string dir, std::vector<std::string> columns);
 
   // A resumed run keeps the rows of the epochs up to `epoch` that DIR/metrics.csv already holds,
@@ -27,8 +27,8 @@ class MetricsLog {
   // Forgets the rows after `epoch` (a run that went back to a checkpoint).
   void truncate_after(int epoch);
   // Adds or replaces the row of `figures.epoch` and writes metrics.csv. Throws
-  // std::invalid_argument for a row of the wrong width, std::runtime_error naming the file when
-  // it cannot be written.
+  // rpc::Error(InvalidArgument) for a row of the wrong width, and core's std::runtime_error
+  // naming the file when it cannot be written.
   void add(const EpochFigures& figures);
   // Writes metrics.svg: the train and validation loss, and the validation IoU and Dice, by epoch.
   void write_plot(const std::string& title) const;
@@ -46,7 +46,8 @@ class MetricsLog {
 // The CSV text of `rows` under the header "epoch,<columns>".
 std::string metrics_csv(const std::vector<std::string>& columns,
                         const std::vector<EpochFigures>& rows);
-// Parses metrics_csv's text back; throws std::invalid_argument naming the line that is wrong.
+// Parses metrics_csv's text back; throws rpc::Error(InvalidArgument) naming the line that is
+// wrong.
 std::vector<EpochFigures> parse_metrics_csv(const std::string& text,
                                             const std::vector<std::string>& columns);
 // An SVG of two panels side by side: the curves of `left` and of `right` (column names) against

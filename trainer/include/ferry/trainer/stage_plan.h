@@ -92,10 +92,6 @@ std::vector<pipeline::Range> ranges_at_cuts(const std::vector<models::BlockCost>
 // "unet-resnet<depth>" -> depth; throws rpc::Error(InvalidArgument) naming the model otherwise.
 int64_t depth_of(const std::string& model);
 
-// Throws rpc::Error(InvalidArgument) with `message`: how the trainer's tools refuse a setting,
-// naming the flag.
-[[noreturn]] void fail_setting(const std::string& message);
-
 // The samples each stage holds activations for at once, at most: all of the batch for plain and
 // GPipe steps, and for 1F1B with M micro-batches over p stages, min(M, p) micro-batches.
 int64_t in_flight_samples(int64_t batch_size, int microbatches, bool one_f_one_b, int stages);

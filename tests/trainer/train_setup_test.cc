@@ -1,0 +1,185 @@
+// What the training job makes of its settings before any process starts: refusals naming the flag,
+// the loss's place, the plan's settings from the schedule, the monitor, and where stages go and
+// who takes over a lost worker. No world, no stage: pure logic.
+#include "trainer/train_setup.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/support/error_of.h"
+#include "trainer/placement.h"
+
+namespace ferry::trainer {
+namespace {
+
+using ferry::testing::kind_and_error_of;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Each refusal is InvalidArgument, names the flag and says what would do.
+TEST(TrainSetup, SettingsThatCannotWorkAreRefusedNamingTheFlag) {
+  auto refusal = [](auto change) {
+    TrainSettings s;
+    change(s);
+    return kind_and_error_of([&] { check_settings(s); });
+  };
+  EXPECT_EQ(refusal([](TrainSettings&) {}), "no error");
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.loss = "focal"; }),
+              HasSubstr("InvalidArgument: --loss: unknown loss \"focal\""));
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.loss_on = "worker"; }),
+              HasSubstr("--loss-on must be auto, last-stage or master, not \"worker\""));
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.accumulate = 0; }),
+              HasSubstr("--accumulate must be 1 or more, not 0"));
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.replicas = 0; }),
+              HasSubstr("--replicas must be 1 or more, not 0"));
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.precision = "16"; }),
+              HasSubstr("InvalidArgument: --precision: "));
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.plan.model = "unet-vgg16"; }),
+              HasSubstr("unet-vgg16"));
+  EXPECT_THAT(refusal([](TrainSettings& s) {
+                s.sync_batchnorm = true;
+                s.via_master = true;
+              }),
+              HasSubstr("--sync-batchnorm needs pipelined steps"));
+  EXPECT_THAT(refusal([](TrainSettings& s) {
+                s.sync_batchnorm = true;
+                s.replicas = 2;
+                s.pipeline = "1f1b";
+              }),
+              HasSubstr("use --pipeline gpipe"));
+  EXPECT_THAT(refusal([](TrainSettings& s) {
+                s.sync_batchnorm = true;
+                s.freeze_batchnorm = true;
+              }),
+              HasSubstr("--sync-batchnorm with --freeze-batchnorm"));
+}
+
+TEST(TrainSetup, TheLossIsOnTheLastStageInPipelinedStepsUnlessTheSettingsSayElse) {
+  TrainSettings s;
+  EXPECT_TRUE(loss_on_last_stage(s, /*pipelined=*/true));
+  EXPECT_FALSE(loss_on_last_stage(s, /*pipelined=*/false));
+  s.loss_on = "last-stage";
+  EXPECT_TRUE(loss_on_last_stage(s, false));
+  s.via_master = true;  // the activations come through the master anyway
+  EXPECT_FALSE(loss_on_last_stage(s, false));
+  s.via_master = false;
+  s.loss_on = "master";
+  EXPECT_FALSE(loss_on_last_stage(s, true));
+}
+
+TEST(TrainSetup, ThePlansSettingsFollowTheSchedule) {
+  TrainSettings s;
+  s.plan.batch_size = 32;
+  s.plan.stages = 4;
+  s.microbatches = 8;
+  s.pipeline = "gpipe";
+  EXPECT_EQ(plan_settings_of(s).in_flight_samples, 32);  // every micro-batch's activations
+  s.pipeline = "1f1b";
+  s.checkpoint_activations = true;
+  PlanSettings p = plan_settings_of(s);
+  EXPECT_EQ(p.in_flight_samples, 16);  // four stages: four micro-batches of four images
+  EXPECT_EQ(p.microbatches, 8);
+  EXPECT_TRUE(p.recompute);
+  s.plan.partition = "layer3.0";  // two stages, whatever --stages says
+  EXPECT_EQ(plan_settings_of(s).in_flight_samples, 8);
+}
+
+TEST(TrainSetup, TheOptimizerScheduleAndPrecisionComeFromTheirFlags) {
+  TrainSettings s;
+  s.plan.optimizer = "sgd";
+  s.lr = 0.1;
+  EXPECT_EQ(optimizer_spec(s).name, "sgd");
+  s.plan.optimizer = "lamb";
+  EXPECT_THAT(kind_and_error_of([&] { optimizer_spec(s); }),
+              HasSubstr("--optimizer must be sgd, adam or adamw, not \"lamb\""));
+  s.lr_schedule = "cosine";
+  EXPECT_DOUBLE_EQ(schedule_of(s, 10).lr_at(0), 0.1);
+  EXPECT_LT(schedule_of(s, 10).lr_at(9), 0.1);
+  s.lr_schedule = "linear";
+  EXPECT_THAT(kind_and_error_of([&] { schedule_of(s, 10); }),
+              HasSubstr("InvalidArgument: --lr-schedule: "));
+  s.precision = "bf16-mixed";
+  EXPECT_EQ(precision_of(s), remote_module::Precision::BFloat16Mixed);
+}
+
+TEST(TrainSetup, AMonitorOnlyWhenAskedForAndTheBestCheckpointNeedsAFolder) {
+  TrainSettings s;
+  EXPECT_FALSE(monitor_of(s).has_value());
+  s.early_stop_patience = 3;
+  std::optional<EpochMonitor> monitor = monitor_of(s);
+  ASSERT_TRUE(monitor.has_value());
+  EXPECT_EQ(monitor->metric(), "val_loss");
+  EXPECT_EQ(monitor->patience(), 3);
+  s.monitor = "val_iou";
+  EXPECT_EQ(monitor_of(s)->metric(), "val_iou");
+  s.save_best = true;
+  EXPECT_THAT(kind_and_error_of([&] { monitor_of(s); }),
+              HasSubstr("--save-best needs --checkpoint-dir"));
+  s.checkpoint_dir = "/tmp/unused";
+  s.monitor = "val_acc";
+  EXPECT_THAT(kind_and_error_of([&] { monitor_of(s); }),
+              HasSubstr("InvalidArgument: --monitor must be val_loss, val_iou or val_dice"));
+}
+
+StagePlan three_stages() {
+  StagePlan plan;
+  for (const char* name : {"encoder", "decoder", "head"}) {
+    PlannedStage stage;
+    stage.name = name;
+    plan.stages.push_back(stage);
+  }
+  return plan;
+}
+
+const std::vector<std::string> kWorld = {"master", "worker1", "worker2", "worker3", "worker4"};
+
+TEST(Placement, StagesGoRoundRobinOverEachReplicasWorkersAndSparesWait) {
+  StagePlan plan = three_stages();
+  EXPECT_THAT(place_stages(plan, "", 0, 1, kWorld), ElementsAre("worker1", "worker2", "worker3"));
+  // The last rank waits as a spare; two replicas share the other four workers.
+  EXPECT_THAT(place_stages(plan, "", 1, 1, kWorld), ElementsAre("worker1", "worker2", "worker3"));
+  EXPECT_THAT(replica_stage_names(plan, 2),
+              ElementsAre("encoder", "decoder", "head", "encoder@1", "decoder@1", "head@1"));
+  EXPECT_THAT(place_stages(plan, "", 0, 2, kWorld),
+              ElementsAre("worker1", "worker2", "worker1", "worker3", "worker4", "worker3"));
+  // A world of one: the master hosts every stage.
+  EXPECT_THAT(place_stages(plan, "", 0, 1, {"master"}), ElementsAre("master", "master", "master"));
+  // --placement moves stages by name, onto a device too.
+  EXPECT_THAT(place_stages(plan, "head=master,encoder@1=worker2/cuda:1", 0, 2, kWorld),
+              ElementsAre("worker1", "worker2", "master", "worker2/cuda:1", "worker4", "worker3"));
+}
+
+TEST(Placement, PlacementsThatCannotBeAreRefusedNamingWhy) {
+  StagePlan plan = three_stages();
+  EXPECT_THAT(kind_and_error_of([&] { place_stages(plan, "", 4, 1, kWorld); }),
+              HasSubstr("--spares 4 leaves no worker for the stages in a world of 5"));
+  EXPECT_THAT(kind_and_error_of([&] { place_stages(plan, "", 2, 3, kWorld); }),
+              HasSubstr("--replicas 3 needs a worker of its own for each replica at least; the "
+                        "world has 2 besides the master and the 2 spares"));
+  EXPECT_THAT(kind_and_error_of([&] { place_stages(plan, "tail=worker1", 0, 1, kWorld); }),
+              HasSubstr("--placement: \"tail=worker1\" is not stage=worker with a stage among "
+                        "encoder, decoder, head"));
+  EXPECT_THAT(kind_and_error_of([&] { place_stages(plan, "head=worker9", 0, 1, kWorld); }),
+              HasSubstr("--placement: \"head=worker9\" names no worker of the world (master, "
+                        "worker1, worker2, worker3, worker4)"));
+}
+
+TEST(Placement, ASpareTakesEveryStageOfALostWorkerAndKeepsItsDevice) {
+  const std::vector<std::string> names = {"encoder", "decoder", "head", "encoder@1"};
+  std::vector<std::string> workers = {"worker1", "worker2/cuda:0", "worker2", "worker3"};
+  std::vector<std::string> spares = {"worker4", "worker5"};
+  // Nobody lost, or only a worker that held no stage: nothing to do.
+  EXPECT_TRUE(take_over_lost_workers(names, workers, spares, {}).empty());
+  EXPECT_TRUE(take_over_lost_workers(names, workers, spares, {"worker5"}).empty());
+  EXPECT_THAT(take_over_lost_workers(names, workers, spares, {"worker2"}),
+              ElementsAre("worker \"worker2\" was lost; spare \"worker4\" takes over stage "
+                          "decoder, head"));
+  EXPECT_THAT(workers, ElementsAre("worker1", "worker4/cuda:0", "worker4", "worker3"));
+  EXPECT_THAT(spares, ElementsAre("worker5"));
+  // Two lost, one spare left: no take-over; the job fails instead.
+  EXPECT_TRUE(take_over_lost_workers(names, workers, spares, {"worker1", "worker3"}).empty());
+  EXPECT_THAT(spares, ElementsAre("worker5"));
+}
+
+}  // namespace
+}  // namespace ferry::trainer

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <stdexcept>
+#include <exception>
 
 #include "ferry/core/files.h"
 #include "ferry/trainer/fail.h"
@@ -160,6 +160,21 @@ std::string metrics_csv(const std::vector<std::string>& columns,
   return text;
 }
 
+namespace {
+
+// Whether `cell` is one number and nothing after it; the number goes to `out`.
+bool read_number(const std::string& cell, double* out) {
+  try {
+    size_t used = 0;
+    *out = std::stod(cell, &used);
+    return used == cell.size();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
 std::vector<EpochFigures> parse_metrics_csv(const std::string& text,
                                             const std::vector<std::string>& columns) {
   std::istringstream in(text);
@@ -175,17 +190,15 @@ std::vector<EpochFigures> parse_metrics_csv(const std::string& text,
       fail(fmt::format("line {} has {} cells, not {}", number, cells.size(), columns.size() + 1));
     }
     EpochFigures row;
-    try {
-      size_t used = 0;
-      row.epoch = std::stoi(cells[0], &used);
-      if (used != cells[0].size()) throw std::invalid_argument(cells[0]);
-      for (size_t k = 1; k < cells.size(); ++k) {
-        row.values.push_back(cells[k].empty() ? std::nan("") : std::stod(cells[k], &used));
-        if (!cells[k].empty() && used != cells[k].size()) throw std::invalid_argument(cells[k]);
-      }
-    } catch (const std::exception&) {
-      fail(fmt::format("line {} is not numbers: \"{}\"", number, line));
+    double epoch = 0;
+    bool numbers = read_number(cells[0], &epoch) && epoch == std::floor(epoch);
+    row.epoch = static_cast<int>(epoch);
+    for (size_t k = 1; k < cells.size() && numbers; ++k) {
+      double value = std::nan("");
+      numbers = cells[k].empty() || read_number(cells[k], &value);
+      row.values.push_back(value);
     }
+    if (!numbers) fail(fmt::format("line {} is not numbers: \"{}\"", number, line));
     rows.push_back(std::move(row));
   }
   return rows;

@@ -110,9 +110,8 @@ int predict_folder(const Model& model, const PredictSettings& s) {
       if (truth_file == folder.masks.end()) continue;
       at::Tensor truth = data::read_mask(truth_file->second);
       if (truth.size(0) != file.height || truth.size(1) != file.width) {
-        throw std::invalid_argument(
-            fmt::format("mask \"{}\" is {}x{} but its image \"{}\" is {}x{}", truth_file->second,
-                        truth.size(1), truth.size(0), path, file.width, file.height));
+        fail(fmt::format("mask \"{}\" is {}x{} but its image \"{}\" is {}x{}", truth_file->second,
+                         truth.size(1), truth.size(0), path, file.width, file.height));
       }
       const Overlap o = overlap_of(mask.to(at::kFloat), truth);
       total.add(o);

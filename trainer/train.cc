@@ -105,7 +105,8 @@ void place(Run& run) {
   const TrainSettings& s = run.s;
   run.plan = plan_of(s);
   run.rebalance.emplace(s, plan_settings_of(s), run.plan);  // a bad --rebalance-to fails here
-  run.workers = place_stages(run.plan, s.placement, s.spares, s.replicas, world_names());
+  const std::vector<std::string> world = world_names();
+  run.workers = place_stages(run.plan, s.placement, s.spares, s.replicas, world);
   run.stage_names = replica_stage_names(run.plan, s.replicas);
   const std::size_t stage_count = run.plan.stages.size();
   std::cerr << plan_table(run.plan, first_places(run)) << std::flush;
@@ -117,10 +118,7 @@ void place(Run& run) {
     }
     log::info("replica {}: {}", r, fmt::join(places, ", "));
   }
-  const std::vector<rpc::WorkerInfo>& world = rpc::workers();
-  for (std::size_t r = world.size() - s.spares; r < world.size(); ++r) {
-    run.spares.push_back(world[r].name);
-  }
+  run.spares.assign(world.end() - s.spares, world.end());
   if (run.spares.empty()) return;
   log::info("spare workers: {}", fmt::join(run.spares, ", "));
   if (s.checkpoint_dir.empty()) {

@@ -17,7 +17,6 @@
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 #include "tests/support/sanitizer_allowance.h"
-#include "tests/support/temp_dir.h"
 #include "tests/support/time_scale.h"
 
 namespace ferry::rpc {
@@ -30,13 +29,6 @@ using ferry::testing::Process;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// Each world's master takes its port from the system and writes it to a file of its own, where
-// the peers read it.
-std::string new_port_file() {
-  static int worlds = 0;
-  return ferry::testing::process_temp_dir().file("rendezvous-port-" + std::to_string(++worlds));
-}
-
 std::unique_ptr<Process> spawn_peer(int rank, int world, const std::string& port_file,
                                     const std::string& name, int timeout_ms) {
   return std::make_unique<Process>(
@@ -46,6 +38,7 @@ std::unique_ptr<Process> spawn_peer(int rank, int world, const std::string& port
 }
 
 Options master_options(int world, const std::string& port_file, milliseconds timeout) {
+  // The master takes its port from the system and writes it to the file, where the peers read it.
   Options o = loopback_options("master", 0, world, 0);
   o.master_port_file = port_file;
   o.init_timeout = timeout;
@@ -70,7 +63,7 @@ int exit_code(Process& p) {
 }
 
 TEST(Rendezvous, DuplicateWorkerNameFailsEveryRank) {
-  const std::string port = new_port_file();
+  const std::string port = ferry::testing::new_port_file();
   auto p1 = spawn_peer(1, 3, port, "twin", 10000);
   auto p2 = spawn_peer(2, 3, port, "twin", 10000);
   std::string error = start_error(master_options(3, port, milliseconds(10000)));
@@ -80,7 +73,7 @@ TEST(Rendezvous, DuplicateWorkerNameFailsEveryRank) {
 }
 
 TEST(Rendezvous, IncompleteWorldFailsWithinItsTimeoutNamingTheMissingRank) {
-  const std::string port = new_port_file();
+  const std::string port = ferry::testing::new_port_file();
   // Long enough for rank 1's process to start (LibTorch loading) on a loaded machine.
   const milliseconds timeout = ferry::testing::scaled(std::chrono::seconds(4));
   auto p1 = spawn_peer(1, 3, port, "a", static_cast<int>(timeout.count()));
@@ -110,7 +103,7 @@ TEST(Rendezvous, UnreachableMasterFailsWithinItsTimeout) {
 // A master whose port file never appears: the rank waits for it within its timeout, then says
 // which file it waited for.
 TEST(Rendezvous, ARankWhosePortFileNeverAppearsFailsWithinItsTimeoutNamingTheFile) {
-  const std::string port = new_port_file();
+  const std::string port = ferry::testing::new_port_file();
   Options o = master_options(2, port, milliseconds(1000));
   o.rank = 1;
   o.name = "lonely";
@@ -121,7 +114,7 @@ TEST(Rendezvous, ARankWhosePortFileNeverAppearsFailsWithinItsTimeoutNamingTheFil
 }
 
 TEST(Rendezvous, ShutdownWaitsForEveryAgentAndReturns) {
-  const std::string port = new_port_file();
+  const std::string port = ferry::testing::new_port_file();
   auto p1 = spawn_peer(1, 2, port, "a", 10000);
   FunctionRegistry registry;
   auto agent = Agent::start(master_options(2, port, milliseconds(10000)), registry);

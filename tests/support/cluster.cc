@@ -70,6 +70,11 @@ int connect_raw(const rpc::WorkerInfo& to) {
 
 int free_port() { return core::pick_free_port(); }
 
+std::string new_port_file() {
+  static std::atomic<int> worlds{0};
+  return process_temp_dir().file("world-port-" + std::to_string(++worlds));
+}
+
 std::string peer_binary() { return FERRY_TEST_PEER; }
 
 std::string worker_binary() { return FERRY_WORKER; }
@@ -85,12 +90,6 @@ void register_once() {
     return true;
   }();
   (void)done;
-}
-
-// A file no world of this process has used: where its master writes the port it got.
-std::string new_port_file() {
-  static std::atomic<int> worlds{0};
-  return process_temp_dir().file("world-port-" + std::to_string(++worlds));
 }
 
 }  // namespace

@@ -45,6 +45,10 @@ int connect_raw(const rpc::WorkerInfo& to);
 // A free TCP port on 127.0.0.1 (bound and released; good enough for a test's rendezvous).
 int free_port();
 
+// A file no world of this test process has used: where a world's rank 0 writes the port its store
+// got from the system and the other ranks read it (rpc::Options::master_port_file).
+std::string new_port_file();
+
 // The path of ferry-test-peer.
 std::string peer_binary();
 // The path of ferry-worker, the worker binary users run.

@@ -120,6 +120,10 @@ void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
                   "copies of the staged model on workers of their own, each on --batch-size "
                   "images of every step, gradients averaged across them (data parallel)")
       ->check(count_up_to(kMaxWorkers));
+  cmd->add_option("--bucket-mib", t.bucket_mib,
+                  "with --replicas: gradients are averaged in buckets of this many MiB, each "
+                  "all-reduced as soon as the backward has produced it (as DDP's bucket_cap_mb)")
+      ->check(in_range(0, 1 << 16, true));
   cmd->add_flag("--via-master", t.via_master,
                 "send activations through the master between stages (naive model parallelism) "
                 "instead of from worker to worker");

@@ -27,6 +27,7 @@
 #include <unordered_set>
 
 #include "dist_autograd/context_store.h"
+#include "dist_autograd/gradient_sink.h"
 #include "dist_autograd/install.h"
 #include "dist_autograd/owned_value.h"
 #include "dist_autograd/recv_backward.h"
@@ -132,6 +133,77 @@ bool part_is_shared(const ContextState& context, std::int64_t message_id, const 
     }
   }
   return false;
+}
+
+// Hands the gradients a node computes for sunk leaves (gradient_sink.h) to the context as soon as
+// the node has run, not when the whole part is done: a replica's bucket can start its all-reduce
+// while the rest of the backward computes. A leaf fed by several nodes gets one contribution from
+// each, which sum to what the engine captures at the part's end.
+class DeliverToSinks : public torch::autograd::FunctionPostHook {
+ public:
+  DeliverToSinks(std::int64_t context_id, std::vector<std::pair<std::size_t, at::Tensor>> leaves)
+      : context_id_(context_id), leaves_(std::move(leaves)) {}
+
+  variable_list operator()(const variable_list& outputs, const variable_list& inputs) override {
+    (void)inputs;
+    // The graph may outlive its context; a released context takes nothing.
+    ContextPtr context = find_context(context_id_);
+    if (!context) return outputs;
+    for (const auto& [index, variable] : leaves_) {
+      if (index < outputs.size() && outputs[index].defined()) {
+        context->accumulate(variable, outputs[index]);
+      }
+    }
+    return outputs;
+  }
+
+ private:
+  std::int64_t context_id_;
+  std::vector<std::pair<std::size_t, at::Tensor>> leaves_;  // output index, leaf
+};
+
+bool delivers_to_sinks(const Node& node) {
+  return std::any_of(node.post_hooks().begin(), node.post_hooks().end(), [](const auto& hook) {
+    return dynamic_cast<const DeliverToSinks*>(hook.get()) != nullptr;
+  });
+}
+
+// Sets up early delivery for the sunk leaves among `ends` of the part from `roots`; returns those
+// leaves' nodes, whose captured gradients the part must then leave out.
+std::unordered_set<const Node*> deliver_sunk_leaves_early(std::int64_t context_id,
+                                                          const edge_list& roots,
+                                                          const edge_list& ends) {
+  std::unordered_set<const Node*> sunk;
+  if (!has_gradient_sinks()) return sunk;
+  for (const Edge& end : ends) {
+    auto* leaf = dynamic_cast<AccumulateGrad*>(end.function.get());
+    if (leaf && gradient_sink(leaf->variable)) sunk.insert(leaf);
+  }
+  if (sunk.empty()) return sunk;
+  std::unordered_set<const Node*> seen;
+  std::vector<std::shared_ptr<Node>> stack;
+  auto visit = [&](const Edge& edge) {
+    const Node* node = edge.function.get();
+    if (node && !ends_part(node) && seen.insert(node).second) stack.push_back(edge.function);
+  };
+  for (const Edge& root : roots) visit(root);
+  while (!stack.empty()) {
+    std::shared_ptr<Node> node = std::move(stack.back());
+    stack.pop_back();
+    std::vector<std::pair<std::size_t, at::Tensor>> leaves;
+    const edge_list& next = node->next_edges();
+    for (std::size_t i = 0; i < next.size(); ++i) {
+      if (sunk.count(next[i].function.get())) {
+        leaves.emplace_back(i, static_cast<AccumulateGrad*>(next[i].function.get())->variable);
+      }
+      visit(next[i]);
+    }
+    // A part that runs again on the same nodes finds them already delivering.
+    if (!leaves.empty() && !delivers_to_sinks(*node)) {
+      node->add_post_hook(std::make_unique<DeliverToSinks>(context_id, std::move(leaves)));
+    }
+  }
+  return sunk;
 }
 
 // Gradients arriving at the ends of a part: leaves go into the context, RecvBackward inputs are
@@ -242,13 +314,17 @@ FuturePtr run_part(ContextState& context, std::int64_t part, const edge_list& ro
     }
   }
   edge_list ends = part_ends(engine_roots);
+  const std::unordered_set<const Node*> delivered =
+      deliver_sunk_leaves_early(context.id(), engine_roots, ends);
   auto start = std::chrono::steady_clock::now();
   if (!ends.empty()) {
     try {
       variable_list captured = torch::autograd::Engine::get_default_engine().execute(
           engine_roots, engine_grads, keep_graph, /*create_graph=*/false,
           /*accumulate_grad=*/false, ends);
-      for (size_t i = 0; i < ends.size(); ++i) result.add(ends[i], captured[i]);
+      for (size_t i = 0; i < ends.size(); ++i) {
+        if (!delivered.count(ends[i].function.get())) result.add(ends[i], captured[i]);
+      }
     } catch (const std::exception&) {
       throw part_failed(context.id(), std::current_exception());
     }

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "dist_autograd/context_store.h"
+#include "dist_autograd/gradient_sink.h"
 #include "dist_autograd/install.h"
 #include "ferry/core/log.h"
 #include "ferry/rpc/error.h"
@@ -111,6 +112,12 @@ std::set<int> ContextState::workers() const {
 
 void ContextState::accumulate(const at::Tensor& variable, const at::Tensor& grad,
                               bool handed_over) {
+  if (std::shared_ptr<GradientSink> sink = gradient_sink(variable)) {
+    sink->add(id_, variable, grad);
+    std::lock_guard<std::mutex> lock(mutex_);
+    sunk_.try_emplace(variable.unsafeGetTensorImpl(), variable);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   // An expanded or overlapping gradient cannot be added into in place, even if handed over.
   bool own = handed_over && grad.is_contiguous();
@@ -127,16 +134,25 @@ void ContextState::accumulate(const at::Tensor& variable, const at::Tensor& grad
 }
 
 at::Tensor ContextState::gradient(const at::Tensor& variable) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   auto it = gradients_.find(variable.unsafeGetTensorImpl());
-  return it == gradients_.end() ? at::Tensor() : it->second.sum;
+  if (it != gradients_.end()) return it->second.sum;
+  const bool sunk = sunk_.count(variable.unsafeGetTensorImpl()) > 0;
+  lock.unlock();
+  std::shared_ptr<GradientSink> sink = sunk ? gradient_sink(variable) : nullptr;
+  return sink ? sink->gradient(variable) : at::Tensor();
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> ContextState::gradients() const {
-  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::pair<at::Tensor, at::Tensor>> out;
-  out.reserve(gradients_.size());
-  for (const auto& [key, entry] : gradients_) out.emplace_back(entry.variable, entry.sum);
+  std::vector<at::Tensor> sunk;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    out.reserve(gradients_.size() + sunk_.size());
+    for (const auto& [key, entry] : gradients_) out.emplace_back(entry.variable, entry.sum);
+    for (const auto& [key, variable] : sunk_) sunk.push_back(variable);
+  }
+  for (const at::Tensor& variable : sunk) out.emplace_back(variable, gradient(variable));
   return out;
 }
 

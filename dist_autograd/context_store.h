@@ -42,9 +42,10 @@ class ContextState {
 
   // Adds `grad` to the gradient of leaf `variable`: out of place, as `grad` may alias a buffer
   // the engine still uses, unless `handed_over` says the caller gives `grad` up. Once the
-  // context holds a sum of its own, further gradients are added into it in place.
+  // context holds a sum of its own, further gradients are added into it in place. A leaf with a
+  // gradient sink (gradient_sink.h) sends `grad` there instead; the context only remembers it.
   void accumulate(const at::Tensor& variable, const at::Tensor& grad, bool handed_over = false);
-  // The accumulated gradient of `variable`, undefined if none.
+  // The accumulated gradient of `variable`, undefined if none (a sunk leaf's: what its sink holds).
   at::Tensor gradient(const at::Tensor& variable) const;
   std::vector<std::pair<at::Tensor, at::Tensor>> gradients() const;
 
@@ -60,6 +61,7 @@ class ContextState {
     bool own = false;  // nothing outside the context holds `sum`
   };
   std::unordered_map<const void*, Gradient> gradients_;
+  std::unordered_map<const void*, at::Tensor> sunk_;  // leaves whose gradients went to a sink
 };
 
 using ContextPtr = std::shared_ptr<ContextState>;

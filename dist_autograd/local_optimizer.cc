@@ -1,6 +1,6 @@
 // The worker's side of DistributedOptimizer: "ferry.optim.*" build a LocalOptimizer (held by an
 // RRef on the parameters' owner), step it with a context's gradients, average them over
-// replicas, and save or restore its per-parameter state.
+// replicas (gradient_buckets.h), and save or restore its per-parameter state.
 #include <fmt/format.h>
 #include <torch/custom_class.h>
 #include <torch/optim.h>
@@ -14,11 +14,11 @@
 #include <utility>
 
 #include "dist_autograd/context_store.h"
+#include "dist_autograd/gradient_buckets.h"
 #include "dist_autograd/install.h"
 #include "dist_autograd/optimizer_factories.h"
 #include "dist_autograd/owned_value.h"
 #include "ferry/core/compute_thread.h"
-#include "ferry/rpc/collective_group.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 
@@ -32,9 +32,9 @@ struct LocalOptimizer : torch::CustomClassHolder {
   // Gradients of earlier contexts summed for the next step, one per parameter (undefined where
   // none): ours alone, so later ones add in place.
   std::vector<at::Tensor> accumulated;
-  // The same parameters' owners in the other replicas, when data parallel: each step averages
-  // the gradients over them first.
-  std::unique_ptr<rpc::CollectiveGroup> replicas;
+  // When data parallel: the gradients of the parameters that train, averaged with the same
+  // parameters' owners in the other replicas while the backward runs.
+  std::shared_ptr<GradientBuckets> buckets;
   OptimizerFactory factory;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
@@ -99,39 +99,41 @@ void add_to_accumulated(LocalOptimizer& local, std::size_t i, const at::Tensor& 
   }
 }
 
+// Whether the replicas' buckets hold `param`'s gradients (then they sum them across contexts
+// themselves).
+bool in_buckets(const LocalOptimizer& local, const at::Tensor& param) {
+  return local.buckets && local.buckets->holds(param);
+}
+
 void accumulate(const c10::IValue& ref, std::int64_t context_id) {
   auto local = local_of(ref);
   std::lock_guard<std::mutex> lock(local->mutex);
+  if (local->buckets) local->buckets->keep(context_id);
   ContextPtr context = find_context(context_id);
   if (!context) return;
   local->accumulated.resize(local->params.size());
   for (std::size_t i = 0; i < local->params.size(); ++i) {
+    if (in_buckets(*local, local->params[i])) continue;
     add_to_accumulated(*local, i, context->gradient(local->params[i]));
   }
 }
 
-// Every replica's gradients, averaged, in place of this one's. Parameters that train get a
-// gradient of zeros where this replica has none, so that every member reduces the same shapes;
-// frozen ones (requires_grad false) stay out, so the optimizer leaves them alone.
-void average_over_replicas(LocalOptimizer& local) {
-  std::vector<at::Tensor*> slots;
-  std::vector<at::Tensor> grads;
-  for (at::Tensor& p : local.params) {
-    if (!p.requires_grad()) continue;
-    slots.push_back(&p.mutable_grad());
-    grads.push_back(p.grad().defined() ? p.grad() : at::zeros_like(p));
-  }
-  local.replicas->average(grads);
-  for (size_t i = 0; i < slots.size(); ++i) *slots[i] = grads[i];
-}
-
+// Parameters that train get the replicas' average, zeros where none had a gradient, so that
+// every member reduces the same shapes; frozen ones (requires_grad false) stay out, so the
+// optimizer leaves them alone.
 void join_replicas(const c10::IValue& ref, const std::string& key, std::int64_t rank,
-                   std::int64_t size) {
+                   std::int64_t size, std::int64_t bucket_bytes) {
   auto local = local_of(ref);
   auto group =
       std::make_unique<rpc::CollectiveGroup>(key, static_cast<int>(rank), static_cast<int>(size));
   std::lock_guard<std::mutex> lock(local->mutex);
-  local->replicas = std::move(group);
+  std::vector<at::Tensor> training;
+  for (const at::Tensor& p : local->params) {
+    if (p.requires_grad()) training.push_back(p);
+  }
+  local->buckets = std::make_shared<GradientBuckets>(std::move(training), std::move(group),
+                                                     bucket_bytes);
+  GradientBuckets::attach(local->buckets);
 }
 
 void step(const c10::IValue& ref, std::int64_t context_id) {
@@ -139,27 +141,32 @@ void step(const c10::IValue& ref, std::int64_t context_id) {
   std::lock_guard<std::mutex> lock(local->mutex);
   // A context that never reached this worker has no gradients here: nothing moves.
   ContextPtr context = find_context(context_id);
-  if (local->accumulated.empty()) {
-    for (at::Tensor& p : local->params) {
-      p.mutable_grad() = context ? context->gradient(p) : at::Tensor();
-    }
-  } else {
-    for (std::size_t i = 0; i < local->params.size(); ++i) {
-      if (context) add_to_accumulated(*local, i, context->gradient(local->params[i]));
-      local->params[i].mutable_grad() = local->accumulated[i];
+  for (std::size_t i = 0; i < local->params.size(); ++i) {
+    at::Tensor& p = local->params[i];
+    if (in_buckets(*local, p)) continue;
+    at::Tensor grad = context ? context->gradient(p) : at::Tensor();
+    if (local->accumulated.empty()) {
+      p.mutable_grad() = grad;
+    } else {
+      add_to_accumulated(*local, i, grad);
+      p.mutable_grad() = local->accumulated[i];
     }
   }
   // Whether the step succeeds or not, what was accumulated went into it.
   local->accumulated.clear();
+  auto forget = [&] {
+    // The context keeps the gradients; `.grad` stays as the user left it: empty.
+    for (at::Tensor& p : local->params) p.mutable_grad() = at::Tensor();
+    if (local->buckets) local->buckets->clear_step();
+  };
   try {
-    if (local->replicas) average_over_replicas(*local);
+    if (local->buckets) local->buckets->average_into_grads();
     local->optimizer->step();
   } catch (...) {
-    for (at::Tensor& p : local->params) p.mutable_grad() = at::Tensor();
+    forget();
     throw;
   }
-  // The context keeps the gradients; `.grad` stays as the user left it: empty.
-  for (at::Tensor& p : local->params) p.mutable_grad() = at::Tensor();
+  forget();
 }
 
 c10::List<at::Tensor> save_state(const c10::IValue& ref) {
@@ -191,6 +198,7 @@ void load_state(const c10::IValue& ref, const std::vector<at::Tensor>& saved) {
                                  saved.size(), local->params.size()));
   }
   local->accumulated.clear();
+  if (local->buckets) local->buckets->clear_step();
   auto& states = local->optimizer->state();
   for (size_t i = 0; i < saved.size(); ++i) {
     const at::Tensor& p = local->params[i];
@@ -225,10 +233,23 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
   registry.add("ferry.optim.accumulate", [](c10::IValue ref, std::int64_t id) {
     core::run_on_compute_thread([&] { accumulate(ref, id); });
   });
-  registry.add("ferry.optim.join_replicas",
-               [](c10::IValue ref, c10::IValue key, std::int64_t rank, std::int64_t size) {
-                 join_replicas(ref, key.toStringRef(), rank, size);
-               });
+  registry.add("ferry.optim.join_replicas", [](c10::IValue ref, c10::IValue key, std::int64_t rank,
+                                                std::int64_t size, std::int64_t bucket_bytes) {
+    join_replicas(ref, key.toStringRef(), rank, size, bucket_bytes);
+  });
+  registry.add("ferry.optim.replica_stats", [](c10::IValue ref) {
+    auto local = local_of(ref);
+    std::lock_guard<std::mutex> lock(local->mutex);
+    c10::Dict<std::string, std::int64_t> out;
+    if (!local->buckets) return out;
+    const GradientBuckets::Stats s = local->buckets->stats();
+    out.insert("buckets", static_cast<std::int64_t>(s.buckets));
+    out.insert("bytes", s.bytes);
+    out.insert("started_in_backward", s.started_in_backward);
+    out.insert("started_at_step", s.started_at_step);
+    out.insert("late_rounds", s.late_rounds);
+    return out;
+  });
   registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });
   registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
   registry.add("ferry.optim.load_state",

@@ -19,12 +19,18 @@ DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec, std::vector<rpc::
                            std::vector<std::vector<rpc::RRefPtr>>{std::move(params)}) {}
 
 DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec,
-                                           std::vector<std::vector<rpc::RRefPtr>> replicas)
+                                           std::vector<std::vector<rpc::RRefPtr>> replicas,
+                                           double bucket_mib)
     : spec_(std::move(spec)),
       replica_count_(static_cast<int>(replicas.size())),
       parameter_count_(replicas.empty() ? 0 : replicas[0].size()) {
   if (replicas.empty()) {
     throw rpc::Error(rpc::ErrorKind::InvalidArgument, "an optimizer needs at least one replica");
+  }
+  if (!(bucket_mib > 0)) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("the replicas' gradient buckets must hold more than 0 MiB, not {}",
+                                 bucket_mib));
   }
   std::map<std::string, int> replica_of_worker;
   for (int r = 0; r < replica_count_; ++r) {
@@ -73,8 +79,24 @@ DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec,
   on_owners("join the replicas", "ferry.optim.join_replicas", [&](const Owner& owner) {
     const size_t position = (&owner - owners_.data()) % per_replica;
     return std::vector<c10::IValue>{fmt::format("{}/{}/", prefix, position), int64_t{owner.replica},
-                                    int64_t{replica_count_}};
+                                    int64_t{replica_count_},
+                                    static_cast<std::int64_t>(bucket_mib * (1 << 20))};
   });
+}
+
+std::vector<DistributedOptimizer::BucketStats> DistributedOptimizer::bucket_stats() const {
+  std::vector<c10::IValue> per_owner = on_owners(
+      "bucket_stats", "ferry.optim.replica_stats", [](const Owner&) { return std::vector<c10::IValue>{}; });
+  std::vector<BucketStats> out;
+  for (size_t o = 0; o < owners_.size(); ++o) {
+    auto stats = per_owner.at(o).toGenericDict();
+    if (stats.empty()) continue;
+    auto get = [&](const char* key) { return stats.at(key).toInt(); };
+    out.push_back(BucketStats{owners_[o].worker, owners_[o].replica, get("buckets"), get("bytes"),
+                              get("started_in_backward"), get("started_at_step"),
+                              get("late_rounds")});
+  }
+  return out;
 }
 
 void DistributedOptimizer::check_lines_up(size_t first, int replica) const {

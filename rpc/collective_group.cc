@@ -42,6 +42,47 @@ CollectiveGroup::CollectiveGroup(const std::string& key, int rank, int size)
 
 CollectiveGroup::~CollectiveGroup() = default;
 
+struct PendingSum::State {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string group;
+};
+
+PendingSum::PendingSum(std::unique_ptr<State> state) : state_(std::move(state)) {}
+PendingSum::PendingSum(PendingSum&&) noexcept = default;
+PendingSum& PendingSum::operator=(PendingSum&&) noexcept = default;
+PendingSum::~PendingSum() = default;
+
+void PendingSum::wait() {
+  try {
+    state_->work->wait();
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::RemoteException,
+                fmt::format("{}: the all-reduce failed, a member is gone or silent: {}",
+                            state_->group, e.what()));
+  }
+}
+
+std::string CollectiveGroup::describe() const {
+  return fmt::format("collective group \"{}\" (member {} of {})", key_, rank_, size_);
+}
+
+PendingSum CollectiveGroup::start_sum(const at::Tensor& flat) {
+  if (!flat.is_contiguous()) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{}: an all-reduce needs a contiguous tensor", describe()));
+  }
+  std::vector<at::Tensor> tensors{flat};
+  auto state = std::make_unique<PendingSum::State>();
+  state->group = describe();
+  try {
+    state->work = state_->group->allreduce(tensors);
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::RemoteException,
+                fmt::format("{}: the all-reduce could not start: {}", describe(), e.what()));
+  }
+  return PendingSum(std::move(state));
+}
+
 void CollectiveGroup::average(std::vector<at::Tensor>& tensors) {
   sum(tensors);
   for (at::Tensor& t : tensors) t.div_(size_);
@@ -51,18 +92,11 @@ void CollectiveGroup::sum(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return;
   std::vector<at::Tensor> views;
   for (const at::Tensor& t : tensors) views.push_back(t.reshape({-1}));
-  std::vector<at::Tensor> flat{at::cat(views)};
-  try {
-    state_->group->allreduce(flat)->wait();
-  } catch (const std::exception& e) {
-    throw Error(ErrorKind::RemoteException,
-                fmt::format("collective group \"{}\" (member {} of {}): the all-reduce failed, "
-                            "a member is gone or silent: {}",
-                            key_, rank_, size_, e.what()));
-  }
+  at::Tensor flat = at::cat(views);
+  start_sum(flat).wait();
   int64_t offset = 0;
   for (at::Tensor& t : tensors) {
-    t = flat[0].narrow(0, offset, t.numel()).view(t.sizes());
+    t = flat.narrow(0, offset, t.numel()).view(t.sizes());
     offset += t.numel();
   }
 }

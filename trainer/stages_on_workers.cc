@@ -89,8 +89,8 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
     load_weights(job->split(), s);
     align_replicas(*job);
   }
-  job->optimizer = std::make_unique<dist_autograd::DistributedOptimizer>(optimizer_spec(s),
-                                                                         std::move(parameters));
+  job->optimizer = std::make_unique<dist_autograd::DistributedOptimizer>(
+      optimizer_spec(s), std::move(parameters), s.bucket_mib);
   return job;
 }
 

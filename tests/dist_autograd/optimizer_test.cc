@@ -214,24 +214,30 @@ TEST(DistributedOptimizer, AccumulatedContextsStepAsOneContextOfTheirSummedLosse
                                whole.first.state_dict().begin()->value()));
 }
 
-// Data parallel beside model parallel: two replicas of two stages, each on its half of every
-// batch, stay equal to each other and to one copy trained on the whole batches.
-TEST(DistributedOptimizer, ReplicasAveragingGradientsEqualOneCopyOnTheWholeBatch) {
-  LocalWorld::Settings settings;
-  settings.peer_names = {"a", "b", "c", "d", "e", "f"};
-  LocalWorld world(settings);
-  TwoStages replica0("a", "b"), replica1("c", "d"), whole("e", "f");
-  DistributedOptimizer replicated(
-      OptimizerSpec::adam(0.01),
-      std::vector<std::vector<rpc::RRefPtr>>{replica0.parameters(), replica1.parameters()});
-  EXPECT_EQ(replicated.replica_count(), 2);
-  EXPECT_EQ(replicated.owners(), (std::vector<std::string>{"a", "b"}));
-  DistributedOptimizer alone(OptimizerSpec::adam(0.01), whole.parameters());
-  for (int step = 0; step < 3; ++step) {
-    at::Tensor x = torch::randn({6, 4});
-    // Each replica's context is current on the thread that runs it.
+// Two replicas of two stages, each on its half of every batch (six samples), against one copy
+// trained on the whole batches; each optimizer step sums `accumulate` batches.
+struct ReplicatedAndWhole {
+  explicit ReplicatedAndWhole(double bucket_mib)
+      : replica0("a", "b"),
+        replica1("c", "d"),
+        whole("e", "f"),
+        replicated(OptimizerSpec::adam(0.01),
+                   std::vector<std::vector<rpc::RRefPtr>>{replica0.parameters(),
+                                                          replica1.parameters()},
+                   bucket_mib),
+        alone(OptimizerSpec::adam(0.01), whole.parameters()) {}
+
+  static LocalWorld::Settings world() {
+    LocalWorld::Settings settings;
+    settings.peer_names = {"a", "b", "c", "d", "e", "f"};
+    return settings;
+  }
+
+  // One backward per replica, each on a thread of its own with its context current there.
+  std::vector<std::int64_t> replicas_backward(const at::Tensor& x,
+                                              std::vector<std::unique_ptr<Context>>& contexts) {
     std::vector<std::int64_t> ids(2);
-    std::vector<std::unique_ptr<Context>> contexts(2);
+    contexts.resize(2);
     std::vector<std::thread> threads;
     const TwoStages* replicas[] = {&replica0, &replica1};
     for (int r = 0; r < 2; ++r) {
@@ -240,24 +246,99 @@ TEST(DistributedOptimizer, ReplicasAveragingGradientsEqualOneCopyOnTheWholeBatch
         at::Tensor y = replicas[r]
                            ->second.forward({replicas[r]->first.forward({x.narrow(0, 3 * r, 3)})})
                            .toTensor();
-        backward(contexts[r]->id(), {(y * y).mean()});
+        backward(contexts[r]->id(), {(y * y).mean() / accumulate});
         ids[r] = contexts[r]->id();
       });
     }
     for (auto& t : threads) t.join();
-    replicated.step(ids);
-    Context context;
-    at::Tensor y = whole.second.forward({whole.first.forward({x})}).toTensor();
-    backward(context.id(), {(y * y).mean()});
-    alone.step(context.id());
+    return ids;
   }
-  expect_same_parameters(replica0.first, whole.first, 1e-5);
-  expect_same_parameters(replica0.second, whole.second, 1e-5);
-  expect_same_parameters(replica1.first, replica0.first, 1e-6);
-  expect_same_parameters(replica1.second, replica0.second, 1e-6);
+
+  void train(int steps) {
+    for (int step = 0; step < steps; ++step) {
+      for (int k = 0; k < accumulate; ++k) {
+        at::Tensor x = torch::randn({6, 4});
+        std::vector<std::unique_ptr<Context>> contexts;
+        std::vector<std::int64_t> ids = replicas_backward(x, contexts);
+        Context context;
+        at::Tensor y = whole.second.forward({whole.first.forward({x})}).toTensor();
+        backward(context.id(), {(y * y).mean() / accumulate});
+        if (k + 1 < accumulate) {
+          replicated.accumulate(ids);
+          alone.accumulate(context.id());
+        } else {
+          replicated.step(ids);
+          alone.step(context.id());
+        }
+      }
+    }
+  }
+
+  void expect_equal() const {
+    expect_same_parameters(replica0.first, whole.first, 1e-5);
+    expect_same_parameters(replica0.second, whole.second, 1e-5);
+    expect_same_parameters(replica1.first, replica0.first, 1e-6);
+    expect_same_parameters(replica1.second, replica0.second, 1e-6);
+  }
+
+  int accumulate = 1;
+  TwoStages replica0, replica1, whole;
+  DistributedOptimizer replicated, alone;
+};
+
+// Data parallel beside model parallel: two replicas of two stages, each on its half of every
+// batch, stay equal to each other and to one copy trained on the whole batches.
+TEST(DistributedOptimizer, ReplicasAveragingGradientsEqualOneCopyOnTheWholeBatch) {
+  LocalWorld world(ReplicatedAndWhole::world());
+  ReplicatedAndWhole job(DistributedOptimizer::kDefaultBucketMib);
+  EXPECT_EQ(job.replicated.replica_count(), 2);
+  EXPECT_EQ(job.replicated.owners(), (std::vector<std::string>{"a", "b"}));
+  job.train(3);
+  job.expect_equal();
+  // Every stage's parameters fit one bucket of 25 MiB.
+  for (const auto& owner : job.replicated.bucket_stats()) {
+    EXPECT_EQ(owner.buckets, 1) << owner.worker;
+  }
   // Stepping a replicated optimizer needs a context per replica.
-  EXPECT_THAT(error_of([&] { replicated.step(int64_t{1}); }),
+  EXPECT_THAT(error_of([&] { job.replicated.step(int64_t{1}); }),
               HasSubstr("step given 1 autograd contexts for 2 replicas"));
+}
+
+// With a bucket per parameter, the first step learns how many gradients each parameter gets;
+// from then on every bucket's all-reduce starts during the backward of the step's last
+// accumulated batch, never at the step, and the result is still the whole batches'.
+TEST(DistributedOptimizer, ReplicasStartEachBucketsAllReduceDuringTheBackward) {
+  LocalWorld world(ReplicatedAndWhole::world());
+  ReplicatedAndWhole job(/*bucket_mib=*/1e-5);
+  job.accumulate = 2;
+  job.train(3);
+  job.expect_equal();
+  const auto stats = job.replicated.bucket_stats();
+  ASSERT_EQ(stats.size(), 4u);  // two owners per replica
+  for (const auto& owner : stats) {
+    // test.mlp stages: two linear layers, a weight and a bias each.
+    EXPECT_EQ(owner.buckets, 4) << owner.worker;
+    EXPECT_EQ(owner.started_at_step, 4) << owner.worker;  // the first step's
+    EXPECT_EQ(owner.started_in_backward, 2 * 4) << owner.worker;
+    EXPECT_EQ(owner.late_rounds, 0) << owner.worker;
+  }
+}
+
+// A step that brings a parameter more gradients than the first step taught still averages
+// exactly: the first step had one batch, the second sums two, so every bucket starts in the first
+// batch's backward and the second batch's gradients come late; they go round once more.
+TEST(DistributedOptimizer, ReplicasAverageExactlyWhenGradientsArriveAfterTheirBucketStarted) {
+  LocalWorld world(ReplicatedAndWhole::world());
+  ReplicatedAndWhole job(/*bucket_mib=*/1e-5);
+  job.train(1);
+  job.accumulate = 2;
+  job.train(2);
+  job.expect_equal();
+  for (const auto& owner : job.replicated.bucket_stats()) {
+    // The step after learns the larger count: no late round there.
+    EXPECT_EQ(owner.late_rounds, 1) << owner.worker;
+    EXPECT_EQ(owner.started_in_backward, 2 * 4) << owner.worker;
+  }
 }
 
 TEST(DistributedOptimizer, ReplicasPlacedUnalikeOrSharingAWorkerAreRefused) {

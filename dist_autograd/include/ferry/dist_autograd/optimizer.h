@@ -57,9 +57,13 @@ class DistributedOptimizer {
   // Data parallel beside model parallel: replicas[r] holds replica r's parameters, in the same
   // order for every replica, each replica's on workers of its own and placed alike (its i-th
   // owner holds the parameters replica 0's i-th holds). Each set of owners of the same parameters
-  // joins a Gloo group (rpc::CollectiveGroup), and every step averages their gradients first, so the
-  // replicas stay identical. Throws rpc::Error(InvalidArgument) for replicas that differ.
-  DistributedOptimizer(OptimizerSpec spec, std::vector<std::vector<rpc::RRefPtr>> replicas);
+  // joins a Gloo group (rpc::CollectiveGroup) and averages their gradients before every step, so
+  // the replicas stay identical: in buckets of about `bucket_mib` MiB, each all-reduced as soon as
+  // the backward has produced its gradients (DDP's buckets). Throws rpc::Error(InvalidArgument)
+  // for replicas that differ.
+  DistributedOptimizer(OptimizerSpec spec, std::vector<std::vector<rpc::RRefPtr>> replicas,
+                       double bucket_mib = kDefaultBucketMib);
+  static constexpr double kDefaultBucketMib = 25;
 
   // Steps every owner's optimizer concurrently with the gradients of `context_id` there; a
   // parameter without a gradient in it is left alone. Throws rpc::Error naming every owner that
@@ -75,6 +79,17 @@ class DistributedOptimizer {
   void accumulate(const std::vector<std::int64_t>& context_ids);
   // Sets every parameter group's learning rate on every owner (a schedule calls it per step).
   void set_lr(double lr);
+
+  // With replicas, how each owner's gradient buckets have gone over all steps so far.
+  struct BucketStats {
+    std::string worker;
+    int replica = 0;
+    std::int64_t buckets = 0, bytes = 0;
+    std::int64_t started_in_backward = 0;  // all-reduces that overlapped the backward
+    std::int64_t started_at_step = 0;      // ones that waited for the optimizer's step
+    std::int64_t late_rounds = 0;          // steps that needed a round for late gradients
+  };
+  std::vector<BucketStats> bucket_stats() const;
 
   // The optimizer state of each parameter, in the order given to the constructor (a list of byte
   // tensors, empty where a parameter has no state yet). It depends only on that order, not on

@@ -2,7 +2,7 @@
 // rendezvous store, for collectives between them: the copies of one part of a model that data
 // parallelism keeps identical average their gradients, or sum a layer's batch statistics.
 //
-// Thread rules: a group is used by one thread at a time; every member must make the same calls,
+// Thread rules: a group is used by one thread at a time (its all-reduces run on its own thread); every member must make the same calls,
 // with tensors of the same shapes, in the same order.
 #pragma once
 
@@ -13,6 +13,24 @@
 #include <vector>
 
 namespace ferry::rpc {
+
+// An all-reduce under way (CollectiveGroup::start_sum). Resource type; wait() once, from one
+// thread.
+class PendingSum {
+ public:
+  PendingSum(PendingSum&&) noexcept;
+  PendingSum& operator=(PendingSum&&) noexcept;
+  ~PendingSum();
+  // Returns once the sum is in the tensor given to start_sum; throws Error naming the group when
+  // a member is gone or silent past the RPC timeout.
+  void wait();
+
+ private:
+  friend class CollectiveGroup;
+  struct State;
+  explicit PendingSum(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
 
 class CollectiveGroup {
  public:
@@ -28,10 +46,16 @@ class CollectiveGroup {
   void sum(std::vector<at::Tensor>& tensors);
   // The same, divided by the number of members.
   void average(std::vector<at::Tensor>& tensors);
+  // Starts summing contiguous `flat` over the members, in place, and returns at once: the group
+  // runs its collectives one after another on a thread of its own, in the order they were
+  // started, so a caller may compute meanwhile. `flat` must stay untouched until wait() returns.
+  PendingSum start_sum(const at::Tensor& flat);
 
   const std::string& key() const { return key_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // "collective group "KEY" (member R of N)", for messages.
+  std::string describe() const;
 
  private:
   struct State;

@@ -43,6 +43,7 @@ struct TrainSettings {
   // Copies of the staged model on workers of their own, each on batch_size images of every step,
   // their gradients averaged (Gloo) so that they stay equal: data parallel beside model parallel.
   int replicas = 1;
+  double bucket_mib = 25;  // the replicas' gradient buckets (all-reduced as each fills)
   // The learning rate per optimizer step (dist_autograd::LrSchedule): constant | step | cosine |
   // onecycle, with a warm-up (-1: none, or 30% of the run for onecycle).
   std::string lr_schedule = "constant";

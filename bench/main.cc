@@ -49,14 +49,20 @@ CLI::App* add_autograd(CLI::App& app, ferry::bench::AutogradBenchSettings& autog
 
 CLI::App* add_train(CLI::App& app, ferry::bench::TrainBenchSettings& train) {
   auto* train_cmd = app.add_subcommand(
-      "train", "the training job with data-parallel replicas of a 2-stage U-Net against one copy");
+      "train", "the training job with data-parallel replicas of a staged U-Net against one copy");
   train_cmd->add_option("--model", train.model, "unet-resnet18|34|50|101|152");
   train_cmd->add_option("--replicas", train.replicas, "replicas compared with one (2 or more)");
   train_cmd->add_option("--batch", train.batch, "images per replica and step");
   train_cmd->add_option("--image-size", train.image_size, "image height and width");
   train_cmd->add_option("--steps", train.steps, "timed steps of each job");
   train_cmd->add_option("--repeats", train.repeats, "jobs of each configuration");
+  train_cmd->add_option("--stages", train.stages, "1 or 2 stages per replica");
   train_cmd->add_option("--partition", train.partition, "the first block of the second stage");
+  train_cmd->add_flag("--same-global-batch", train.same_global_batch,
+                      "the one copy trains on every replica's images per step (as one process "
+                      "against DDP), not on one replica's");
+  train_cmd->add_option("--bucket-mib", train.bucket_mib, "the replicas' gradient bucket size");
+  train_cmd->add_flag("!--no-bf16", train.bf16, "leave out the bf16-mixed job");
   train_cmd->add_option("--log-file", train.log_file, "where the jobs' own output goes");
   return train_cmd;
 }

@@ -138,7 +138,8 @@ bool part_is_shared(const ContextState& context, std::int64_t message_id, const 
 // Hands the gradients a node computes for sunk leaves (gradient_sink.h) to the context as soon as
 // the node has run, not when the whole part is done: a replica's bucket can start its all-reduce
 // while the rest of the backward computes. A leaf fed by several nodes gets one contribution from
-// each, which sum to what the engine captures at the part's end.
+// each, which sum to what the engine would have captured at the part's end; the hook leaves the
+// engine nothing to capture.
 class DeliverToSinks : public torch::autograd::FunctionPostHook {
  public:
   DeliverToSinks(std::int64_t context_id, std::vector<std::pair<std::size_t, at::Tensor>> leaves)
@@ -149,12 +150,16 @@ class DeliverToSinks : public torch::autograd::FunctionPostHook {
     // The graph may outlive its context; a released context takes nothing.
     ContextPtr context = find_context(context_id_);
     if (!context) return outputs;
+    variable_list kept = outputs;
     for (const auto& [index, variable] : leaves_) {
-      if (index < outputs.size() && outputs[index].defined()) {
-        context->accumulate(variable, outputs[index]);
+      if (index < kept.size() && kept[index].defined()) {
+        context->accumulate(variable, kept[index]);
+        // Delivered: the engine must not hold it too until the part ends (a second copy of
+        // every gradient at the peak).
+        kept[index] = at::Tensor();
       }
     }
-    return outputs;
+    return kept;
   }
 
  private:

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "ferry/rpc/error.h"
 
@@ -52,12 +53,21 @@ void GradientBuckets::lay_out(std::int64_t bucket_bytes) {
   }
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const at::Tensor& first = params_[buckets_[b].params.front()].variable;
-    buckets_[b].flat = at::zeros({sizes[b]}, first.options().requires_grad(false));
+    buckets_[b].numel = sizes[b];
     stats_.bytes += sizes[b] * static_cast<std::int64_t>(first.element_size());
-    for (std::size_t i : buckets_[b].params) {
-      Param& p = params_[i];
-      p.view = buckets_[b].flat.narrow(0, p.offset, p.variable.numel()).view(p.variable.sizes());
-    }
+  }
+}
+
+// A bucket's memory is taken when its first gradient of a step arrives and given back after the
+// step, as a context's own gradients would be: between steps, and in the forward, which is where
+// a stage's activations peak, the buckets take nothing.
+void GradientBuckets::allocate(Bucket& bucket) {
+  if (bucket.flat.defined()) return;
+  const at::Tensor& first = params_[bucket.params.front()].variable;
+  bucket.flat = at::empty({bucket.numel}, first.options().requires_grad(false));
+  for (std::size_t i : bucket.params) {
+    Param& p = params_[i];
+    p.view = bucket.flat.narrow(0, p.offset, p.variable.numel()).view(p.variable.sizes());
   }
 }
 
@@ -134,6 +144,7 @@ void GradientBuckets::add(std::int64_t context_id, const at::Tensor& variable,
   if (p.has_value) {
     p.view.add_(grad);
   } else {
+    allocate(bucket);
     p.view.copy_(grad);
     p.has_value = true;
   }
@@ -154,6 +165,7 @@ void GradientBuckets::keep(std::int64_t context_id) {
 }
 
 void GradientBuckets::start(Bucket& bucket) {
+  allocate(bucket);
   for (std::size_t i : bucket.params) {
     if (!params_[i].has_value) params_[i].view.zero_();
   }
@@ -188,6 +200,7 @@ void GradientBuckets::add_late_round() {
 void GradientBuckets::average_into_grads() {
   std::lock_guard<std::mutex> lock(mutex_);
   check_usable();
+  const auto begin = std::chrono::steady_clock::now();
   try {
     while (next_ < buckets_.size()) {
       start(buckets_[next_]);
@@ -199,6 +212,8 @@ void GradientBuckets::average_into_grads() {
     broken_ = e.what();
     throw;
   }
+  stats_.waited_s +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   for (Bucket& bucket : buckets_) bucket.flat.div_(group_->size());
   for (Param& p : params_) {
     p.variable.mutable_grad() = p.view;
@@ -216,7 +231,11 @@ void GradientBuckets::clear_step() {
   }
   for (Bucket& bucket : buckets_) {
     // Only a broken group leaves an all-reduce unwaited; its buffer is not reused then.
-    if (broken_.empty()) bucket.pending.reset();
+    if (broken_.empty()) {
+      bucket.pending.reset();
+      bucket.flat = at::Tensor();
+      for (std::size_t i : bucket.params) params_[i].view = at::Tensor();
+    }
     bucket.waiting = 0;
     for (std::size_t i : bucket.params) bucket.waiting += params_[i].expected > 0 ? 1 : 0;
   }

@@ -1,7 +1,8 @@
 // One replica's share of data parallelism on a worker: the gradients of its parameters summed
 // straight into buckets of about `bucket_bytes`, each all-reduced with the other replicas' as soon
 // as all of its gradients of the step are in, while the backward goes on, as DDP does. The
-// parameters' `.grad` are views into the buckets: no flat copy of the gradients is made.
+// parameters' `.grad` are views into the buckets: no flat copy of the gradients is made, and a
+// bucket holds memory only from its first gradient of a step to the optimizer's step.
 //
 // Buckets hold the parameters in the reverse order of the forward, the order in which a backward
 // produces their gradients, and start strictly in that order on every replica (Gloo runs a
@@ -64,6 +65,7 @@ class GradientBuckets : public GradientSink {
     std::int64_t started_in_backward = 0;  // over all steps
     std::int64_t started_at_step = 0;
     std::int64_t late_rounds = 0;
+    double waited_s = 0;  // in average_into_grads: the all-reduces the backward did not hide
   };
   Stats stats() const;
 
@@ -78,7 +80,8 @@ class GradientBuckets : public GradientSink {
     bool has_value = false;
   };
   struct Bucket {
-    at::Tensor flat;
+    at::Tensor flat;  // while a step's gradients are in it
+    std::int64_t numel = 0;
     std::vector<std::size_t> params;
     int waiting = 0;  // parameters still short of their expected gradients
     std::optional<rpc::PendingSum> pending;
@@ -88,6 +91,7 @@ class GradientBuckets : public GradientSink {
   void lay_out(std::int64_t bucket_bytes);
   void note_context(std::int64_t context_id);
   void start_ready_buckets();
+  void allocate(Bucket& bucket);
   void start(Bucket& bucket);
   void add_late_round();
   void check_usable() const;

@@ -240,14 +240,15 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
   registry.add("ferry.optim.replica_stats", [](c10::IValue ref) {
     auto local = local_of(ref);
     std::lock_guard<std::mutex> lock(local->mutex);
-    c10::Dict<std::string, std::int64_t> out;
+    c10::Dict<std::string, double> out;
     if (!local->buckets) return out;
     const GradientBuckets::Stats s = local->buckets->stats();
-    out.insert("buckets", static_cast<std::int64_t>(s.buckets));
+    out.insert("buckets", static_cast<double>(s.buckets));
     out.insert("bytes", s.bytes);
     out.insert("started_in_backward", s.started_in_backward);
     out.insert("started_at_step", s.started_at_step);
     out.insert("late_rounds", s.late_rounds);
+    out.insert("waited_s", s.waited_s);
     return out;
   });
   registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });

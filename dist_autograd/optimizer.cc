@@ -91,10 +91,10 @@ std::vector<DistributedOptimizer::BucketStats> DistributedOptimizer::bucket_stat
   for (size_t o = 0; o < owners_.size(); ++o) {
     auto stats = per_owner.at(o).toGenericDict();
     if (stats.empty()) continue;
-    auto get = [&](const char* key) { return stats.at(key).toInt(); };
+    auto get = [&](const char* key) { return static_cast<std::int64_t>(stats.at(key).toDouble()); };
     out.push_back(BucketStats{owners_[o].worker, owners_[o].replica, get("buckets"), get("bytes"),
                               get("started_in_backward"), get("started_at_step"),
-                              get("late_rounds")});
+                              get("late_rounds"), stats.at("waited_s").toDouble()});
   }
   return out;
 }

@@ -319,6 +319,22 @@ void report_stages(Run& run) {
   run.compute.report(run.plan, first_places(run), run.metrics["stages"]);
 }
 
+// With replicas: how each owner's gradient buckets went, into the metrics JSON.
+void report_buckets(Run& run) {
+  if (run.job->replicas.size() < 2) return;
+  auto& out = run.metrics["gradient_buckets"] = nlohmann::ordered_json::array();
+  for (const auto& owner : run.job->optimizer->bucket_stats()) {
+    out.push_back({{"worker", owner.worker},
+                   {"replica", owner.replica},
+                   {"buckets", owner.buckets},
+                   {"mib", static_cast<double>(owner.bytes) / (1 << 20)},
+                   {"started_in_backward", owner.started_in_backward},
+                   {"started_at_step", owner.started_at_step},
+                   {"late_rounds", owner.late_rounds},
+                   {"waited_s", owner.waited_s}});
+  }
+}
+
 // The pipeline's timeline, activation peaks and bubble, and the trace (--trace).
 void report_pipeline(Run& run, pipeline::Pipeline& pipe) {
   std::cerr << "\n" << pipe.timeline().table();
@@ -358,6 +374,7 @@ void report(Run& run) {
     print_stage_table(run.job->split(), run.train_s, !s.via_master);
   }
   report_stages(run);
+  report_buckets(run);
   if (s.compare_single_process) {
     const double whole = single_process_peak_mib(s.plan.model, s.plan.classes, s.plan.image_size,
                                                  s.plan.batch_size, s.plan.optimizer);

@@ -88,6 +88,7 @@ class DistributedOptimizer {
     std::int64_t started_in_backward = 0;  // all-reduces that overlapped the backward
     std::int64_t started_at_step = 0;      // ones that waited for the optimizer's step
     std::int64_t late_rounds = 0;          // steps that needed a round for late gradients
+    double waited_s = 0;  // the steps' waits for all-reduces the backward did not hide
   };
   std::vector<BucketStats> bucket_stats() const;
 

@@ -405,6 +405,17 @@ void accumulate_gradients(std::int64_t context_id, const std::vector<at::Tensor>
   }
 }
 
+void deliver_gradients_as_computed(std::int64_t context_id, const std::vector<at::Tensor>& roots) {
+  if (!has_gradient_sinks()) return;
+  edge_list edges;
+  for (const at::Tensor& root : roots) {
+    if (root.defined() && root.requires_grad()) {
+      edges.push_back(torch::autograd::impl::gradient_edge(root));
+    }
+  }
+  deliver_sunk_leaves_early(context_id, edges, part_ends(edges));
+}
+
 std::vector<at::Tensor> get_gradients(std::int64_t context_id,
                                       const std::vector<rpc::RRefPtr>& tensors) {
   // One call per owner, each with its tensors in order.

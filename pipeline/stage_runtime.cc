@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "ferry/core/compute_thread.h"
 #include "ferry/core/process_memory.h"
@@ -300,6 +301,29 @@ void check_args(const std::vector<c10::IValue>& args, const char* function, size
 
 }  // namespace
 
+// A recomputed forward must not move the stage's buffers a second time: batch norms' running
+// statistics took the micro-batch once, in its first forward. They are put back once the
+// backward that needed the recomputed graph has run (putting them back bumps their version, which
+// that graph would refuse). On the compute thread, where no other forward of the stage runs
+// meanwhile.
+class BuffersKept {
+ public:
+  explicit BuffersKept(const rpc::RRefPtr& module) {
+    for (at::Tensor& b : remote_module::stage_buffers_here(module)) {
+      if (b.defined()) kept_.emplace_back(b, b.clone());
+    }
+  }
+  ~BuffersKept() {
+    at::NoGradGuard no_grad;
+    for (auto& [buffer, before] : kept_) buffer.copy_(before);
+  }
+  BuffersKept(const BuffersKept&) = delete;
+  BuffersKept& operator=(const BuffersKept&) = delete;
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> kept_;
+};
+
 // On the compute thread.
 void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                   std::vector<at::Tensor> grads, const FuturePtr& done) {
@@ -308,8 +332,11 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
   try {
     Saved saved = take_saved(*slot, context, microbatch);
     had_forward = true;
+    // Puts the buffers back when this micro-batch is done with: after its backward, or failed.
+    std::optional<BuffersKept> buffers;
     c10::IValue output = saved.output;
     if (slot->checkpoint) {
+      buffers.emplace(slot->module);
       RngStateGuard same_randomness(saved.rng_state);
       remote_module::ForwardPassScope pass({context, /*recompute=*/true});
       output = remote_module::forward_stage_here(slot->module, saved.inputs);
@@ -349,6 +376,7 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     targets.insert(targets.end(), params.begin(), params.end());
     std::vector<at::Tensor> found(targets.size());
     if (!roots.empty() && !targets.empty()) {
+      dist_autograd::deliver_gradients_as_computed(context, roots);
       found = torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/false,
                                     /*create_graph=*/false, /*allow_unused=*/true);
     }

@@ -19,6 +19,8 @@ namespace ferry::remote_module {
 c10::IValue forward_stage_here(const rpc::RRefPtr& module, const c10::IValue& inputs);
 // The stage's parameters, in named_parameters() order.
 std::vector<at::Tensor> stage_parameters_here(const rpc::RRefPtr& module);
+// The stage's buffers (batch norms' running statistics), in named_buffers() order.
+std::vector<at::Tensor> stage_buffers_here(const rpc::RRefPtr& module);
 // The stage's type, as errors name it.
 std::string stage_type_here(const rpc::RRefPtr& module);
 

@@ -235,6 +235,14 @@ std::vector<at::Tensor> stage_parameters_here(const rpc::RRefPtr& module) {
   return out;
 }
 
+std::vector<at::Tensor> stage_buffers_here(const rpc::RRefPtr& module) {
+  auto holder = holder_of(module);
+  std::lock_guard<std::mutex> lock(holder->mutex);
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : holder->stage->named_buffers()) out.push_back(t);
+  return out;
+}
+
 std::string stage_type_here(const rpc::RRefPtr& module) { return holder_of(module)->type; }
 
 namespace {

@@ -335,4 +335,24 @@ TEST(Faults, ASpareTakesOverInOneOfTwoReplicasAndTheJobFinishesOnTheSameCurve) {
                           "worker \"worker2\" was lost; spare \"worker5\" takes over stage stage1");
 }
 
+// A cut balanced by memory into four stages, whose skips go from stage 0 straight to stage 3
+// through portals: the rebuilt stage gets its portals again.
+TEST(Faults, ASpareTakesOverInAFourStageCutWithPortalsAndItFinishesOnTheSameCurve) {
+  expect_spare_takes_over(" --stages 4 --balance memory", 4,
+                          "worker \"worker2\" was lost; spare \"worker5\" takes over stage stage1");
+}
+
+// Replicas whose batch norms sum their statistics over both (a Gloo group of their own, formed
+// again with the spare).
+TEST(Faults, ASpareTakesOverUnderSyncBatchnormAndTheJobFinishesOnTheSameCurve) {
+  expect_spare_takes_over(
+      " --replicas 2 --partition decoder.0 --pipeline gpipe --microbatches 2 --sync-batchnorm", 4,
+      "worker \"worker2\" was lost; spare \"worker5\" takes over stage stage1");
+}
+
+// 1F1B whose stages recompute their activations in the backward.
+TEST(Faults, ASpareTakesOverIn1F1BWithRecomputationAndItFinishesOnTheSameCurve) {
+  expect_spare_takes_over(" --pipeline 1f1b --microbatches 2 --checkpoint-activations");
+}
+
 }  // namespace

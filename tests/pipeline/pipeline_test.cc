@@ -135,6 +135,42 @@ TEST(Pipeline, GradientsEqualTheFullBatchForEveryScheduleAndMicroBatchCount) {
   }
 }
 
+// A recomputed stage runs its forward twice, but its batch norms' running statistics take each
+// micro-batch once, as a stage that keeps its activations does.
+TEST(Pipeline, RecomputedStagesMoveTheirRunningStatisticsOnce) {
+  LocalWorld world(three_workers());
+  auto chain_with_batchnorm = [] {
+    std::vector<remote_module::RemoteModule> stages;
+    const char* workers[] = {"a", "b", "c"};
+    for (int64_t s = 0; s < 3; ++s) {
+      remote_module::StageConfig config = mlp_config(s == 0 ? 6 : 8, 8, s == 2 ? 1 : 8, s + 1);
+      config.insert("batchnorm", int64_t{1});
+      stages.push_back(remote_module::RemoteModule::create(workers[s], "test.mlp", config));
+    }
+    return stages;
+  };
+  std::vector<remote_module::RemoteModule> kept = chain_with_batchnorm();
+  std::vector<remote_module::RemoteModule> recomputed = chain_with_batchnorm();
+  torch::manual_seed(7);
+  const at::Tensor x = torch::randn({16, 6}), y = torch::randn({16, 1});
+  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+    for (auto* stages : {&kept, &recomputed}) {
+      Pipeline pipe(*stages, options(schedule, 4, stages == &kept ? std::vector<int>{}
+                                                                  : std::vector<int>{0, 1, 2}));
+      dist_autograd::Context context;
+      pipe.step(x, y, mse);
+    }
+  }
+  for (size_t s = 0; s < 3; ++s) {
+    auto want = kept[s].state_dict();
+    for (const auto& entry : recomputed[s].state_dict()) {
+      EXPECT_TRUE(torch::allclose(entry.value(), want.at(entry.key()), 1e-6, 1e-6))
+          << "stage " << s << " " << entry.key() << ": " << entry.value() << " against "
+          << want.at(entry.key());
+    }
+  }
+}
+
 PipelineOptions with_stage_loss(PipelineOptions o, const std::string& loss = "test.mse") {
   o.loss = loss;
   return o;

@@ -19,9 +19,11 @@ std::unique_ptr<Stage> make_mlp(const StageConfig& config) {
   int64_t hidden = config_int(config, "hidden");
   int64_t out = config_int(config, "out");
   torch::manual_seed(config_int(config, "seed", 0));
-  auto net = std::make_shared<torch::nn::SequentialImpl>(
-      torch::nn::Linear(in, hidden), torch::nn::ReLU(),
-      torch::nn::Dropout(config_double(config, "dropout", 0.0)), torch::nn::Linear(hidden, out));
+  auto net = std::make_shared<torch::nn::SequentialImpl>(torch::nn::Linear(in, hidden));
+  if (config_int(config, "batchnorm", 0) != 0) net->push_back(torch::nn::BatchNorm1d(hidden));
+  net->push_back(torch::nn::ReLU());
+  net->push_back(torch::nn::Dropout(config_double(config, "dropout", 0.0)));
+  net->push_back(torch::nn::Linear(hidden, out));
   return std::make_unique<ModuleStage>(net, [net](std::vector<c10::IValue>& inputs) {
     if (inputs.size() != 1 || !inputs[0].isTensor()) {
       throw rpc::Error(rpc::ErrorKind::InvalidArgument, "test.mlp takes one tensor");

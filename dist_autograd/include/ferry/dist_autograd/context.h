@@ -73,6 +73,11 @@ c10::Dict<at::Tensor, at::Tensor> get_gradients(std::int64_t context_id);
 // Throws rpc::Error(InvalidArgument) for a released context or lengths that differ.
 void accumulate_gradients(std::int64_t context_id, const std::vector<at::Tensor>& variables,
                           const std::vector<at::Tensor>& grads, bool handed_over = false);
+// For the same engines, before they run the graph from `roots`: the leaves whose gradients a
+// replicated optimizer takes as they are made (its buckets start all-reducing while the backward
+// goes on) get them from the nodes that compute them, into context `context_id`; the engine's
+// own result for such a leaf is then undefined, so that the caller does not add it again.
+void deliver_gradients_as_computed(std::int64_t context_id, const std::vector<at::Tensor>& roots);
 
 // The gradients of remote tensors (RRefs to leaves, e.g. RemoteModule::remote_parameters()),
 // fetched from their owners, in order; an undefined tensor where none accumulated.

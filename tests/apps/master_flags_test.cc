@@ -63,6 +63,7 @@ const std::vector<NumericFlag> kNumericFlags = {
     {"train", "--early-stop-patience", true},
     {"train", "--stages", false},
     {"train", "--replicas", false},
+    {"train", "--bucket-mib", false},
     {"train", "--microbatches", false},
     {"train", "--memory-budget-mib", false},
     {"train", "--spares", true},

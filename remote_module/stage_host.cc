@@ -227,20 +227,24 @@ c10::IValue forward_stage_here(const rpc::RRefPtr& module, const c10::IValue& in
   return forward_here(module, inputs);
 }
 
-std::vector<at::Tensor> stage_parameters_here(const rpc::RRefPtr& module) {
+namespace {
+
+std::vector<at::Tensor> tensors_here(const rpc::RRefPtr& module, NamedTensors (Stage::*named)()) {
   auto holder = holder_of(module);
   std::lock_guard<std::mutex> lock(holder->mutex);
   std::vector<at::Tensor> out;
-  for (auto& [name, t] : holder->stage->named_parameters()) out.push_back(t);
+  for (auto& [name, t] : ((*holder->stage).*named)()) out.push_back(t);
   return out;
 }
 
+}  // namespace
+
+std::vector<at::Tensor> stage_parameters_here(const rpc::RRefPtr& module) {
+  return tensors_here(module, &Stage::named_parameters);
+}
+
 std::vector<at::Tensor> stage_buffers_here(const rpc::RRefPtr& module) {
-  auto holder = holder_of(module);
-  std::lock_guard<std::mutex> lock(holder->mutex);
-  std::vector<at::Tensor> out;
-  for (auto& [name, t] : holder->stage->named_buffers()) out.push_back(t);
-  return out;
+  return tensors_here(module, &Stage::named_buffers);
 }
 
 std::string stage_type_here(const rpc::RRefPtr& module) { return holder_of(module)->type; }

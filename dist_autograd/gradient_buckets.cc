@@ -114,17 +114,23 @@ void GradientBuckets::note_context(std::int64_t context_id) {
         context_id);
     check_usable();
   }
+  forget_sums();
+  contexts_ = {context_id};
+}
+
+// No gradient of a step taken yet: each bucket waits for its parameters that expect any.
+void GradientBuckets::forget_sums() {
   for (Param& p : params_) {
     p.has_value = false;
     p.seen = 0;
     p.late = at::Tensor();
   }
-  for (Bucket& b : buckets_) {
-    b.waiting = 0;
-    for (std::size_t i : b.params) b.waiting += params_[i].expected > 0 ? 1 : 0;
+  for (Bucket& bucket : buckets_) {
+    bucket.waiting = 0;
+    for (std::size_t i : bucket.params) bucket.waiting += params_[i].expected > 0 ? 1 : 0;
   }
   late_ = 0;
-  contexts_ = {context_id};
+  contexts_.clear();
   kept_.clear();
 }
 
@@ -224,25 +230,15 @@ void GradientBuckets::average_into_grads() {
 
 void GradientBuckets::clear_step() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (Param& p : params_) {
-    p.has_value = false;
-    p.seen = 0;
-    p.late = at::Tensor();
-  }
-  for (Bucket& bucket : buckets_) {
-    // Only a broken group leaves an all-reduce unwaited; its buffer is not reused then.
-    if (broken_.empty()) {
-      bucket.pending.reset();
-      bucket.flat = at::Tensor();
-      for (std::size_t i : bucket.params) params_[i].view = at::Tensor();
-    }
-    bucket.waiting = 0;
-    for (std::size_t i : bucket.params) bucket.waiting += params_[i].expected > 0 ? 1 : 0;
-  }
+  forget_sums();
   next_ = 0;
-  late_ = 0;
-  contexts_.clear();
-  kept_.clear();
+  // Only a broken group leaves an all-reduce unwaited; its buffer is not reused then.
+  if (!broken_.empty()) return;
+  for (Bucket& bucket : buckets_) {
+    bucket.pending.reset();
+    bucket.flat = at::Tensor();
+    for (std::size_t i : bucket.params) params_[i].view = at::Tensor();
+  }
 }
 
 GradientBuckets::Stats GradientBuckets::stats() const {

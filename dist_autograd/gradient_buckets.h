@@ -90,6 +90,7 @@ class GradientBuckets : public GradientSink {
   std::size_t index_of(const at::Tensor& variable) const;
   void lay_out(std::int64_t bucket_bytes);
   void note_context(std::int64_t context_id);
+  void forget_sums();
   void start_ready_buckets();
   void allocate(Bucket& bucket);
   void start(Bucket& bucket);

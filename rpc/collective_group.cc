@@ -83,11 +83,6 @@ PendingSum CollectiveGroup::start_sum(const at::Tensor& flat) {
   return PendingSum(std::move(state));
 }
 
-void CollectiveGroup::average(std::vector<at::Tensor>& tensors) {
-  sum(tensors);
-  for (at::Tensor& t : tensors) t.div_(size_);
-}
-
 void CollectiveGroup::sum(std::vector<at::Tensor>& tensors) {
   if (tensors.empty()) return;
   std::vector<at::Tensor> views;

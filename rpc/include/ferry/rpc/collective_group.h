@@ -1,6 +1,7 @@
 // A few processes joined in a Gloo process group (c10d::ProcessGroupGloo) over the world's
 // rendezvous store, for collectives between them: the copies of one part of a model that data
-// parallelism keeps identical average their gradients, or sum a layer's batch statistics.
+// parallelism keeps identical average their gradients (in buckets, start_sum), or sum a layer's
+// batch statistics.
 //
 // Thread rules: a group is used by one thread at a time (its all-reduces run on its own thread); every member must make the same calls,
 // with tensors of the same shapes, in the same order.
@@ -44,8 +45,6 @@ class CollectiveGroup {
   // Replaces each tensor by its sum over the members, in one all-reduce of them all. Throws
   // Error naming the group when a member is gone or silent past the RPC timeout.
   void sum(std::vector<at::Tensor>& tensors);
-  // The same, divided by the number of members.
-  void average(std::vector<at::Tensor>& tensors);
   // Starts summing contiguous `flat` over the members, in place, and returns at once: the group
   // runs its collectives one after another on a thread of its own, in the order they were
   // started, so a caller may compute meanwhile. `flat` must stay untouched until wait() returns.

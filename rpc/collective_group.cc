@@ -4,11 +4,11 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
+#include "rpc/store_client.h"
 
 namespace ferry::rpc {
 
@@ -19,14 +19,14 @@ struct CollectiveGroup::State {
 CollectiveGroup::CollectiveGroup(const std::string& key, int rank, int size)
     : state_(std::make_unique<State>()), key_(key), rank_(rank), size_(size) {
   const Options& options = agent().options();
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<std::uint16_t>(agent().master_port());
-  store_options.isServer = false;
-  store_options.waitWorkers = false;
-  store_options.timeout = options.rpc_timeout;
   try {
-    // A connection of its own to the store: the rendezvous keeps its own to itself.
-    auto store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
+    // A connection of its own to the store: the rendezvous keeps its own to itself. It proves
+    // the secret, so the addresses Gloo's pairs connect to are members' own.
+    auto store = c10::make_intrusive<store::StoreClient>(
+        store::ClientSettings{options.master_addr, agent().master_port(), options.rank,
+                              fmt::format("{} ({})", options.name, key), options.secret,
+                              options.rpc_timeout},
+        std::chrono::steady_clock::now() + options.rpc_timeout);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key, store);
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.rpc_timeout);
     // The interface this worker's agent listens on: the one its peers reach it by.

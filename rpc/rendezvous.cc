@@ -15,13 +15,14 @@
 #include <random>
 #include <sstream>
 #include <thread>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ferry/core/backoff.h"
 #include "ferry/core/files.h"
 #include "ferry/core/log.h"
 #include "ferry/core/message_of.h"
 #include "ferry/rpc/error.h"
+#include "rpc/store_client.h"
+#include "rpc/store_server.h"
 
 namespace ferry::rpc {
 namespace {
@@ -63,25 +64,29 @@ Rendezvous::Rendezvous(const Options& options)
     : rank_(options.rank), world_size_(options.world_size) {
   const int master_port =
       options.master_port == 0 && options.rank != 0 ? published_port(options) : options.master_port;
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<std::uint16_t>(master_port);
-  store_options.isServer = options.rank == 0;
-  store_options.waitWorkers = false;
-  store_options.timeout = options.init_timeout;
-  try {
-    store_ = std::make_unique<c10d::TCPStore>(options.master_addr, store_options);
-  } catch (const std::exception& e) {
-    if (options.rank == 0) {
+  if (options.rank == 0) {
+    try {
+      server_ = std::make_unique<store::StoreServer>(store::ServerSettings{
+          options.master_port, options.secret, options.world_size, options.handshake_timeout});
+    } catch (const std::exception& e) {
       throw Error(ErrorKind::Init, fmt::format("rank 0 could not host the rendezvous store on port "
                                                "{}: {}",
                                                options.master_port, core::message_of(e)));
     }
-    throw Error(ErrorKind::Init,
-                fmt::format("rank {} could not reach the master at {}:{} within {}: {}",
-                            options.rank, options.master_addr, master_port,
-                            seconds(options.init_timeout), core::message_of(e)));
   }
-  port_ = store_->getPort();
+  const int port = server_ ? server_->port() : master_port;
+  try {
+    store_ = std::make_unique<store::StoreClient>(
+        store::ClientSettings{options.master_addr, port, options.rank, options.name, options.secret,
+                              options.init_timeout},
+        Clock::now() + options.init_timeout);
+  } catch (const std::exception& e) {
+    throw Error(
+        ErrorKind::Init,
+        fmt::format("rank {} could not reach the master at {}:{} within {}: {}", options.rank,
+                    options.master_addr, port, seconds(options.init_timeout), core::message_of(e)));
+  }
+  port_ = port;
   if (options.rank == 0 && !options.master_port_file.empty()) {
     try {
       core::write_file_atomically(options.master_port_file, std::to_string(port_));
@@ -93,6 +98,17 @@ Rendezvous::Rendezvous(const Options& options)
 }
 
 Rendezvous::~Rendezvous() = default;
+
+std::string Rendezvous::refusals(const std::vector<int>& ranks) {
+  if (!server_) return {};
+  std::string out;
+  for (int r : ranks) {
+    std::string why = server_->refusal_of(r);
+    if (!why.empty())
+      out += fmt::format("; the store refused a process claiming rank {} {}", r, why);
+  }
+  return out;
+}
 
 std::vector<WorkerInfo> Rendezvous::join(const WorkerInfo& self, Clock::time_point deadline) {
   std::vector<WorkerInfo> workers(world_size_);
@@ -117,11 +133,12 @@ std::vector<WorkerInfo> Rendezvous::join(const WorkerInfo& self, Clock::time_poi
           missing.push_back(r);
         }
       }
-      throw Error(ErrorKind::Init,
-                  fmt::format("rank {}: the world of {} did not complete in time: rank{} {} "
-                              "never joined (joined: {})",
-                              rank_, world_size_, missing.size() == 1 ? "" : "s",
-                              fmt::join(missing, ", "), fmt::join(present, ", ")));
+      throw Error(
+          ErrorKind::Init,
+          fmt::format("rank {}: the world of {} did not complete in time: rank{} {} "
+                      "never joined (joined: {}){}",
+                      rank_, world_size_, missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
+                      fmt::join(present, ", "), refusals(missing)));
     }
     for (int r = 0; r < world_size_; ++r) {
       std::istringstream in(text(store_->get(fmt::format("ferry/worker/{}", r))));

@@ -1,5 +1,6 @@
-// The rendezvous: a c10d TCPStore hosted by rank 0 through which agents publish their addresses,
-// find each other, and agree on shutdown. Resource type.
+// The rendezvous: a store hosted by rank 0 (rpc/store_server.h) through which agents publish
+// their addresses, find each other, and agree on shutdown. With a cluster secret only members
+// reach it. Resource type.
 //
 // Thread rules: every method may be called from any thread; calls are serialised internally
 // because one store client is one socket.
@@ -15,11 +16,12 @@
 #include "ferry/rpc/options.h"
 #include "ferry/rpc/worker_info.h"
 
-namespace c10d {
-class TCPStore;
-}
-
 namespace ferry::rpc {
+
+namespace store {
+class StoreServer;
+class StoreClient;
+}  // namespace store
 
 class Rendezvous {
  public:
@@ -44,11 +46,15 @@ class Rendezvous {
   void wait_left(const std::set<int>& ignore, std::chrono::steady_clock::time_point deadline);
 
  private:
+  // On rank 0: why the store refused processes that claimed these ranks, as a tail to an error.
+  std::string refusals(const std::vector<int>& ranks);
+
   int rank_;
   int world_size_;
   int port_ = 0;
   std::mutex mutex_;
-  std::unique_ptr<c10d::TCPStore> store_;
+  std::unique_ptr<store::StoreServer> server_;  // rank 0 only
+  std::unique_ptr<store::StoreClient> store_;
   std::set<int> published_lost_;
 };
 

@@ -130,3 +130,32 @@ struct Envelope {
   gradContext @8 :Int64;
   gradMessage @9 :Int64;
 }
+
+# The rendezvous store's messages (see rpc/store_protocol.h). A connection to the store opens
+# with the same handshake as an agent's, in `Hello` messages; then each request gets one reply.
+enum StoreOp {
+  set @0;
+  get @1;
+  add @2;
+  check @3;
+  deleteKey @4;
+  numKeys @5;
+  wait @6;
+  compareSet @7;
+}
+
+struct StoreRequest {
+  op @0 :StoreOp;
+  keys @1 :List(Data);
+  value @2 :Data;       # set: the value; compareSet: the value expected
+  desired @3 :Data;     # compareSet: the value to set if the expected one is there
+  amount @4 :Int64;     # add
+  timeoutMs @5 :Int64;  # get, wait: how long to wait for the keys
+}
+
+struct StoreReply {
+  ok @0 :Bool;     # false: refused or timed out, `error` says why
+  value @1 :Data;
+  number @2 :Int64;
+  error @3 :Text;
+}

@@ -1,10 +1,11 @@
 // The handshake's shared-secret authentication: a world whose agents share FERRY_SECRET works;
-// an agent with another secret is refused by name; a raw client that cannot prove the secret, or
-// replays a proof made for another connection, gets nothing but the challenge; one that proves it
-// is served; a client that never says hello is closed.
+// a worker with another secret cannot join, and both sides say why; a raw client that cannot prove
+// the secret, or replays a proof made for another connection, gets nothing but the challenge; one
+// that proves it is served; a client that never says hello is closed.
 #include "rpc/auth.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "ferry/core/local_world.h"
+#include "ferry/rpc/agent.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 #include "rpc/frame.h"
@@ -129,28 +132,40 @@ TEST(Auth, AWorldSharingASecretCallsAcrossEveryConnection) {
             9);
 }
 
-TEST(Auth, AnAgentWithAnotherSecretIsRefusedAndTheErrorSaysWhy) {
-  LocalWorld::Settings settings = with_secret(kSecret);
-  settings.env_of["b"]["FERRY_SECRET"] = "another secret";
-  // The refusal must come well before a call's deadline could end the call.
-  settings.rpc_timeout = ferry::testing::scaled(std::chrono::seconds(30));
-  LocalWorld world(settings);
-  EXPECT_EQ(ferry::rpc::rpc_sync("a", "echo", {int64_t{5}}).toInt(), 5);
-  // b refuses the master's hello: the master learns that the handshake failed, not a timeout.
-  auto start = std::chrono::steady_clock::now();
-  std::string error =
-      ferry::testing::error_of([] { ferry::rpc::rpc_sync("b", "echo", {int64_t{5}}); });
-  EXPECT_LT(std::chrono::steady_clock::now() - start,
-            ferry::testing::scaled(std::chrono::seconds(10)))
+// The rendezvous store asks for the secret too: a worker with another one never joins, it says
+// why at once, and the master's error names the rank it waited for and why the store refused it.
+TEST(Auth, AWorkerWithAnotherSecretCannotJoinAndBothSidesSayWhy) {
+  const std::string port_file = ferry::testing::new_port_file();
+  const std::chrono::milliseconds timeout = ferry::testing::scaled(std::chrono::seconds(4));
+  auto peer = [&](int rank, const std::string& name, const std::string& secret) {
+    auto env = ferry::core::loopback_world_env(rank, 3, 0, port_file);
+    env["FERRY_SECRET"] = secret;
+    return std::make_unique<ferry::testing::Process>(
+        ferry::testing::peer_binary(),
+        std::vector<std::string>{"--name", name, "--init-timeout-ms",
+                                 std::to_string(timeout.count())},
+        env);
+  };
+  auto a = peer(1, "a", kSecret);
+  auto b = peer(2, "b", "another secret");
+  ferry::rpc::Options master = ferry::rpc::loopback_options("master", 0, 3, 0);
+  master.master_port_file = port_file;
+  master.init_timeout = timeout;
+  master.secret = kSecret;
+  ferry::rpc::FunctionRegistry registry;
+  std::string error = ferry::testing::error_of([&] { ferry::rpc::Agent::start(master, registry); });
+  EXPECT_NE(error.find("rank 2 never joined (joined: 0, 1); the store refused a process claiming "
+                       "rank 2 from 127.0.0.1:"),
+            std::string::npos)
       << error;
-  EXPECT_NE(error.find("worker \"b\""), std::string::npos) << error;
-  EXPECT_NE(error.find("during the handshake"), std::string::npos) << error;
-  EXPECT_NE(error.find("FERRY_SECRET"), std::string::npos) << error;
-  // Between peers too: b refuses a's hello, and a's call fails with the same reason.
-  error = ferry::testing::error_of([] {
-    ferry::rpc::rpc_sync("a", "relay", {std::string("b"), std::string("echo"), int64_t{9}});
-  });
-  EXPECT_NE(error.find("during the handshake"), std::string::npos) << error;
+  EXPECT_NE(error.find("its proof of the cluster secret is wrong"), std::string::npos) << error;
+  // Both fail their start-up: b refused by the store, a left waiting for a world that never forms.
+  auto exited = [](ferry::testing::Process& p) {
+    auto status = p.wait(std::chrono::milliseconds(10000));
+    return status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+  };
+  EXPECT_EQ(exited(*b), 2);
+  EXPECT_EQ(exited(*a), 2);
 }
 
 TEST(Auth, ARawClientWithoutTheSecretGetsOnlyTheChallenge) {

@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "ferry/core/local_world.h"
+#include "tests/cluster/job_world.h"
 #include "tests/support/cluster.h"
 #include "tests/support/sanitizer_allowance.h"
 #include "tests/support/temp_dir.h"
@@ -32,45 +33,12 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ferry::testing::kJobTime;
 using ferry::testing::Process;
 using ferry::testing::read_file;
 using ferry::testing::wait_until;
+using ferry::testing::World;
 namespace fs = std::filesystem;
-
-// How long a training job, or its way to a checkpoint, may take.
-const auto kJobTime = ferry::testing::scaled(std::chrono::seconds(120));
-
-// A master and three workers (or more), started one by one as a user starts them on separate
-// hosts.
-struct World {
-  std::string dir;
-  std::unique_ptr<Process> master;
-  std::vector<std::unique_ptr<Process>> workers;
-
-  World(const std::string& name, const std::string& train_args, int worker_count = 3) {
-    dir = ferry::testing::process_temp_dir().file("fault-" + name);
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    // The master's store takes its port from the system and writes it where the workers read it.
-    auto env = [&](int rank) {
-      auto vars = ferry::core::loopback_world_env(rank, worker_count + 1, 0, dir + "/port");
-      vars["OMP_NUM_THREADS"] = "1";
-      return vars;
-    };
-    // Through sh only to keep the master's output; exec leaves the master as the process.
-    master = std::make_unique<Process>(
-        "/bin/sh",
-        std::vector<std::string>{"-c", std::string("exec ") + FERRY_MASTER + " train " +
-                                           train_args + " > " + dir + "/master.log 2>&1"},
-        env(0));
-    for (int rank = 1; rank <= worker_count; ++rank) {
-      workers.push_back(std::make_unique<Process>(ferry::testing::worker_binary(),
-                                                  std::vector<std::string>{}, env(rank)));
-    }
-  }
-  ~World() { fs::remove_all(dir); }
-  std::string log() const { return read_file(dir + "/master.log"); }
-};
 
 const char* kJob =
     "--model unet-resnet18 --image-size 32 --samples 200 --batch-size 8 --optimizer adam";

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bench/autograd_bench.h"
+#include "bench/chaos_bench.h"
 #include "bench/memory_bench.h"
 #include "bench/pipeline_bench.h"
 #include "bench/rpc_bench.h"
@@ -111,6 +112,25 @@ CLI::App* add_memory(CLI::App& app, ferry::bench::MemoryBenchSettings& memory) {
   return memory_cmd;
 }
 
+CLI::App* add_chaos(CLI::App& app, ferry::bench::ChaosBenchSettings& chaos) {
+  auto* cmd = app.add_subcommand(
+      "chaos", "a soak: a worker of a 2 x 2 job with spares killed every few steps, many times");
+  cmd->add_option("--model", chaos.model, "unet-resnet18|34|50|101|152");
+  cmd->add_option("--image-size", chaos.image_size, "image height and width");
+  cmd->add_option("--samples", chaos.samples, "images, a share of them for validation");
+  cmd->add_option("--batch", chaos.batch, "images per replica and step");
+  cmd->add_option("--epochs", chaos.epochs, "epochs of the job (a checkpoint after each)");
+  cmd->add_option("--kills", chaos.kills, "workers killed, one at a time");
+  cmd->add_option("--every", chaos.every, "steps trained after a recovery before the next kill");
+  cmd->add_option("--spares", chaos.spares, "spare workers of each world");
+  cmd->add_option("--seed", chaos.seed, "which workers are killed");
+  cmd->add_option("--stall-limit-s", chaos.stall_limit_s,
+                  "seconds without training after a kill that count as a hang");
+  cmd->add_option("--work-dir", chaos.work_dir,
+                  "keep checkpoints and logs here (default: a temporary folder, removed)");
+  return cmd;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -132,13 +152,15 @@ int main(int argc, char** argv) {
   ferry::bench::TrainBenchSettings train;
   ferry::bench::PipelineBenchSettings pipeline;
   ferry::bench::MemoryBenchSettings memory;
+  ferry::bench::ChaosBenchSettings chaos;
   rpc.self_path = autograd.self_path = train.self_path = pipeline.self_path = memory.self_path =
-      self;
+      chaos.self_path = self;
   CLI::App* rpc_cmd = add_rpc(app, rpc);
   CLI::App* autograd_cmd = add_autograd(app, autograd);
   CLI::App* train_cmd = add_train(app, train);
   CLI::App* pipeline_cmd = add_pipeline(app, pipeline);
   CLI::App* memory_cmd = add_memory(app, memory);
+  CLI::App* chaos_cmd = add_chaos(app, chaos);
   auto* peer_cmd = app.add_subcommand("rpc-peer", "the peer process of `rpc` (started by it)");
   peer_cmd->group("");
   CLI11_PARSE(app, argc, argv);
@@ -147,6 +169,7 @@ int main(int argc, char** argv) {
   if (*train_cmd) return ferry::bench::run_train_bench(train);
   if (*pipeline_cmd) return ferry::bench::run_pipeline_bench(pipeline);
   if (*memory_cmd) return ferry::bench::run_memory_bench(memory);
+  if (*chaos_cmd) return ferry::bench::run_chaos_bench(chaos);
   if (*peer_cmd) return ferry::bench::run_rpc_peer();
   return 1;
 }

@@ -19,7 +19,7 @@ struct ChaosBenchSettings {
   int batch = 8;
   int epochs = 30;
   int kills = 10;
-  int every = 8;  // steps trained between one recovery and the next kill
+  int every = 7;  // steps trained between one recovery and the next kill
   int spares = 2;
   int seed = 1;                // which workers are killed
   double stall_limit_s = 240;  // a kill not recovered from within this is a hang: the soak stops

@@ -193,6 +193,10 @@ void StoreServer::serve(Client& client) {
     // A member closing its connection is how a client says goodbye.
     if (stopping_ || (admitted && e.kind() == ErrorKind::PeerDied)) return;
     log::warn("store: closing {}: {}", client.peer, e.what());
+  } catch (const std::exception& e) {
+    // Whatever a client sent, it costs that client its connection, never this process.
+    if (!admitted) --unadmitted_;
+    log::warn("store: closing {}: {}", client.peer, e.what());
   }
 }
 

@@ -175,12 +175,15 @@ Greeting decode_greeting(const std::string& bytes) {
   });
 }
 
+std::string framed(const std::string& message) {
+  std::uint32_t n = static_cast<std::uint32_t>(message.size());
+  std::string out(reinterpret_cast<const char*>(&n), sizeof n);
+  return out + message;
+}
+
 void send_message(int fd, const std::string& bytes, Clock::time_point deadline,
                   const std::string& peer) {
-  std::string out(4, '\0');
-  std::uint32_t n = static_cast<std::uint32_t>(bytes.size());
-  std::memcpy(out.data(), &n, sizeof n);
-  out += bytes;
+  const std::string out = framed(bytes);
   std::size_t sent = 0;
   while (sent < out.size()) {
     await(fd, POLLOUT, deadline, peer, "writing");

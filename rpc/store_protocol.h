@@ -57,6 +57,9 @@ Request decode_request(const std::string& bytes);
 Reply decode_reply(const std::string& bytes);
 Greeting decode_greeting(const std::string& bytes);
 
+// `message` as it goes on the wire: its length, then its bytes.
+std::string framed(const std::string& message);
+
 // One message each way on a connected socket, before `deadline` (Clock::time_point::max():
 // none). Throw Error(Timeout) past the deadline, Error(PeerDied) when the other side closed or
 // reset the connection, and Error(BadFrame) for a length over kMaxMessageBytes. `peer` names the

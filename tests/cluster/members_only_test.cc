@@ -108,10 +108,7 @@ std::string stranger_bytes() {
   set.op = ferry::rpc::store::Op::Set;
   set.keys = {"ferry/worker/1"};
   set.value = "intruder\n10.9.9.9\n4000";
-  std::string message = ferry::rpc::store::encode(set);
-  std::uint32_t n = static_cast<std::uint32_t>(message.size());
-  std::string bytes(reinterpret_cast<const char*>(&n), sizeof n);
-  bytes += message;
+  std::string bytes = ferry::rpc::store::framed(ferry::rpc::store::encode(set));
   std::mt19937 random(7);
   for (int i = 0; i < 512; ++i) bytes.push_back(static_cast<char>(random()));
   return bytes;

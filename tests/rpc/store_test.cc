@@ -157,10 +157,6 @@ class RawSocket {
     ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(bytes.size()));
   }
-  static std::string framed(const std::string& message) {
-    std::uint32_t n = static_cast<std::uint32_t>(message.size());
-    return std::string(reinterpret_cast<const char*>(&n), sizeof n) + message;
-  }
   // Everything until the server closes (true), or until 10 s pass with the socket open (false).
   bool read_until_closed(std::string* received) {
     char buf[4096];
@@ -238,7 +234,7 @@ TEST(StoreServer, ARawClientReadsAndWritesNothingAndMembersAreStillServed) {
                                    return set;
                                  }()}) {
     RawSocket raw(server.port());
-    raw.send(RawSocket::framed(encode(request)));
+    raw.send(framed(encode(request)));
     std::string received;
     EXPECT_TRUE(raw.read_until_closed(&received));
     EXPECT_EQ(received.find("the member's address"), std::string::npos);

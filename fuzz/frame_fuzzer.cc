@@ -1,7 +1,9 @@
 // libFuzzer target: bytes from the network as one connection reads them. The frame decoder must
 // turn every input into messages or an rpc::Error (the connection is then closed); any other
 // exception, a crash, or a sanitizer report is a bug. Decoded handshake messages go through the
-// hello check an agent runs on them.
+// hello check an agent runs on them. The same bytes, read as one message of the rendezvous
+// store, must decode or raise an rpc::Error too, and a request that decodes is applied to a
+// store's table.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -10,6 +12,8 @@
 #include "ferry/rpc/error.h"
 #include "rpc/auth.h"
 #include "rpc/frame.h"
+#include "rpc/store_protocol.h"
+#include "rpc/store_table.h"
 
 namespace {
 
@@ -25,6 +29,26 @@ void check_handshake(const ferry::rpc::Message& message) {
   }
   ferry::rpc::auth::proofs_equal(ferry::rpc::auth::welcome_proof(kSecret, kChallenge, h.nonce),
                                  h.proof);
+}
+
+// What the store server does with a message's bytes: a hello, or a request it applies.
+void check_store_message(const std::string& bytes) {
+  namespace store = ferry::rpc::store;
+  try {
+    store::decode_greeting(bytes);
+  } catch (const ferry::rpc::Error&) {
+  }
+  try {
+    store::decode_reply(bytes);
+  } catch (const ferry::rpc::Error&) {
+  }
+  try {
+    store::Request request = store::decode_request(bytes);
+    request.timeout_ms = 0;  // a get of a missing key would otherwise wait
+    store::StoreTable table;
+    table.apply(request);
+  } catch (const ferry::rpc::Error&) {
+  }
 }
 
 }  // namespace
@@ -58,5 +82,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // The connection would be closed: the expected answer to malformed bytes.
   }
   for (const ferry::rpc::Message& m : messages) check_handshake(m);
+  check_store_message(std::string(bytes, n));
   return 0;
 }

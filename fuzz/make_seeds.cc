@@ -1,5 +1,6 @@
 // Writes the seed corpus of frame_fuzzer: one file per kind of frame Ferry sends (handshake
-// steps, calls with tensors and nested containers, replies, errors), each prefixed with the
+// steps, calls with tensors and nested containers, replies, errors), and per kind of message the
+// rendezvous store takes (a hello, a set, a wait, a compare-and-set), each prefixed with the
 // fuzzer's chunk-size byte. Run it again when the wire format changes:
 //   build/fuzz/make_seeds fuzz/corpus/frames
 #include <ATen/ATen.h>
@@ -10,6 +11,7 @@
 
 #include "rpc/auth.h"
 #include "rpc/frame.h"
+#include "rpc/store_protocol.h"
 
 using ferry::rpc::HandshakeStep;
 using ferry::rpc::Message;
@@ -26,6 +28,30 @@ void write_seed(const std::string& dir, const std::string& name, const Message& 
   for (const at::Tensor& t : frame.tensors) {
     if (t.defined()) out.write(static_cast<const char*>(t.data_ptr()), t.nbytes());
   }
+}
+
+void write_store_seed(const std::string& dir, const std::string& name, const std::string& bytes) {
+  std::ofstream out(dir + "/" + name, std::ios::binary);
+  out.put(static_cast<char>(255));
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+void write_store_seeds(const std::string& dir) {
+  namespace store = ferry::rpc::store;
+  store::Greeting hello;
+  hello.rank = 1;
+  hello.name = "worker1";
+  hello.handshake = {HandshakeStep::Hello, std::string(ferry::rpc::auth::kNonceBytes, 'c'),
+                     ferry::rpc::auth::fresh_nonce(), std::string(32, 'p')};
+  write_store_seed(dir, "store_hello", store::encode(hello));
+  store::Request set{store::Op::Set, {"ferry/worker/1"}, "worker1\n127.0.0.1\n4000", "", 0, 0};
+  write_store_seed(dir, "store_set", store::encode(set));
+  store::Request wait{store::Op::Wait, {"a", "b", "c"}, "", "", 0, 0};
+  write_store_seed(dir, "store_wait", store::encode(wait));
+  store::Request swap{store::Op::CompareSet, {"key"}, "old", "new", 0, 0};
+  write_store_seed(dir, "store_compare_set", store::encode(swap));
+  store::Request add{store::Op::Add, {"ferry/joined"}, "", "", 1, 0};
+  write_store_seed(dir, "store_add", store::encode(add));
 }
 
 }  // namespace
@@ -93,5 +119,6 @@ int main(int argc, char** argv) {
   error.error_message = "stage \"decoder\" raised: shape mismatch";
   error.error_worker = "worker2";
   write_seed(dir, "error", error, 255);
+  write_store_seeds(dir);
   return 0;
 }

@@ -13,6 +13,7 @@
 #include "ferry/core/tensor_cache.h"
 #include "rpc/value_codec.h"
 #include "rpc/wire.capnp.h"
+#include "rpc/wire_hello.h"
 
 namespace ferry::rpc {
 namespace {
@@ -43,16 +44,6 @@ std::uint32_t read_u32(const char* p) {
   return v;
 }
 
-capnp::Text::Reader text(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
-
-capnp::Data::Reader bytes(const std::string& s) {
-  return capnp::Data::Reader(reinterpret_cast<const kj::byte*>(s.data()), s.size());
-}
-
-std::string from_bytes(capnp::Data::Reader data) {
-  return std::string(reinterpret_cast<const char*>(data.begin()), data.size());
-}
-
 }  // namespace
 
 EncodedFrame encode_frame(const Message& message, int max_nesting_depth, RRefCodec* rrefs,
@@ -64,7 +55,7 @@ EncodedFrame encode_frame(const Message& message, int max_nesting_depth, RRefCod
   env.setVersion(kProtocolVersion);
   env.setId(message.id);
   env.setKind(to_wire(message.kind));
-  env.setFunction(text(message.function));
+  env.setFunction(wire_text(message.function));
   env.setGradContext(message.grad.context_id);
   env.setGradMessage(message.grad.message_id);
   encode_value(message.value, env.initValue(), max_nesting_depth, rrefs, to_rank, &frame.tensors,
@@ -72,17 +63,11 @@ EncodedFrame encode_frame(const Message& message, int max_nesting_depth, RRefCod
   if (message.kind == MessageKind::Error) {
     auto error = env.initError();
     error.setKind(static_cast<std::uint8_t>(message.error_kind));
-    error.setMessage(text(message.error_message));
-    error.setWorker(text(message.error_worker));
+    error.setMessage(wire_text(message.error_message));
+    error.setWorker(wire_text(message.error_worker));
   }
   if (message.kind == MessageKind::Control) {
-    auto hello = env.initHello();
-    hello.setName(text(message.peer_name));
-    hello.setRank(message.peer_rank);
-    hello.setStep(static_cast<wire::HandshakeStep>(message.handshake.step));
-    hello.setChallenge(bytes(message.handshake.challenge));
-    hello.setNonce(bytes(message.handshake.nonce));
-    hello.setProof(bytes(message.handshake.proof));
+    write_hello(env.initHello(), message.peer_name, message.peer_rank, message.handshake);
   }
   auto descs = env.initTensors(frame.tensors.size());
   for (size_t i = 0; i < frame.tensors.size(); ++i) {
@@ -261,19 +246,6 @@ void read_error(wire::ErrorInfo::Reader error, Message& message) {
   message.error_worker = error.getWorker().cStr();
 }
 
-void read_hello(wire::Hello::Reader hello, Message& message) {
-  message.peer_name = hello.getName().cStr();
-  message.peer_rank = hello.getRank();
-  auto step = static_cast<std::uint16_t>(hello.getStep());
-  if (step > static_cast<std::uint16_t>(HandshakeStep::Welcome)) {
-    throw Error(ErrorKind::BadFrame, fmt::format("unknown handshake step {}", step));
-  }
-  message.handshake.step = static_cast<HandshakeStep>(step);
-  message.handshake.challenge = from_bytes(hello.getChallenge());
-  message.handshake.nonce = from_bytes(hello.getNonce());
-  message.handshake.proof = from_bytes(hello.getProof());
-}
-
 // Only floating-point and complex tensors can require grad.
 void mark_requires_grad(TensorDescs descs, std::vector<at::Tensor>& tensors) {
   size_t i = 0;
@@ -315,7 +287,8 @@ void FrameDecoder::finish_envelope(std::vector<Message>* out) {
     tensors_ = allocate_tensors(env.getTensors(), limits_, payload_bytes_);
     message.value = decode_value(env.getValue(), tensors_, limits_.max_nesting_depth, rrefs_);
     if (message.kind == MessageKind::Error) read_error(env.getError(), message);
-    if (message.kind == MessageKind::Control) read_hello(env.getHello(), message);
+    if (message.kind == MessageKind::Control)
+      read_hello(env.getHello(), &message.peer_name, &message.peer_rank, &message.handshake);
     mark_requires_grad(env.getTensors(), tensors_);
   } catch (const Error&) {
     throw;

@@ -29,11 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<uint8_t> bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
-}
-std::string text(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
-
 std::string seconds(std::chrono::milliseconds ms) {
   return fmt::format("{:.1f} s", ms.count() / 1000.0);
 }
@@ -120,7 +115,7 @@ std::vector<WorkerInfo> Rendezvous::join(const WorkerInfo& self, Clock::time_poi
                                                rank_, rank_));
     }
     store_->set(fmt::format("ferry/worker/{}", rank_),
-                bytes(fmt::format("{}\n{}\n{}", self.name, self.host, self.port)));
+                store::bytes_of(fmt::format("{}\n{}\n{}", self.name, self.host, self.port)));
     store_->add("ferry/joined", 1);
     if (!core::poll_with_backoff([&] { return store_->add("ferry/joined", 0) >= world_size_; },
                                  deadline)) {
@@ -141,7 +136,7 @@ std::vector<WorkerInfo> Rendezvous::join(const WorkerInfo& self, Clock::time_poi
                       fmt::join(present, ", "), refusals(missing)));
     }
     for (int r = 0; r < world_size_; ++r) {
-      std::istringstream in(text(store_->get(fmt::format("ferry/worker/{}", r))));
+      std::istringstream in(store::text_of(store_->get(fmt::format("ferry/worker/{}", r))));
       WorkerInfo& info = workers[r];
       std::string port;
       std::getline(in, info.name);
@@ -174,7 +169,7 @@ std::vector<WorkerInfo> Rendezvous::join(const WorkerInfo& self, Clock::time_poi
 
 void Rendezvous::arrive_shutdown() {
   std::lock_guard<std::mutex> lock(mutex_);
-  store_->set(fmt::format("ferry/shutdown/{}", rank_), bytes("1"));
+  store_->set(fmt::format("ferry/shutdown/{}", rank_), store::bytes_of("1"));
   store_->add("ferry/shutdown_started", 1);
 }
 
@@ -189,7 +184,8 @@ std::vector<int> Rendezvous::missing_shutdown(const std::set<int>& lost) {
   if (store_->add("ferry/shutdown_started", 0) >= world_size_) return missing;
   // What one agent saw die, every agent stops waiting for.
   for (int r : lost) {
-    if (published_lost_.insert(r).second) store_->set(fmt::format("ferry/lost/{}", r), bytes("1"));
+    if (published_lost_.insert(r).second)
+      store_->set(fmt::format("ferry/lost/{}", r), store::bytes_of("1"));
   }
   for (int r = 0; r < world_size_; ++r) {
     if (!store_->check({fmt::format("ferry/shutdown/{}", r)}) &&
@@ -202,7 +198,7 @@ std::vector<int> Rendezvous::missing_shutdown(const std::set<int>& lost) {
 
 void Rendezvous::leave() {
   std::lock_guard<std::mutex> lock(mutex_);
-  store_->set(fmt::format("ferry/left/{}", rank_), bytes("1"));
+  store_->set(fmt::format("ferry/left/{}", rank_), store::bytes_of("1"));
 }
 
 void Rendezvous::wait_left(const std::set<int>& ignore, Clock::time_point deadline) {

@@ -16,9 +16,6 @@
 namespace ferry::rpc::store {
 namespace {
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
-
 // A connected socket to host:port, or -1 with `why` set.
 int dial(const std::string& host, int port, std::string& why) {
   addrinfo hints{};

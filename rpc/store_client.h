@@ -26,6 +26,10 @@ struct ClientSettings {
   std::chrono::milliseconds timeout{30000};  // of a get or a wait that names no timeout
 };
 
+// A store's values are bytes; Ferry's are text.
+inline std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+inline std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
 class StoreClient : public c10d::Store {
  public:
   // Connects and passes the handshake before `deadline`, trying again while nothing listens

@@ -13,17 +13,10 @@
 #include <cstring>
 
 #include "rpc/wire.capnp.h"
+#include "rpc/wire_hello.h"
 
 namespace ferry::rpc::store {
 namespace {
-
-capnp::Data::Reader data(const std::string& s) {
-  return capnp::Data::Reader(reinterpret_cast<const kj::byte*>(s.data()), s.size());
-}
-
-std::string text_of(capnp::Data::Reader d) {
-  return std::string(reinterpret_cast<const char*>(d.begin()), d.size());
-}
 
 std::string flat(capnp::MallocMessageBuilder& builder) {
   kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
@@ -100,9 +93,9 @@ std::string encode(const Request& request) {
   auto r = builder.initRoot<wire::StoreRequest>();
   r.setOp(static_cast<wire::StoreOp>(request.op));
   auto keys = r.initKeys(request.keys.size());
-  for (std::size_t i = 0; i < request.keys.size(); ++i) keys.set(i, data(request.keys[i]));
-  r.setValue(data(request.value));
-  r.setDesired(data(request.desired));
+  for (std::size_t i = 0; i < request.keys.size(); ++i) keys.set(i, wire_bytes(request.keys[i]));
+  r.setValue(wire_bytes(request.value));
+  r.setDesired(wire_bytes(request.desired));
   r.setAmount(request.amount);
   r.setTimeoutMs(request.timeout_ms);
   return flat(builder);
@@ -112,21 +105,15 @@ std::string encode(const Reply& reply) {
   capnp::MallocMessageBuilder builder;
   auto r = builder.initRoot<wire::StoreReply>();
   r.setOk(reply.ok);
-  r.setValue(data(reply.value));
+  r.setValue(wire_bytes(reply.value));
   r.setNumber(reply.number);
-  r.setError(capnp::Text::Reader(reply.error.data(), reply.error.size()));
+  r.setError(wire_text(reply.error));
   return flat(builder);
 }
 
 std::string encode(const Greeting& greeting) {
   capnp::MallocMessageBuilder builder;
-  auto h = builder.initRoot<wire::Hello>();
-  h.setName(capnp::Text::Reader(greeting.name.data(), greeting.name.size()));
-  h.setRank(greeting.rank);
-  h.setStep(static_cast<wire::HandshakeStep>(greeting.handshake.step));
-  h.setChallenge(data(greeting.handshake.challenge));
-  h.setNonce(data(greeting.handshake.nonce));
-  h.setProof(data(greeting.handshake.proof));
+  write_hello(builder.initRoot<wire::Hello>(), greeting.name, greeting.rank, greeting.handshake);
   return flat(builder);
 }
 
@@ -138,9 +125,9 @@ Request decode_request(const std::string& bytes) {
       throw Error(ErrorKind::BadFrame, fmt::format("store request with unknown operation {}", op));
     }
     request.op = static_cast<Op>(op);
-    for (auto key : r.getKeys()) request.keys.push_back(text_of(key));
-    request.value = text_of(r.getValue());
-    request.desired = text_of(r.getDesired());
+    for (auto key : r.getKeys()) request.keys.push_back(string_of(key));
+    request.value = string_of(r.getValue());
+    request.desired = string_of(r.getDesired());
     request.amount = r.getAmount();
     request.timeout_ms = r.getTimeoutMs();
     return request;
@@ -151,7 +138,7 @@ Reply decode_reply(const std::string& bytes) {
   return decode<wire::StoreReply>(bytes, "reply", [](wire::StoreReply::Reader r) {
     Reply reply;
     reply.ok = r.getOk();
-    reply.value = text_of(r.getValue());
+    reply.value = string_of(r.getValue());
     reply.number = r.getNumber();
     reply.error = r.getError().cStr();
     return reply;
@@ -161,16 +148,7 @@ Reply decode_reply(const std::string& bytes) {
 Greeting decode_greeting(const std::string& bytes) {
   return decode<wire::Hello>(bytes, "handshake", [](wire::Hello::Reader h) {
     Greeting greeting;
-    auto step = static_cast<unsigned>(h.getStep());
-    if (step > static_cast<unsigned>(HandshakeStep::Welcome)) {
-      throw Error(ErrorKind::BadFrame, fmt::format("store handshake with unknown step {}", step));
-    }
-    greeting.handshake.step = static_cast<HandshakeStep>(step);
-    greeting.handshake.challenge = text_of(h.getChallenge());
-    greeting.handshake.nonce = text_of(h.getNonce());
-    greeting.handshake.proof = text_of(h.getProof());
-    greeting.rank = h.getRank();
-    greeting.name = h.getName().cStr();
+    read_hello(h, &greeting.name, &greeting.rank, &greeting.handshake);
     return greeting;
   });
 }

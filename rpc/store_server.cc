@@ -178,9 +178,13 @@ void StoreServer::serve(Client& client) {
   bool admitted = false;
   try {
     admitted = admit(client);
-    --unadmitted_;
-    if (!admitted) return;
-    client.peer = fmt::format("a member's {}", client.peer);
+  } catch (const std::exception& e) {
+    if (!stopping_) log::warn("store: closing {}: {}", client.peer, e.what());
+  }
+  --unadmitted_;
+  if (!admitted) return;
+  client.peer = fmt::format("a member's {}", client.peer);
+  try {
     for (;;) {
       Request request =
           decode_request(receive_message(client.fd, Clock::time_point::max(), client.peer));
@@ -189,13 +193,11 @@ void StoreServer::serve(Client& client) {
                    client.peer);
     }
   } catch (const Error& e) {
-    if (!admitted) --unadmitted_;
     // A member closing its connection is how a client says goodbye.
-    if (stopping_ || (admitted && e.kind() == ErrorKind::PeerDied)) return;
+    if (stopping_ || e.kind() == ErrorKind::PeerDied) return;
     log::warn("store: closing {}: {}", client.peer, e.what());
   } catch (const std::exception& e) {
     // Whatever a client sent, it costs that client its connection, never this process.
-    if (!admitted) --unadmitted_;
     log::warn("store: closing {}: {}", client.peer, e.what());
   }
 }

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -22,6 +21,7 @@
 
 #include "bench/processes.h"
 #include "bench/stats.h"
+#include "ferry/core/files.h"
 #include "ferry/core/local_world.h"
 #include "ferry/core/processes.h"
 #include "ferry/trainer/job_log.h"
@@ -35,13 +35,6 @@ constexpr int kStageWorkers = 4;  // 2 replicas x 2 stages
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-std::string whole_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
 }
 
 // One world of the job: its master and workers, started with a port file of their own; the
@@ -81,7 +74,9 @@ class ChaosWorld {
     }
   }
 
-  trainer::JobCourse course() const { return trainer::read_job_course(whole_file(log_)); }
+  trainer::JobCourse course() const {
+    return trainer::read_job_course(core::read_whole_file(log_));
+  }
   const std::string& log() const { return log_; }
 
   // The master's exit status once it has exited (-1: a signal ended it).
@@ -161,7 +156,7 @@ nlohmann::ordered_json check_in_python(const ChaosBenchSettings& s, const std::s
       "/usr/bin/python3", {"-c", "import sys, torch; print(len(torch.load(sys.argv[1])))", model},
       {}, dir + "/python.log");
   out["loads_in_python"] = loaded == 0;
-  std::istringstream lines(whole_file(dir + "/python.log"));
+  std::istringstream lines(core::read_whole_file(dir + "/python.log"));
   std::string last;
   for (std::string line; std::getline(lines, line);) last = line;
   if (loaded == 0) {

@@ -2,9 +2,7 @@
 // and a worker listen on (found in /proc, as a port scan would) takes a valid-looking store
 // request and random bytes from a process without the secret, gives it nothing but a challenge
 // and a refusal, and closes; and the job trains on to its end.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -71,13 +69,10 @@ struct Probe {
 Probe probe(int port, const std::string& garbage) {
   Probe result;
   result.port = port;
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
+  int fd = -1;
+  try {
+    fd = ferry::testing::connect_raw({"a listening port", 0, "127.0.0.1", port});
+  } catch (const std::runtime_error&) {
     result.closed = true;
     return result;
   }

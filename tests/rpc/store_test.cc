@@ -1,10 +1,8 @@
 // The rendezvous store: its operations mean what c10d::Store's mean; a server with a secret
 // serves only clients that prove it, and proves it back; a client without it, or one sending
 // garbage, reads and writes nothing and is closed, while members go on being served.
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,6 +14,7 @@
 #include "rpc/store_client.h"
 #include "rpc/store_server.h"
 #include "rpc/store_table.h"
+#include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 
 namespace ferry::rpc::store {
@@ -136,18 +135,11 @@ std::unique_ptr<StoreClient> client_of(const StoreServer& server, int rank,
       Clock::now() + milliseconds(5000));
 }
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-
 // A plain socket to the server, as an attacker has: what it reads, and whether the server closed.
 class RawSocket {
  public:
-  explicit RawSocket(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(port));
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  explicit RawSocket(int port)
+      : fd_(ferry::testing::connect_raw(WorkerInfo{"the store", 0, "127.0.0.1", port})) {
     timeval limit{10, 0};
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
   }
@@ -176,12 +168,12 @@ TEST(StoreServer, MembersWithTheSecretShareKeys) {
   StoreServer server(settings_with(kSecret));
   auto a = client_of(server, 0, kSecret);
   auto b = client_of(server, 1, kSecret);
-  a->set("worker/1", bytes("10.0.0.2:4000"));
-  EXPECT_EQ(b->get("worker/1"), bytes("10.0.0.2:4000"));
+  a->set("worker/1", bytes_of("10.0.0.2:4000"));
+  EXPECT_EQ(b->get("worker/1"), bytes_of("10.0.0.2:4000"));
   EXPECT_EQ(a->add("joined", 1), 1);
   EXPECT_EQ(b->add("joined", 1), 2);
   EXPECT_TRUE(b->check({"worker/1", "joined"}));
-  std::thread later([&] { a->set("go", bytes("1")); });
+  std::thread later([&] { a->set("go", bytes_of("1")); });
   b->wait({"go"}, milliseconds(10000));
   later.join();
   EXPECT_EQ(b->getNumKeys(), 3);
@@ -195,8 +187,8 @@ TEST(StoreServer, AGetThatTimesOutSaysWhichKey) {
   a->setTimeout(milliseconds(50));
   EXPECT_THAT(ferry::testing::error_of([&] { a->get("missing"); }),
               HasSubstr("waited 50 ms for store keys that did not appear: missing"));
-  a->set("k", bytes("v"));  // the connection still serves
-  EXPECT_EQ(a->get("k"), bytes("v"));
+  a->set("k", bytes_of("v"));  // the connection still serves
+  EXPECT_EQ(a->get("k"), bytes_of("v"));
 }
 
 TEST(StoreServer, AClientWithAnotherSecretIsRefusedAndToldWhy) {
@@ -225,7 +217,7 @@ TEST(StoreServer, AnOpenServerServesClientsWithoutASecret) {
 TEST(StoreServer, ARawClientReadsAndWritesNothingAndMembersAreStillServed) {
   StoreServer server(settings_with(kSecret));
   auto member = client_of(server, 0, kSecret);
-  member->set("worker/0", bytes("the member's address"));
+  member->set("worker/0", bytes_of("the member's address"));
 
   // A valid request where the hello belongs: a get, and a set.
   for (const Request& request : {getting("worker/0", 0), [] {
@@ -250,7 +242,7 @@ TEST(StoreServer, ARawClientReadsAndWritesNothingAndMembersAreStillServed) {
     std::string received;
     EXPECT_TRUE(raw.read_until_closed(&received));
   }
-  EXPECT_EQ(member->get("worker/0"), bytes("the member's address"));
+  EXPECT_EQ(member->get("worker/0"), bytes_of("the member's address"));
   EXPECT_EQ(member->getNumKeys(), 1);
 }
 

@@ -49,12 +49,21 @@ std::int64_t clock_offset_ns(const std::string& worker) {
 Schedule parse_schedule(const std::string& name) {
   if (name == "gpipe") return Schedule::GPipe;
   if (name == "1f1b") return Schedule::OneFOneB;
+  if (name == "zb") return Schedule::ZeroBubble;
   throw std::invalid_argument(
-      fmt::format("unknown pipeline schedule \"{}\" (known: gpipe, 1f1b)", name));
+      fmt::format("unknown pipeline schedule \"{}\" (known: gpipe, 1f1b, zb)", name));
 }
 
 const char* schedule_name(Schedule schedule) {
-  return schedule == Schedule::GPipe ? "gpipe" : "1f1b";
+  switch (schedule) {
+    case Schedule::GPipe:
+      return "gpipe";
+    case Schedule::OneFOneB:
+      return "1f1b";
+    case Schedule::ZeroBubble:
+      return "zb";
+  }
+  return "?";
 }
 
 Pipeline::Pipeline(std::vector<remote_module::RemoteModule> stages, PipelineOptions options)
@@ -86,15 +95,17 @@ Pipeline::Pipeline(std::vector<remote_module::RemoteModule> stages, PipelineOpti
   std::vector<std::string> names;
   for (std::int64_t s = 0; s < p; ++s) {
     const remote_module::RemoteModule& stage = stages_[s];
-    // Under 1F1B stage s holds at most p - s micro-batches; GPipe holds them all.
+    // Under 1F1B stage s holds at most p - s micro-batches, and one more whose weight pass waits
+    // under zb; GPipe holds them all.
+    const bool zero_bubble = options_.schedule == Schedule::ZeroBubble;
+    const bool one_by_one = options_.schedule == Schedule::OneFOneB || zero_bubble;
     std::int64_t limit =
-        options_.schedule == Schedule::OneFOneB ? p - s : std::numeric_limits<std::int64_t>::max();
+        one_by_one ? p - s + (zero_bubble ? 1 : 0) : std::numeric_limits<std::int64_t>::max();
     calls.call(
         stage.worker(), "ferry.pipeline.setup",
         {id_, s, p, rpc::to_ivalue(stage.module_rref()), s > 0 ? stages_[s - 1].worker() : master,
          s + 1 < p ? stages_[s + 1].worker() : master, master, limit,
-         static_cast<bool>(checkpoint[s]), routes, workers, options_.loss,
-         options_.schedule == Schedule::OneFOneB},
+         static_cast<bool>(checkpoint[s]), routes, workers, options_.loss, one_by_one, zero_bubble},
         fmt::format("pipeline stage {} (\"{}\") on worker \"{}\" cannot take part", s, stage.type(),
                     stage.worker()));
     names.push_back(fmt::format("stage {}: {} on {}", s,
@@ -127,6 +138,15 @@ Pipeline::~Pipeline() {
   } catch (const std::exception& e) {
     log::debug("pipeline {}: teardown: {}", id_, e.what());
   }
+}
+
+void Pipeline::wait_for_weight_passes() {
+  rpc::FanOut calls;
+  for (std::int64_t s = 0; s < static_cast<std::int64_t>(stages_.size()); ++s) {
+    calls.call(stages_[s].worker(), "ferry.pipeline.weights", {id_, s},
+               fmt::format("weight passes of stage {} on worker \"{}\"", s, stages_[s].worker()));
+  }
+  calls.wait();
 }
 
 void Pipeline::discard_step() {
@@ -186,6 +206,7 @@ Pipeline::StepResult Pipeline::run_step(const at::Tensor& input, const at::Tenso
   const std::int64_t step_start = now_ns();
   try {
     run.run(rpc::agent().options().rpc_timeout + std::chrono::seconds(5));
+    if (options_.schedule == Schedule::ZeroBubble) wait_for_weight_passes();
   } catch (...) {
     discard_step();
     throw;

@@ -31,7 +31,8 @@ std::optional<int> OneFOneBSchedule::on_backward_done() {
 }
 
 std::unique_ptr<MicrobatchSchedule> make_schedule(Schedule schedule, int stages, int microbatches) {
-  if (schedule == Schedule::OneFOneB) {
+  // The zero-bubble schedule lets micro-batches in as 1F1B does; its stages defer weight passes.
+  if (schedule == Schedule::OneFOneB || schedule == Schedule::ZeroBubble) {
     return std::make_unique<OneFOneBSchedule>(stages, microbatches);
   }
   return std::make_unique<GPipeSchedule>(microbatches);

@@ -47,6 +47,9 @@ std::vector<Span> stage_spans(const std::vector<at::Tensor>& events,
         case kBackwardEvent:
           spans.push_back({compute, SpanKind::Backward, step, m, start, end});
           break;
+        case kWeightEvent:
+          spans.push_back({compute, SpanKind::Weight, step, m, start, end});
+          break;
         case kSendForwardEvent:
         case kSendBackwardEvent:
           spans.push_back({compute, SpanKind::Send, step, m, start, end});

@@ -86,16 +86,6 @@ c10::IValue as_inputs(c10::IValue output) {
   return c10::ivalue::Tuple::create({std::move(output)});
 }
 
-// The error that is being handled, said with the micro-batch and the stage.
-std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t microbatch) {
-  rpc::Failure failure = rpc::failure_of(std::current_exception());
-  return std::make_exception_ptr(
-      Error(failure.kind,
-            fmt::format("{} of micro-batch {} at stage {} (\"{}\") on worker \"{}\": {}", what,
-                        microbatch, slot.index, slot.type, rpc::self().name, failure.message),
-            "", failure.worker));
-}
-
 // Completes `done` when `call` does: with None, or with its error unchanged (it already names the
 // stage that failed further along).
 void complete_with(const FuturePtr& call, const FuturePtr& done) {
@@ -106,18 +96,6 @@ void complete_with(const FuturePtr& call, const FuturePtr& done) {
       done->markCompleted(c10::IValue());
     }
   });
-}
-
-// A forward whose backward has run (or failed) leaves its place to the next parked one. It is
-// posted under the slot's mutex, so that no forward admitted meanwhile overtakes it.
-void release_place(Slot& slot) {
-  std::lock_guard<std::mutex> lock(slot.mutex);
-  if (slot.in_flight > 0) --slot.in_flight;  // a discard may have reset it meanwhile
-  if (!slot.parked.empty() && slot.in_flight < slot.limit) {
-    core::post_to_compute_thread(std::move(slot.parked.front().work));
-    slot.parked.pop_front();
-    ++slot.in_flight;
-  }
 }
 
 // Sets the CPU generator's state for a recomputation and puts the current one back after it.
@@ -301,6 +279,27 @@ void check_args(const std::vector<c10::IValue>& args, const char* function, size
 
 }  // namespace
 
+std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t microbatch) {
+  rpc::Failure failure = rpc::failure_of(std::current_exception());
+  return std::make_exception_ptr(
+      Error(failure.kind,
+            fmt::format("{} of micro-batch {} at stage {} (\"{}\") on worker \"{}\": {}", what,
+                        microbatch, slot.index, slot.type, rpc::self().name, failure.message),
+            "", failure.worker));
+}
+
+// The next parked forward is posted under the slot's mutex, so that no forward admitted meanwhile
+// overtakes it.
+void release_place(Slot& slot) {
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  if (slot.in_flight > 0) --slot.in_flight;  // a discard may have reset it meanwhile
+  if (!slot.parked.empty() && slot.in_flight < slot.limit) {
+    core::post_to_compute_thread(std::move(slot.parked.front().work));
+    slot.parked.pop_front();
+    ++slot.in_flight;
+  }
+}
+
 // A recomputed forward must not move the stage's buffers a second time: batch norms' running
 // statistics took the micro-batch once, in its first forward. They are put back once the
 // backward that needed the recomputed graph has run (putting them back bumps their version, which
@@ -324,11 +323,82 @@ class BuffersKept {
   std::vector<std::pair<at::Tensor, at::Tensor>> kept_;
 };
 
+namespace {
+
+// The roots of a micro-batch's backward and their gradients: its share of the loss on a last
+// stage that computes it, else the outputs whose gradients arrived.
+void backward_roots(const Slot& slot, const Saved& saved, const c10::IValue& output,
+                    const std::vector<at::Tensor>& grads, std::vector<at::Tensor>* roots,
+                    std::vector<at::Tensor>* root_grads) {
+  if (computes_loss(slot)) {
+    at::Tensor root = slot.checkpoint ? loss_share(slot, output, saved) * saved.scale : saved.loss;
+    roots->push_back(root);
+    root_grads->push_back(at::ones_like(root));
+    return;
+  }
+  std::vector<at::Tensor> outputs = floating_tensors(output);
+  if (outputs.size() != grads.size()) {
+    throw Error(ErrorKind::InvalidArgument,
+                fmt::format("{} gradients arrived for {} floating-point outputs", grads.size(),
+                            outputs.size()));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].requires_grad() && grads[i].defined()) {
+      roots->push_back(outputs[i]);
+      root_grads->push_back(grads[i]);
+    }
+  }
+}
+
+std::vector<at::Tensor> trainable_parameters(const Slot& slot) {
+  std::vector<at::Tensor> params;
+  for (at::Tensor& p : remote_module::stage_parameters_here(slot.module)) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  return params;
+}
+
+// The backward in one pass: the parameters' gradients go into the context; returns the gradients
+// of `inputs`.
+std::vector<at::Tensor> whole_backward(std::int64_t context, const std::vector<at::Tensor>& roots,
+                                       const std::vector<at::Tensor>& root_grads,
+                                       const std::vector<at::Tensor>& inputs,
+                                       const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> targets = inputs;
+  targets.insert(targets.end(), params.begin(), params.end());
+  std::vector<at::Tensor> found(targets.size());
+  if (!roots.empty() && !targets.empty()) {
+    dist_autograd::deliver_gradients_as_computed(context, roots);
+    found = torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/false,
+                                  /*create_graph=*/false, /*allow_unused=*/true);
+  }
+  // Fresh from a backward whose graph is gone: the context may keep and add into them.
+  dist_autograd::accumulate_gradients(
+      context, params, std::vector<at::Tensor>(found.begin() + inputs.size(), found.end()),
+      /*handed_over=*/true);
+  found.resize(inputs.size());
+  return found;
+}
+
+// Under the zero-bubble schedule, the split of this backward, if its graph splits.
+std::shared_ptr<SplitBackward> split_of(const Slot& slot, const std::vector<at::Tensor>& roots,
+                                        const std::vector<at::Tensor>& root_grads,
+                                        const std::vector<at::Tensor>& inputs,
+                                        const std::vector<at::Tensor>& params) {
+  // A recomputed stage puts its buffers back once its backward is done; a deferred pass would
+  // find them changed.
+  if (!slot.split_backward || slot.checkpoint || roots.empty()) return nullptr;
+  auto split = std::make_shared<SplitBackward>(roots, root_grads, inputs, params);
+  return split->splits() ? split : nullptr;
+}
+
+}  // namespace
+
 // On the compute thread.
 void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                   std::vector<at::Tensor> grads, const FuturePtr& done) {
   std::int64_t start = now_ns();
-  bool had_forward = false;
+  bool had_forward = false, deferred = false;
   try {
     Saved saved = take_saved(*slot, context, microbatch);
     had_forward = true;
@@ -346,57 +416,34 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
       }
     }
     std::vector<at::Tensor> roots, root_grads;
-    if (computes_loss(*slot)) {
-      at::Tensor root =
-          slot->checkpoint ? loss_share(*slot, output, saved) * saved.scale : saved.loss;
-      roots.push_back(root);
-      root_grads.push_back(at::ones_like(root));
-    } else {
-      std::vector<at::Tensor> outputs = floating_tensors(output);
-      if (outputs.size() != grads.size()) {
-        throw Error(ErrorKind::InvalidArgument,
-                    fmt::format("{} gradients arrived for {} floating-point outputs", grads.size(),
-                                outputs.size()));
-      }
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        if (outputs[i].requires_grad() && grads[i].defined()) {
-          roots.push_back(outputs[i]);
-          root_grads.push_back(grads[i]);
-        }
-      }
-    }
-    std::vector<at::Tensor> params;
-    for (at::Tensor& p : remote_module::stage_parameters_here(slot->module)) {
-      if (p.requires_grad()) params.push_back(p);
-    }
+    backward_roots(*slot, saved, output, grads, &roots, &root_grads);
     // The anchors' own gradients are none, but asking for them is what makes the portal inputs'
     // nodes run and offer theirs.
-    std::vector<at::Tensor> targets = saved.leaves;
-    targets.insert(targets.end(), saved.anchors.begin(), saved.anchors.end());
-    targets.insert(targets.end(), params.begin(), params.end());
-    std::vector<at::Tensor> found(targets.size());
-    if (!roots.empty() && !targets.empty()) {
-      dist_autograd::deliver_gradients_as_computed(context, roots);
-      found = torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/false,
-                                    /*create_graph=*/false, /*allow_unused=*/true);
-    }
-    size_t leaf_count = saved.leaves.size();
-    size_t params_from = leaf_count + saved.anchors.size();
-    // Fresh from a backward whose graph is gone: the context may keep and add into them.
-    dist_autograd::accumulate_gradients(
-        context, params, std::vector<at::Tensor>(found.begin() + params_from, found.end()),
-        /*handed_over=*/true);
+    std::vector<at::Tensor> inputs = saved.leaves;
+    inputs.insert(inputs.end(), saved.anchors.begin(), saved.anchors.end());
+    const std::vector<at::Tensor> params = trainable_parameters(*slot);
+    std::shared_ptr<SplitBackward> split = split_of(*slot, roots, root_grads, inputs, params);
+    std::vector<at::Tensor> found =
+        split ? split->input_pass() : whole_backward(context, roots, root_grads, inputs, params);
     c10::List<at::Tensor> input_grads;
-    for (size_t i = 0; i < leaf_count; ++i) input_grads.push_back(found[i]);
-    // The graph goes now, before the gradients travel on.
+    for (size_t i = 0; i < saved.leaves.size(); ++i) input_grads.push_back(found[i]);
+    // The graph goes now (what the weight pass needs excepted), before the gradients travel on.
+    const std::int64_t bytes = saved.bytes;
     saved = Saved();
     output = c10::IValue();
     roots.clear();
+    root_grads.clear();
+    inputs.clear();
+    if (split) {
+      defer_weights(slot, {context, microbatch, std::move(split), bytes});
+      deferred = true;
+    }
     send_input_grads(*slot, microbatch, start, input_grads, done);
   } catch (...) {
     done->setError(failure_in(*slot, "backward", microbatch));
   }
-  if (had_forward) release_place(*slot);
+  // A deferred weight pass gives the place back when it is done.
+  if (had_forward && !deferred) release_place(*slot);
 }
 
 std::int64_t context_or_throw(const char* function) {
@@ -488,6 +535,7 @@ void install(rpc::FunctionRegistry& registry) {
   if (registry.contains("ferry.pipeline.setup")) return;
   install_stage_control(registry);
   install_stage_steps(registry);
+  install_stage_weights(registry);
   install_stage_loss(registry);
   install_master_inbox(registry);
 }

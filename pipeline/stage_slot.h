@@ -20,6 +20,7 @@
 #include "ferry/rpc/rpc.h"
 #include "pipeline/in_order.h"
 #include "pipeline/slot_table.h"
+#include "pipeline/split_backward.h"
 #include "pipeline/wire.h"
 
 namespace ferry::pipeline {
@@ -53,6 +54,14 @@ struct Parked {
   rpc::FuturePtr done;
 };
 
+// A micro-batch whose input pass ran under the zero-bubble schedule, waiting for its weight pass.
+struct DeferredWeights {
+  std::int64_t context = 0;
+  std::int64_t microbatch = 0;
+  std::shared_ptr<SplitBackward> backward;
+  std::int64_t bytes = 0;  // what its graph holds here until the weight pass is done
+};
+
 // One stage of one pipeline on this worker.
 struct Slot {
   std::int64_t pipeline = 0;
@@ -70,16 +79,23 @@ struct Slot {
   remote_module::LossFunction loss;
   std::string loss_name;
   bool backward_at_once = true;
+  // The zero-bubble schedule: each backward's weight pass is deferred (deferred_weights.cc).
+  bool split_backward = false;
 
   std::mutex mutex;                                              // guards what follows
   std::map<std::pair<std::int64_t, std::int64_t>, Saved> saved;  // (context, micro-batch)
   std::map<std::int64_t, StepTargets> step_targets;              // by context
   std::int64_t in_flight = 0;
   std::deque<Parked> parked;
-  InOrder<Parked> forwards, backwards;  // micro-batch order
-  std::vector<std::int64_t> events;     // kEventFields per event
-  std::int64_t activation_bytes = 0;    // held by the micro-batches in `saved`
-  std::int64_t activation_peak = 0;     // the most since the last reset
+  InOrder<Parked> forwards, backwards;   // micro-batch order
+  std::vector<std::int64_t> events;      // kEventFields per event
+  std::int64_t activation_bytes = 0;     // held by the micro-batches in `saved`
+  std::int64_t activation_peak = 0;      // the most since the last reset
+  std::deque<DeferredWeights> deferred;  // in micro-batch order
+  bool weights_posted = false;           // a weight pass is on the compute thread's queue
+  // Masters waiting for a step's weight passes, by context; a step whose weight pass failed.
+  std::vector<std::pair<std::int64_t, rpc::FuturePtr>> weight_waiters;
+  std::pair<std::int64_t, std::exception_ptr> weight_failure{0, nullptr};
 };
 using SlotPtr = std::shared_ptr<Slot>;
 
@@ -113,7 +129,19 @@ at::Tensor loss_share(const Slot& slot, const c10::IValue& output, const Saved& 
 void start_own_backwards(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                          std::int64_t step_count);
 
+// deferred_weights.cc: the weight pass of a micro-batch whose input pass just ran, queued behind
+// the forwards and backwards on the compute thread; the slot's place is released once it is done.
+void defer_weights(const SlotPtr& slot, DeferredWeights deferred);
+// After a discard: the deferred passes go, and the masters waiting for them are told (under the
+// slot's mutex; fail the returned futures outside it).
+std::vector<rpc::FuturePtr> drop_deferred_weights(Slot& slot);
+// A forward whose backward has run (or failed) leaves its place to the next parked one.
+void release_place(Slot& slot);
+// The error that is being handled, said with the micro-batch and the stage.
+std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t microbatch);
+
 void install_stage_steps(rpc::FunctionRegistry& registry);    // stage_runtime.cc
+void install_stage_weights(rpc::FunctionRegistry& registry);  // deferred_weights.cc
 void install_stage_loss(rpc::FunctionRegistry& registry);     // stage_loss.cc
 void install_stage_control(rpc::FunctionRegistry& registry);  // stage_control.cc
 

@@ -13,7 +13,8 @@ namespace ferry::pipeline {
 namespace {
 
 bool is_busy(SpanKind kind) {
-  return kind == SpanKind::Forward || kind == SpanKind::Backward || kind == SpanKind::Send;
+  return kind == SpanKind::Forward || kind == SpanKind::Backward || kind == SpanKind::Weight ||
+         kind == SpanKind::Send;
 }
 
 std::string span_name(const Span& span) {
@@ -22,6 +23,8 @@ std::string span_name(const Span& span) {
       return fmt::format("F{}", span.microbatch);
     case SpanKind::Backward:
       return fmt::format("B{}", span.microbatch);
+    case SpanKind::Weight:
+      return fmt::format("W{}", span.microbatch);
     case SpanKind::Send:
       return fmt::format("send {}", span.microbatch);
     case SpanKind::Receive:
@@ -50,6 +53,8 @@ const char* span_kind_name(SpanKind kind) {
       return "idle";
     case SpanKind::Loss:
       return "loss";
+    case SpanKind::Weight:
+      return "weight";
   }
   return "?";
 }
@@ -96,9 +101,10 @@ TimelineReport Timeline::report() const {
       double d = span.end_s - span.start_s;
       if (span.kind == SpanKind::Forward) stage.forward_s += d;
       if (span.kind == SpanKind::Backward) stage.backward_s += d;
+      if (span.kind == SpanKind::Weight) stage.weight_s += d;
       if (span.kind == SpanKind::Send) stage.send_s += d;
     }
-    double busy = stage.forward_s + stage.backward_s + stage.send_s;
+    double busy = stage.forward_s + stage.backward_s + stage.weight_s + stage.send_s;
     stage.idle_s = std::max(0.0, wall_s_ - busy);
     stage.busy_share = wall_s_ > 0 ? std::min(1.0, busy / wall_s_) : 0;
     report.bubble += (1 - stage.busy_share) / stage_count();
@@ -111,11 +117,16 @@ TimelineReport Timeline::report() const {
 
 std::string Timeline::table() const {
   TimelineReport r = report();
-  std::string out = fmt::format("{:<40} {:>10} {:>10} {:>8} {:>8} {:>6}\n", "stage", "forward s",
-                                "backward s", "send s", "idle s", "busy");
+  // The weight passes' column only where the schedule deferred them.
+  const bool weights = std::any_of(r.per_stage.begin(), r.per_stage.end(),
+                                   [](const StageReport& s) { return s.weight_s > 0; });
+  std::string out = fmt::format("{:<40} {:>10} {:>10} ", "stage", "forward s", "backward s");
+  if (weights) out += fmt::format("{:>10} ", "weight s");
+  out += fmt::format("{:>8} {:>8} {:>6}\n", "send s", "idle s", "busy");
   for (const StageReport& s : r.per_stage) {
-    out += fmt::format("{:<40} {:>10.2f} {:>10.2f} {:>8.2f} {:>8.2f} {:>5.0f}%\n", s.name,
-                       s.forward_s, s.backward_s, s.send_s, s.idle_s, 100 * s.busy_share);
+    out += fmt::format("{:<40} {:>10.2f} {:>10.2f} ", s.name, s.forward_s, s.backward_s);
+    if (weights) out += fmt::format("{:>10.2f} ", s.weight_s);
+    out += fmt::format("{:>8.2f} {:>8.2f} {:>5.0f}%\n", s.send_s, s.idle_s, 100 * s.busy_share);
   }
   out += fmt::format(
       "bubble over {} steps: measured {:.0f}% idle, ideal (p - 1) / (M + p - 1) = {:.0f}% "

@@ -1,7 +1,7 @@
 // What a Pipeline and its stages' workers say to each other. Internal to pipeline/.
 //
 //   setup(pipeline, stage, stages, module, previous, next, master, in_flight_limit, checkpoint,
-//         routes, workers, loss, backward_at_once)
+//         routes, workers, loss, backward_at_once, split_backward)
 //   targets(pipeline, stage, samples, scale, targets) master to the last stage with a loss
 //   forward(pipeline, stage, micro-batch, inputs)     stage to stage; the last stage sends
 //   output(pipeline, context, micro-batch, output)    its output to the master, or with a loss,
@@ -9,6 +9,9 @@
 //   failed(pipeline, context, micro-batch, kind, message, cause, worker)
 //                                                     a backward the last stage started failed
 //   backward(pipeline, stage, micro-batch, grads)     master to the last stage, then stage to stage
+//   weights(pipeline, stage)                          master to each stage (zero-bubble schedule):
+//                                                     answers once the step's weight passes are
+//                                                     done
 //   events(pipeline, stage), memory(pipeline, stage, reset), discard(pipeline),
 //   teardown(pipeline), clock(), kept()
 //
@@ -32,6 +35,7 @@ enum EventKind : std::int64_t {
   kSendBackwardEvent,
   kArriveForwardEvent,
   kArriveBackwardEvent,
+  kWeightEvent,  // a turn of deferred weight passes (zero-bubble schedule)
 };
 inline constexpr int kEventFields = 4;
 

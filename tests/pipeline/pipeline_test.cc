@@ -116,7 +116,7 @@ TEST(Pipeline, GradientsEqualTheFullBatchForEveryScheduleAndMicroBatchCount) {
     std::vector<int> checkpoint;
   };
   std::vector<Case> cases;
-  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB, Schedule::ZeroBubble}) {
     for (int m : {1, 2, 4, 8}) cases.push_back({schedule, m, {}});
     cases.push_back({schedule, 4, {0, 1, 2}});
   }
@@ -155,8 +155,9 @@ TEST(Pipeline, RecomputedStagesMoveTheirRunningStatisticsOnce) {
   const at::Tensor x = torch::randn({16, 6}), y = torch::randn({16, 1});
   for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
     for (auto* stages : {&kept, &recomputed}) {
-      Pipeline pipe(*stages, options(schedule, 4, stages == &kept ? std::vector<int>{}
-                                                                  : std::vector<int>{0, 1, 2}));
+      Pipeline pipe(
+          *stages,
+          options(schedule, 4, stages == &kept ? std::vector<int>{} : std::vector<int>{0, 1, 2}));
       dist_autograd::Context context;
       pipe.step(x, y, mse);
     }
@@ -187,7 +188,7 @@ TEST(Pipeline, TheLossOnTheLastStageGivesTheSameLossAndGradients) {
   const double want_loss = batch.loss;
   const std::vector<at::Tensor>& want = batch.grads;
   auto params = chain.parameters();
-  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB, Schedule::ZeroBubble}) {
     for (int m : {1, 3, 8}) {
       for (bool recompute : {false, true}) {
         SCOPED_TRACE(fmt::format("{} M={} recompute {}", schedule_name(schedule), m, recompute));
@@ -256,7 +257,7 @@ TEST(Pipeline, MicroBatchesRunInOrderSoARepeatedStepGivesTheSameBits) {
   at::Tensor x = torch::randn({64, 6});
   at::Tensor y = torch::randn({64, 1});
   auto params = chain.parameters();
-  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB}) {
+  for (Schedule schedule : {Schedule::GPipe, Schedule::OneFOneB, Schedule::ZeroBubble}) {
     SCOPED_TRACE(schedule_name(schedule));
     Pipeline pipe(chain.stages, options(schedule, 8));
     std::vector<at::Tensor> first;
@@ -421,7 +422,7 @@ TEST(Pipeline, MisuseIsAClearError) {
               Pipeline(chain.stages, options(Schedule::GPipe, 2, {3}));
             }).find("cannot checkpoint stage 3: the pipeline has stages 0 to 2"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_schedule("zigzag"); }).find("known: gpipe, 1f1b"),
+  EXPECT_NE(error_of([] { parse_schedule("zigzag"); }).find("known: gpipe, 1f1b, zb"),
             std::string::npos);
   Pipeline pipe(chain.stages, options(Schedule::GPipe, 2));
   at::Tensor x = torch::randn({4, 6});
@@ -441,7 +442,7 @@ TEST(Pipeline, MisuseIsAClearError) {
       "a", "ferry.pipeline.setup",
       {id, std::int64_t{0}, std::int64_t{1}, rpc::to_ivalue(chain.stages[0].module_rref()), self,
        self, self, std::int64_t{4}, false, remote_module::routes_to_ivalue({}),
-       c10::List<std::string>({"a"}), std::string(), true});
+       c10::List<std::string>({"a"}), std::string(), true, false});
   auto forward = [&](std::int64_t microbatch) {
     rpc::rpc_sync("a", "ferry.pipeline.forward",
                   {id, std::int64_t{0}, microbatch, c10::ivalue::Tuple::create({x})});

@@ -6,6 +6,14 @@
 //     of all M micro-batches until their backward.
 //   - 1F1B: after a warm-up, each stage alternates one forward and one backward, so stage s keeps
 //     at most p - s micro-batches' activations (p stages): the same bubble, less memory.
+//   - Zero-bubble ("zb"): 1F1B's order, with each backward split in two. Its input pass computes
+//     only the gradients the stage before waits for and sends them at once; its weight pass (the
+//     parameters' gradients) is deferred and runs whenever the stage has nothing else to do, so
+//     it fills what would be the bubble. Stage s keeps at most p - s + 1 micro-batches: those
+//     between forward and input pass, as under 1F1B, and one more whose weight pass is pending
+//     (a deferred pass holds the saved tensors of the nodes that compute parameters' gradients,
+//     not the whole graph). A recomputed stage, or one that uses a parameter twice, runs each
+//     backward whole.
 // M = 1 is the naive split, in which one stage works at a time.
 //
 // Gradients: each stage runs its own backward per micro-batch and adds its parameters' gradients
@@ -48,8 +56,8 @@ namespace ferry::pipeline {
 // master or worker needs; a second call does nothing.
 void install(rpc::FunctionRegistry& registry);
 
-enum class Schedule { GPipe, OneFOneB };
-// "gpipe" or "1f1b". Throws std::invalid_argument listing both for anything else.
+enum class Schedule { GPipe, OneFOneB, ZeroBubble };
+// "gpipe", "1f1b" or "zb". Throws std::invalid_argument listing them for anything else.
 Schedule parse_schedule(const std::string& name);
 const char* schedule_name(Schedule schedule);
 
@@ -121,6 +129,8 @@ class Pipeline {
   // `loss` null: the last stage computes it.
   StepResult run_step(const at::Tensor& input, const at::Tensor& target, const Loss* loss,
                       double loss_scale);
+  // Under the zero-bubble schedule: until every stage's weight passes of the step are done.
+  void wait_for_weight_passes();
   // What a failed step left on the workers goes, so that the next step starts clean.
   void discard_step();
 

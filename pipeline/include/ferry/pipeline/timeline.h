@@ -12,7 +12,9 @@
 
 namespace ferry::pipeline {
 
-enum class SpanKind { Forward, Backward, Send, Receive, Idle, Loss };
+// Weight: a turn of the deferred weight passes of the zero-bubble schedule (Backward is then the
+// input pass alone).
+enum class SpanKind { Forward, Backward, Send, Receive, Idle, Loss, Weight };
 const char* span_kind_name(SpanKind kind);
 
 struct Span {
@@ -24,12 +26,13 @@ struct Span {
   double end_s = 0;
 };
 
-// One stage's share of the recorded steps. Busy is forward + backward + send; idle is the rest of
-// each step's wall time.
+// One stage's share of the recorded steps. Busy is forward + backward + weight + send; idle is the
+// rest of each step's wall time.
 struct StageReport {
   std::string name;
   double forward_s = 0;
   double backward_s = 0;
+  double weight_s = 0;
   double send_s = 0;
   double idle_s = 0;
   double busy_share = 0;

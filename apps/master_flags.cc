@@ -128,8 +128,9 @@ void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
                 "send activations through the master between stages (naive model parallelism) "
                 "instead of from worker to worker");
   cmd->add_option("--pipeline", t.pipeline,
-                  "pipeline the steps: gpipe (all forwards, then all backwards) or 1f1b (one "
-                  "forward, one backward; less activation memory)");
+                  "pipeline the steps: gpipe (all forwards, then all backwards), 1f1b (one "
+                  "forward, one backward; less activation memory) or zb (1f1b with each "
+                  "backward's weight gradients deferred to fill the bubble)");
   cmd->add_option("--microbatches", t.microbatches,
                   "micro-batches per batch in a pipelined step (1: the naive schedule)")
       ->check(count_up_to(kMaxCount));

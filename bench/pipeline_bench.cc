@@ -28,7 +28,7 @@ namespace ferry::bench {
 namespace {
 
 struct Config {
-  std::string name;  // naive | gpipe | 1f1b
+  std::string name;  // naive | gpipe | 1f1b | zb
   pipeline::Schedule schedule;
   int microbatches;
   std::unique_ptr<pipeline::Pipeline> pipe;
@@ -38,7 +38,8 @@ struct Config {
   pipeline::TimelineReport warm;  // the timeline after the untimed steps
 };
 
-// Per stage over the timed steps (the timeline less its warm-up): compute (forward and backward)
+// Per stage over the timed steps (the timeline less its warm-up): compute (forward, backward and
+// deferred weight passes)
 // per step, and the share of the steps' wall time it idled.
 struct StageFigures {
   std::vector<double> compute_s, idle_share;
@@ -53,7 +54,8 @@ StageFigures stage_figures(const Config& c) {
     const pipeline::StageReport& now = all.per_stage[k];
     const pipeline::StageReport& then =
         c.warm.per_stage.empty() ? pipeline::StageReport{} : c.warm.per_stage[k];
-    const double compute = now.forward_s + now.backward_s - then.forward_s - then.backward_s;
+    const double compute = now.forward_s + now.backward_s + now.weight_s -
+                           (then.forward_s + then.backward_s + then.weight_s);
     out.compute_s.push_back(steps > 0 ? compute / steps : 0);
     out.idle_share.push_back(wall > 0 ? (now.idle_s - then.idle_s) / wall : 0);
   }
@@ -138,11 +140,13 @@ Model build(const PipelineBenchSettings& s, int p, const trainer::StagePlan& pla
   return m;
 }
 
-// A pipeline per configuration over `model`'s stages: naive, then GPipe and 1F1B at each M.
+// A pipeline per configuration over `model`'s stages: naive, then GPipe, 1F1B and zero-bubble at
+// each M.
 std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& model) {
   std::vector<Config> configs;
   configs.push_back({"naive", pipeline::Schedule::GPipe, 1, nullptr, {}, {}, {}, {}});
-  for (pipeline::Schedule schedule : {pipeline::Schedule::GPipe, pipeline::Schedule::OneFOneB}) {
+  for (pipeline::Schedule schedule :
+       {pipeline::Schedule::GPipe, pipeline::Schedule::OneFOneB, pipeline::Schedule::ZeroBubble}) {
     for (int m : s.microbatches)
       configs.push_back({pipeline::schedule_name(schedule), schedule, m, nullptr, {}, {}, {}, {}});
   }
@@ -159,7 +163,7 @@ std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& mo
   return configs;
 }
 
-// The cut that the last configuration's stages (1F1B at the most micro-batches) measured in
+// The cut that the last configuration's stages (zero-bubble at the most micro-batches) measured in
 // their latest step calls for (ferry/trainer/rebalance.h), or `plan` when no cut shortens its
 // slowest stage by kMinGain. `record` says what was measured and decided.
 trainer::StagePlan rebalanced(const PipelineBenchSettings& s, const trainer::StagePlan& plan,

@@ -1,4 +1,5 @@
-// `ferry-bench pipeline`: naive model parallelism (one micro-batch) against GPipe and 1F1B with
+// `ferry-bench pipeline`: naive model parallelism (one micro-batch) against GPipe, 1F1B and the
+// zero-bubble schedule with
 // 1, 2, 4 and 8 micro-batches, on p balanced synthetic stages, each stage's worker pinned to a
 // core of its own, or on the U-Net cut at its three seams or into --stages balanced by
 // --balance (measured per block, as ferry-master train does). Steps of every configuration take
@@ -28,7 +29,7 @@ struct PipelineBenchSettings {
   bool rebalance = true;
   // Where the loss is computed: "last-stage" (only its value comes to the master) or "master".
   std::string loss_on = "last-stage";
-  std::string trace_file;  // Chrome trace of the last configuration (1f1b, most micro-batches)
+  std::string trace_file;  // Chrome trace of the last configuration (zb, most micro-batches)
   std::string self_path;
 };
 

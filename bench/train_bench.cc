@@ -118,8 +118,8 @@ int run_train_bench(const TrainBenchSettings& settings) {
   out["model"] = settings.model;
   out["image_size"] = settings.image_size;
   out["batch_per_replica"] = settings.batch;
-  out["batch_of_one_copy"] = settings.same_global_batch ? settings.batch * settings.replicas
-                                                        : settings.batch;
+  out["batch_of_one_copy"] =
+      settings.same_global_batch ? settings.batch * settings.replicas : settings.batch;
   out["stages"] = settings.stages;
   out["bucket_mib"] = settings.bucket_mib;
   out["replicas"] = settings.replicas;

@@ -18,11 +18,11 @@ struct TrainBenchSettings {
   int image_size = 64;
   int steps = 12;   // timed steps of each run (one epoch); an untimed epoch goes first
   int repeats = 3;  // runs of each configuration, alternating; medians are reported
-  int stages = 2;                       // 1: the whole model on each replica's one worker
+  int stages = 2;   // 1: the whole model on each replica's one worker
   std::string partition = "decoder.0";  // two stages: the encoder, then decoder and head
   bool same_global_batch = false;       // the one copy takes every replica's images per step
   double bucket_mib = 25;
-  bool bf16 = true;  // also one replica under bf16-mixed
+  bool bf16 = true;                                     // also one replica under bf16-mixed
   std::string log_file = "/tmp/ferry-bench-train.log";  // the jobs' own output
   std::string self_path;
 };

@@ -3,8 +3,9 @@
 // pass waits in the slot's queue and runs on the compute thread in turns of a few milliseconds.
 // Each turn goes to the back of the compute thread's queue when it ends, so a forward or input pass
 // that arrived meanwhile runs first: the weight passes fill the time the stage would otherwise
-// wait. The micro-batch keeps its place among the stage's in-flight ones until its weight pass is
-// done, which bounds what the deferred passes hold. The master asks for a step's weight passes
+// wait. A forward waits while the stage holds its limit of micro-batches, those whose weight pass
+// waits counted (has_place), which bounds what the deferred passes hold. The master asks for a
+// step's weight passes
 // ("ferry.pipeline.weights") before the optimizer's step.
 //
 // Thread rules: weight passes run on the compute thread; the slot's queue and waiters are guarded
@@ -115,13 +116,13 @@ void run_weights(const SlotPtr& slot) {
           deferred.end());
     }
     ready = ready_waiters(*slot);
+    if (finished) admit_parked(*slot);
     if (!deferred.empty()) {
       post_weights(slot);
     } else {
       slot->weights_posted = false;
     }
   }
-  if (finished && !failure) release_place(*slot);
   complete(ready);
 }
 

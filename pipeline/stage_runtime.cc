@@ -288,16 +288,25 @@ std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t m
             "", failure.worker));
 }
 
-// The next parked forward is posted under the slot's mutex, so that no forward admitted meanwhile
-// overtakes it.
-void release_place(Slot& slot) {
-  std::lock_guard<std::mutex> lock(slot.mutex);
-  if (slot.in_flight > 0) --slot.in_flight;  // a discard may have reset it meanwhile
-  if (!slot.parked.empty() && slot.in_flight < slot.limit) {
+bool has_place(const Slot& slot) {
+  return slot.in_flight < slot.limit &&
+         slot.in_flight + static_cast<std::int64_t>(slot.deferred.size()) <= slot.limit;
+}
+
+// Parked forwards are posted under the slot's mutex, so that no forward admitted meanwhile
+// overtakes them.
+void admit_parked(Slot& slot) {
+  while (!slot.parked.empty() && has_place(slot)) {
     core::post_to_compute_thread(std::move(slot.parked.front().work));
     slot.parked.pop_front();
     ++slot.in_flight;
   }
+}
+
+void release_place(Slot& slot) {
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  if (slot.in_flight > 0) --slot.in_flight;  // a discard may have reset it meanwhile
+  admit_parked(slot);
 }
 
 // A recomputed forward must not move the stage's buffers a second time: batch norms' running
@@ -398,7 +407,7 @@ std::shared_ptr<SplitBackward> split_of(const Slot& slot, const std::vector<at::
 void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                   std::vector<at::Tensor> grads, const FuturePtr& done) {
   std::int64_t start = now_ns();
-  bool had_forward = false, deferred = false;
+  bool had_forward = false;
   try {
     Saved saved = take_saved(*slot, context, microbatch);
     had_forward = true;
@@ -434,16 +443,12 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     roots.clear();
     root_grads.clear();
     inputs.clear();
-    if (split) {
-      defer_weights(slot, {context, microbatch, std::move(split), bytes});
-      deferred = true;
-    }
+    if (split) defer_weights(slot, {context, microbatch, std::move(split), bytes});
     send_input_grads(*slot, microbatch, start, input_grads, done);
   } catch (...) {
     done->setError(failure_in(*slot, "backward", microbatch));
   }
-  // A deferred weight pass gives the place back when it is done.
-  if (had_forward && !deferred) release_place(*slot);
+  if (had_forward) release_place(*slot);
 }
 
 std::int64_t context_or_throw(const char* function) {
@@ -494,7 +499,7 @@ void install_stage_steps(rpc::FunctionRegistry& registry) {
       std::lock_guard<std::mutex> lock(slot->mutex);
       slot->events.insert(slot->events.end(), {kArriveForwardEvent, microbatch, arrived, arrived});
       for (Parked& ready : slot->forwards.take(context, microbatch, {work, done}, &abandoned)) {
-        if (slot->in_flight < slot->limit) {
+        if (slot->parked.empty() && has_place(*slot)) {
           ++slot->in_flight;
           core::post_to_compute_thread(std::move(ready.work));
         } else {

@@ -70,7 +70,7 @@ struct Slot {
   rpc::RRefPtr module;
   std::string type;
   std::string previous, next, master;
-  std::int64_t limit = 0;  // forwards whose backward has not run yet
+  std::int64_t limit = 0;  // forwards whose backward has not run yet (see has_place)
   bool checkpoint = false;
   remote_module::Routes routes;      // empty: the whole output goes to the next stage
   std::vector<std::string> workers;  // of every stage, for portals
@@ -130,11 +130,17 @@ void start_own_backwards(const SlotPtr& slot, std::int64_t context, std::int64_t
                          std::int64_t step_count);
 
 // deferred_weights.cc: the weight pass of a micro-batch whose input pass just ran, queued behind
-// the forwards and backwards on the compute thread; the slot's place is released once it is done.
+// the forwards and backwards on the compute thread; parked forwards may start once it is done.
 void defer_weights(const SlotPtr& slot, DeferredWeights deferred);
 // After a discard: the deferred passes go, and the masters waiting for them are told (under the
 // slot's mutex; fail the returned futures outside it).
 std::vector<rpc::FuturePtr> drop_deferred_weights(Slot& slot);
+// Whether one more forward may start on the slot: fewer than `limit` between forward and backward,
+// and, counting the micro-batches whose weight pass waits (zero-bubble schedule), at most `limit`
+// in all. Under the slot's mutex.
+bool has_place(const Slot& slot);
+// Under the slot's mutex: the parked forwards that have a place now go to the compute thread.
+void admit_parked(Slot& slot);
 // A forward whose backward has run (or failed) leaves its place to the next parked one.
 void release_place(Slot& slot);
 // The error that is being handled, said with the micro-batch and the stage.

@@ -6,11 +6,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <exception>
 
 #include "ferry/core/files.h"
 #include "ferry/trainer/fail.h"

@@ -85,8 +85,9 @@ StageSeconds stage_seconds(const Replica& replica) {
   StageSeconds out;
   if (replica.pipe) {
     for (const pipeline::StageReport& stage : replica.pipe->timeline().report().per_stage) {
-      out.compute.push_back(stage.forward_s + stage.backward_s);
-      out.busy.push_back(stage.forward_s + stage.backward_s + stage.send_s);
+      const double compute = stage.forward_s + stage.backward_s + stage.weight_s;
+      out.compute.push_back(compute);
+      out.busy.push_back(compute + stage.send_s);
     }
     return out;
   }

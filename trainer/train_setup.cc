@@ -48,18 +48,19 @@ void check_sync_batchnorm(const TrainSettings& s) {
   if (s.via_master) {
     fail("--sync-batchnorm needs pipelined steps; --via-master (the naive split) is not");
   }
-  bool one_f_one_b = false;
+  bool interleaved = false;
   try {
-    one_f_one_b =
-        !s.pipeline.empty() && pipeline::parse_schedule(s.pipeline) == pipeline::Schedule::OneFOneB;
+    interleaved =
+        !s.pipeline.empty() && pipeline::parse_schedule(s.pipeline) != pipeline::Schedule::GPipe;
   } catch (const std::invalid_argument&) {
     // pipeline_of says what is wrong with it.
   }
-  if (s.replicas > 1 && one_f_one_b) {
-    fail(
-        "--sync-batchnorm with --replicas and --pipeline 1f1b: under 1f1b a stage's forwards "
+  if (s.replicas > 1 && interleaved) {
+    fail(fmt::format(
+        "--sync-batchnorm with --replicas and --pipeline {0}: under {0} a stage's forwards "
         "and backwards interleave differently in each replica, and the replicas' batch norms "
-        "must sum their statistics in the same order; use --pipeline gpipe");
+        "must sum their statistics in the same order; use --pipeline gpipe",
+        s.pipeline));
   }
 }
 
@@ -113,8 +114,10 @@ PlanSettings plan_settings_of(const TrainSettings& s) {
     stages =
         2 + static_cast<int>(std::count(s.plan.partition.begin(), s.plan.partition.end(), ','));
   }
-  p.in_flight_samples =
-      in_flight_samples(s.plan.batch_size, s.microbatches, s.pipeline == "1f1b", stages);
+  // Under zb the first stage holds one micro-batch more than under 1f1b: its weight pass waits.
+  p.in_flight_samples = in_flight_samples(s.plan.batch_size, s.microbatches,
+                                          s.pipeline == "1f1b" || s.pipeline == "zb",
+                                          s.pipeline == "zb" ? stages + 1 : stages);
   p.microbatches = s.microbatches;
   p.recompute = s.checkpoint_activations;
   return p;

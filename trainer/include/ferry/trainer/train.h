@@ -23,8 +23,8 @@ struct TrainSettings {
   bool crop = false;        // folder images: crop to image_size instead of resizing
   std::string weights;      // initial weights file, if set
   bool via_master = false;  // activations through the master instead of stage to stage
-  // Pipelined steps: "gpipe" or "1f1b" over `microbatches` micro-batches; empty for plain steps
-  // (unless microbatches > 1, checkpointing or a trace asks for a pipeline: then gpipe).
+  // Pipelined steps: "gpipe", "1f1b" or "zb" over `microbatches` micro-batches; empty for plain
+  // steps (unless microbatches > 1, checkpointing or a trace asks for a pipeline: then gpipe).
   std::string pipeline;
   int microbatches = 1;
   bool checkpoint_activations = false;  // every stage recomputes its forward in backward

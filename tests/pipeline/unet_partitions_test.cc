@@ -114,7 +114,8 @@ TEST(UnetPartitions, AnyCutOverTwoToSixWorkersGivesTheOneProcessLossAndGradients
     }
     for (auto [schedule, recompute] :
          {std::pair{Schedule::GPipe, false}, std::pair{Schedule::OneFOneB, false},
-          std::pair{Schedule::OneFOneB, true}}) {
+          std::pair{Schedule::OneFOneB, true}, std::pair{Schedule::ZeroBubble, false},
+          std::pair{Schedule::ZeroBubble, true}}) {
       SCOPED_TRACE(fmt::format("{}{}", schedule_name(schedule), recompute ? ", recomputed" : ""));
       PipelineOptions options;
       options.schedule = schedule;

@@ -87,10 +87,7 @@ void run_weights(const SlotPtr& slot) {
   std::exception_ptr failure;
   try {
     do {
-      left = front.backward->weight_step(
-          [context](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
-            dist_autograd::accumulate_gradients(context, params, grads, /*handed_over=*/true);
-          });
+      left = front.backward->weight_step(into_context(context));
     } while (left && now_ns() - start < kWeightTurnNs);
   } catch (...) {
     failure = failure_in(*slot, "weight pass", front.microbatch);
@@ -127,6 +124,12 @@ void run_weights(const SlotPtr& slot) {
 }
 
 }  // namespace
+
+SplitBackward::Deliver into_context(std::int64_t context) {
+  return [context](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
+    dist_autograd::accumulate_gradients(context, params, grads, /*handed_over=*/true);
+  };
+}
 
 void defer_weights(const SlotPtr& slot, DeferredWeights deferred) {
   std::lock_guard<std::mutex> lock(slot->mutex);

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
@@ -43,6 +44,20 @@ class KeepIncoming : public torch::autograd::FunctionPreHook {
   std::shared_ptr<Incoming> incoming_;
 };
 
+// The input pass keeps the graph for the weight pass, but a node that has no part in it frees its
+// saved tensors as soon as it has run, as a backward that does not keep the graph would.
+class ReleaseAfterRun : public torch::autograd::FunctionPostHook {
+ public:
+  explicit ReleaseAfterRun(Node* node) : node_(node) {}
+  variable_list operator()(const variable_list& outputs, const variable_list&) override {
+    node_->release_variables();
+    return outputs;
+  }
+
+ private:
+  Node* node_;  // the node that owns this hook
+};
+
 edge_list edges_of(const std::vector<at::Tensor>& tensors) {
   edge_list out;
   for (const at::Tensor& t : tensors) out.push_back(torch::autograd::impl::gradient_edge(t));
@@ -62,6 +77,9 @@ struct SplitBackward::Work {
 
 struct SplitBackward::Graph {
   edge_list roots, inputs;
+  // The vector parameters whose nodes the input pass runs, with their gradient edges.
+  edge_list vector_outputs;
+  std::vector<at::Tensor> vector_params;
   // Every node reached from the roots, and whether it reaches an input; those that do, the nodes
   // the input pass runs, in the order they were reached.
   std::unordered_map<const Node*, bool> reaches_input;
@@ -103,8 +121,16 @@ SplitBackward::SplitBackward(const std::vector<at::Tensor>& roots,
   plan(roots, root_grads, inputs, params);
   if (!splits_) return;
   root_grads_ = root_grads;
+  std::unordered_set<const Node*> deferred;
   for (auto& work : work_) {
-    if (work->node) work->node->add_pre_hook(std::make_unique<KeepIncoming>(work->incoming));
+    if (!work->node) continue;
+    work->node->add_pre_hook(std::make_unique<KeepIncoming>(work->incoming));
+    deferred.insert(work->node.get());
+  }
+  for (const std::shared_ptr<Node>& node : graph_->input_nodes) {
+    if (!deferred.count(node.get())) {
+      node->add_post_hook(std::make_unique<ReleaseAfterRun>(node.get()));
+    }
   }
 }
 
@@ -126,6 +152,7 @@ void SplitBackward::plan(const std::vector<at::Tensor>& roots,
     param_of[torch::autograd::impl::gradient_edge(params[k]).function.get()] = k;
   }
   std::vector<const Work*> owner(params.size(), nullptr);
+  std::vector<std::unique_ptr<Work>> owned;
   // The parameters under `start`, whose nodes the input pass does not run, go to `work`.
   auto collect = [&](Node* start, Work& work) {
     std::vector<Node*> stack{start};
@@ -163,6 +190,16 @@ void SplitBackward::plan(const std::vector<at::Tensor>& roots,
       if (e.function && !graph.reaches(e.function.get())) collect(e.function.get(), *work);
     }
     if (work->outputs.empty()) continue;
+    const bool vectors = std::all_of(work->params.begin(), work->params.end(),
+                                     [](const at::Tensor& p) { return p.dim() <= 1; });
+    if (vectors) {
+      graph.vector_outputs.insert(graph.vector_outputs.end(), work->outputs.begin(),
+                                  work->outputs.end());
+      graph.vector_params.insert(graph.vector_params.end(), work->params.begin(),
+                                 work->params.end());
+      owned.push_back(std::move(work));  // its parameters stay owned, for the check above
+      continue;
+    }
     work->node = node;
     work->incoming = std::make_shared<Incoming>();
     work_.push_back(std::move(work));
@@ -172,7 +209,7 @@ void SplitBackward::plan(const std::vector<at::Tensor>& roots,
   if (!splits_) work_.clear();
 }
 
-std::vector<at::Tensor> SplitBackward::input_pass() {
+std::vector<at::Tensor> SplitBackward::input_pass(const Deliver& deliver) {
   if (!graph_) throw std::logic_error("SplitBackward::input_pass runs once");
   Graph& graph = *graph_;
   std::vector<at::Tensor> grads(graph.inputs.size());
@@ -185,12 +222,19 @@ std::vector<at::Tensor> SplitBackward::input_pass() {
         root_grads.push_back(root_grads_[i]);
       }
     }
-    grads = torch::autograd::Engine::get_default_engine().execute(
+    edge_list outputs = graph.inputs;
+    outputs.insert(outputs.end(), graph.vector_outputs.begin(), graph.vector_outputs.end());
+    variable_list found = torch::autograd::Engine::get_default_engine().execute(
         roots, root_grads, /*keep_graph=*/true, /*create_graph=*/false,
-        /*accumulate_grad=*/false, graph.inputs);
+        /*accumulate_grad=*/false, outputs);
+    std::move(found.begin(), found.begin() + graph.inputs.size(), grads.begin());
+    if (!graph.vector_params.empty()) {
+      deliver(graph.vector_params,
+              std::vector<at::Tensor>(found.begin() + graph.inputs.size(), found.end()));
+    }
   }
   // The input gradients are out: what led to them goes, so that the weight pass runs each node
-  // for its parameters only, and nodes without parameters free their buffers now.
+  // for its parameters only, and nodes without a weight pass free their buffers now.
   for (const std::shared_ptr<Node>& node : graph.input_nodes) {
     for (Edge& e : node->next_edges()) {
       if (e.function && graph.reaches(e.function.get())) e = Edge();

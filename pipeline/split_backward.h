@@ -1,15 +1,17 @@
 // One micro-batch's backward on one stage in two passes, for the zero-bubble schedule. The input
-// pass computes only what the stage before waits for: the gradients of the stage's inputs (and of
-// the portals' anchors). At each node that also computes a parameter's gradient it keeps the
-// gradient that reached the node. The weight pass runs later, node by node: each such node
-// computes only its parameters' part from what it kept, so no node's input gradient is computed
-// twice. Private to pipeline/.
+// pass computes what the stage before waits for: the gradients of the stage's inputs (and of the
+// portals' anchors). The weight pass runs later, node by node: each node that computes a weight
+// matrix's or kernel's gradient (a convolution, a linear layer) computes only that, from the
+// gradient that reached it in the input pass and that it kept. No node computes an input gradient
+// twice. Parameters that are vectors (a norm's scale and shift) have gradients that are sums over
+// what the input pass computes anyway: their nodes compute them in the input pass, and keep
+// nothing for later.
 //
-// After the input pass every edge between the nodes it ran is cut: a node that computes no
-// parameter's gradient (a ReLU, an addition) frees its saved tensors at once, and each node of the
-// weight pass frees its own when its part is done. What stays between the passes is the saved
-// tensors of the nodes that compute parameters' gradients (a convolution's input, a batch norm's
-// statistics) and the gradients that reached them.
+// The nodes that have no weight pass (a ReLU, an addition, a batch norm) free their saved tensors
+// as soon as the input pass has run them, and after it every edge between the nodes it ran is
+// cut; each node of the weight pass frees its own when its part is done. What stays between the
+// passes is, for each node of the weight pass, its saved tensors (its input) and the gradient of
+// its output.
 //
 // A graph in which one parameter's gradient comes through two of those nodes (a parameter used
 // twice) does not split: splits() is false and the caller runs the backward whole.
@@ -38,13 +40,15 @@ class SplitBackward {
 
   bool splits() const { return splits_; }
 
-  // The gradients of `inputs`, in order (undefined where none reached one). Call once, before
-  // the weight pass; a second call throws std::logic_error.
-  std::vector<at::Tensor> input_pass();
-
-  // Gives parameters and their gradients, fresh from a pass whose graph is gone.
+  // Gives parameters and their gradients, fresh from a pass: nothing else holds them.
   using Deliver =
       std::function<void(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>&)>;
+
+  // Returns the gradients of `inputs`, in order (undefined where none reached one), and hands the
+  // vector parameters' to `deliver`. Call once, before the weight pass; a second call throws
+  // std::logic_error.
+  std::vector<at::Tensor> input_pass(const Deliver& deliver);
+
   // Runs the weight pass of the next node and hands its parameters' gradients to `deliver`.
   // Returns whether weight work is left.
   bool weight_step(const Deliver& deliver);

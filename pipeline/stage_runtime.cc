@@ -289,8 +289,7 @@ std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t m
 }
 
 bool has_place(const Slot& slot) {
-  return slot.in_flight < slot.limit &&
-         slot.in_flight + static_cast<std::int64_t>(slot.deferred.size()) <= slot.limit;
+  return slot.in_flight + static_cast<std::int64_t>(slot.deferred.size()) < slot.limit;
 }
 
 // Parked forwards are posted under the slot's mutex, so that no forward admitted meanwhile
@@ -433,7 +432,8 @@ void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microb
     const std::vector<at::Tensor> params = trainable_parameters(*slot);
     std::shared_ptr<SplitBackward> split = split_of(*slot, roots, root_grads, inputs, params);
     std::vector<at::Tensor> found =
-        split ? split->input_pass() : whole_backward(context, roots, root_grads, inputs, params);
+        split ? split->input_pass(into_context(context))
+              : whole_backward(context, roots, root_grads, inputs, params);
     c10::List<at::Tensor> input_grads;
     for (size_t i = 0; i < saved.leaves.size(); ++i) input_grads.push_back(found[i]);
     // The graph goes now (what the weight pass needs excepted), before the gradients travel on.

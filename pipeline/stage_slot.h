@@ -132,6 +132,8 @@ void start_own_backwards(const SlotPtr& slot, std::int64_t context, std::int64_t
 // deferred_weights.cc: the weight pass of a micro-batch whose input pass just ran, queued behind
 // the forwards and backwards on the compute thread; parked forwards may start once it is done.
 void defer_weights(const SlotPtr& slot, DeferredWeights deferred);
+// Adds what a split backward computes to the gradients of autograd context `context`.
+SplitBackward::Deliver into_context(std::int64_t context);
 // After a discard: the deferred passes go, and the masters waiting for them are told (under the
 // slot's mutex; fail the returned futures outside it).
 std::vector<rpc::FuturePtr> drop_deferred_weights(Slot& slot);

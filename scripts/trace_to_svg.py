@@ -2,8 +2,9 @@
 """Draws one step of a pipeline trace (ferry-master train --trace FILE) as an SVG timeline.
 
 One row per track of the trace: the master, then each stage's compute and what it receives.
-Forward, backward, send, receive, loss and idle spans get their own colours; spans wide enough
-carry their micro-batch ("F3", "B3").
+Forward, backward, weight (the zero-bubble schedule's deferred weight passes), send, receive,
+loss and idle spans get their own colours; spans wide enough carry their micro-batch ("F3", "B3",
+"W3").
 
     scripts/trace_to_svg.py trace.json docs/pipeline-timeline.svg [--step N]
 
@@ -17,6 +18,7 @@ import sys
 COLOURS = {
     "forward": "#4e79a7",
     "backward": "#f28e2b",
+    "weight": "#edc948",
     "send": "#59a14f",
     "receive": "#bab0ac",
     "loss": "#b07aa1",

@@ -90,6 +90,28 @@ TEST(TrainingJob, TheLossOnTheLastStageTrainsAsTheLossOnTheMaster) {
   }
 }
 
+// The zero-bubble schedule defers each backward's weight pass: the job ends where 1F1B's ends, and
+// two replicas under it (their buckets take the deferred passes' gradients) where one copy on both
+// shares ends.
+TEST(TrainingJob, TheZeroBubbleScheduleTrainsAsOneFOneBAlsoWithReplicas) {
+  const std::string base = ferry::testing::process_temp_dir().file("zero_bubble");
+  const std::string pipelined = " --microbatches 2 --pipeline ";
+  SavedCheckpoint one_f_one_b =
+      train_into(base, equivalence_job(3) + pipelined + "1f1b --batch-size 4");
+  SavedCheckpoint zero_bubble =
+      train_into(base, equivalence_job(3) + pipelined + "zb --batch-size 4");
+  ASSERT_GT(zero_bubble.tensors.size(), 100u);
+  EXPECT_EQ(zero_bubble.values.at("step").toInt(), 4);
+  EXPECT_LE(largest_relative_difference(one_f_one_b, zero_bubble), 1e-5);
+
+  SavedCheckpoint one = train_into(base, equivalence_job(3) + pipelined + "zb --batch-size 8");
+  SavedCheckpoint two =
+      train_into(base, equivalence_job(5) + pipelined + "zb --batch-size 4 --replicas 2");
+  ASSERT_GT(two.tensors.size(), 100u);
+  EXPECT_EQ(two.values.at("step").toInt(), 2);
+  EXPECT_LE(largest_relative_difference(one, two), 1e-5);
+}
+
 // Data parallel beside model parallel: two replicas of two stages, each on four images of every
 // step, end where one copy trained on the eight images together ends.
 TEST(TrainingJob, TwoReplicasOfTwoStagesStepAsOneCopyOnBothShares) {

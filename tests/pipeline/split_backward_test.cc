@@ -60,16 +60,16 @@ Gradients split(const at::Tensor& root, const at::Tensor& root_grad,
   SplitBackward backward({root}, {root_grad}, inputs, params);
   EXPECT_TRUE(backward.splits());
   Gradients out;
-  out.inputs = backward.input_pass();
+  auto add = [&](const std::vector<at::Tensor>& ps, const std::vector<at::Tensor>& grads) {
+    for (size_t k = 0; k < ps.size(); ++k) {
+      at::Tensor& sum = out.params[ps[k].unsafeGetTensorImpl()];
+      sum = sum.defined() ? sum + grads[k] : grads[k];
+    }
+  };
+  out.inputs = backward.input_pass(add);
   *steps = 0;
   while (backward.weights_left()) {
-    backward.weight_step(
-        [&](const std::vector<at::Tensor>& ps, const std::vector<at::Tensor>& grads) {
-          for (size_t k = 0; k < ps.size(); ++k) {
-            at::Tensor& sum = out.params[ps[k].unsafeGetTensorImpl()];
-            sum = sum.defined() ? sum + grads[k] : grads[k];
-          }
-        });
+    backward.weight_step(add);
     ++*steps;
   }
   return out;
@@ -102,9 +102,10 @@ TEST(SplitBackward, TheTwoPassesGiveTheGradientsOfOneWholeBackward) {
     int steps = 0;
     const Gradients got = split(stage.forward(in), root_grad, inputs, params, &steps);
     expect_same(got, want);
-    // One node per layer with parameters (the linear layer's through its transposed weight), or
-    // the roots' one pass where nothing waits for an input's gradient.
-    EXPECT_EQ(steps, first_stage ? 1 : 4);
+    // One node per layer with a weight matrix or kernel (the linear layer's through its
+    // transposed weight; the batch norm's vectors come with the input pass), or the roots' one
+    // pass where nothing waits for an input's gradient.
+    EXPECT_EQ(steps, first_stage ? 1 : 3);
   }
 }
 
@@ -124,7 +125,7 @@ class RecordOutputs : public torch::autograd::FunctionPostHook {
   std::vector<std::vector<bool>>* runs_;
 };
 
-TEST(SplitBackward, TheInputPassComputesNoParametersGradientAndTheWeightPassNoInputs) {
+TEST(SplitBackward, TheInputPassComputesOnlyVectorParametersGradientsAndTheWeightPassNoInputs) {
   torch::manual_seed(4);
   ConvStage stage;
   at::Tensor in = torch::randn({2, 3, 5, 5}).requires_grad_();
@@ -133,15 +134,22 @@ TEST(SplitBackward, TheInputPassComputesNoParametersGradientAndTheWeightPassNoIn
   std::vector<std::vector<bool>> runs;
   out.grad_fn()->add_post_hook(std::make_unique<RecordOutputs>(&runs));
   SplitBackward backward({out}, {torch::ones_like(out)}, {in}, stage.parameters());
-  std::vector<at::Tensor> grads = backward.input_pass();
+  std::vector<at::Tensor> early;  // what the input pass delivers: the batch norm's two vectors
+  auto keep = [&](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>&) {
+    early.insert(early.end(), params.begin(), params.end());
+  };
+  std::vector<at::Tensor> grads = backward.input_pass(keep);
   ASSERT_EQ(grads.size(), 1u);
   EXPECT_EQ(grads[0].sizes(), in.sizes());
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0], (std::vector<bool>{false, true, false}));
+  ASSERT_EQ(early.size(), 2u);
+  EXPECT_TRUE(early[0].is_same(stage.norm->weight));
+  EXPECT_TRUE(early[1].is_same(stage.norm->bias));
   while (backward.weights_left()) backward.weight_step([](const auto&, const auto&) {});
   ASSERT_EQ(runs.size(), 2u);
   EXPECT_EQ(runs[1], (std::vector<bool>{true, false, true}));
-  EXPECT_THROW(backward.input_pass(), std::logic_error);
+  EXPECT_THROW(backward.input_pass(keep), std::logic_error);
 }
 
 TEST(SplitBackward, AParameterUsedTwiceKeepsTheBackwardWhole) {

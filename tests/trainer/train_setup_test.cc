@@ -49,6 +49,12 @@ TEST(TrainSetup, SettingsThatCannotWorkAreRefusedNamingTheFlag) {
               HasSubstr("use --pipeline gpipe"));
   EXPECT_THAT(refusal([](TrainSettings& s) {
                 s.sync_batchnorm = true;
+                s.replicas = 2;
+                s.pipeline = "zb";
+              }),
+              HasSubstr("--replicas and --pipeline zb: under zb a stage's forwards"));
+  EXPECT_THAT(refusal([](TrainSettings& s) {
+                s.sync_batchnorm = true;
                 s.freeze_batchnorm = true;
               }),
               HasSubstr("--sync-batchnorm with --freeze-batchnorm"));
@@ -82,6 +88,8 @@ TEST(TrainSetup, ThePlansSettingsFollowTheSchedule) {
   EXPECT_TRUE(p.recompute);
   s.plan.partition = "layer3.0";  // two stages, whatever --stages says
   EXPECT_EQ(plan_settings_of(s).in_flight_samples, 8);
+  s.pipeline = "zb";  // one micro-batch more, whose weight pass waits
+  EXPECT_EQ(plan_settings_of(s).in_flight_samples, 12);
 }
 
 TEST(TrainSetup, TheOptimizerScheduleAndPrecisionComeFromTheirFlags) {

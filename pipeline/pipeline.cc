@@ -95,8 +95,8 @@ Pipeline::Pipeline(std::vector<remote_module::RemoteModule> stages, PipelineOpti
   std::vector<std::string> names;
   for (std::int64_t s = 0; s < p; ++s) {
     const remote_module::RemoteModule& stage = stages_[s];
-    // Under 1F1B stage s holds at most p - s micro-batches (zb: between forward and input pass,
-    // and one more whose weight pass waits); GPipe holds them all.
+    // Under 1F1B (and zb, those whose weight pass waits counted) stage s holds at most p - s
+    // micro-batches; GPipe holds them all.
     const bool zero_bubble = options_.schedule == Schedule::ZeroBubble;
     const bool one_by_one = options_.schedule == Schedule::OneFOneB || zero_bubble;
     std::int64_t limit = one_by_one ? p - s : std::numeric_limits<std::int64_t>::max();

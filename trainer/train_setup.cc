@@ -114,10 +114,8 @@ PlanSettings plan_settings_of(const TrainSettings& s) {
     stages =
         2 + static_cast<int>(std::count(s.plan.partition.begin(), s.plan.partition.end(), ','));
   }
-  // Under zb the first stage holds one micro-batch more than under 1f1b: its weight pass waits.
   p.in_flight_samples = in_flight_samples(s.plan.batch_size, s.microbatches,
-                                          s.pipeline == "1f1b" || s.pipeline == "zb",
-                                          s.pipeline == "zb" ? stages + 1 : stages);
+                                          s.pipeline == "1f1b" || s.pipeline == "zb", stages);
   p.microbatches = s.microbatches;
   p.recompute = s.checkpoint_activations;
   return p;

@@ -308,8 +308,9 @@ TEST(Pipeline, TheMasterSendsOnlyInputsAndReceivesOnlyOutputs) {
   }
 }
 
-// Under 1F1B stage s holds at most p - s micro-batches; under zb one more, whose weight pass waits.
-TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipeAndZeroBubbleOneMicroBatchMore) {
+// Under 1F1B stage s holds at most p - s micro-batches; under zb too, those whose weight pass waits
+// counted.
+TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipeAndZeroBubbleNoMore) {
   LocalWorld world(three_workers());
   // Many samples through small layers, so that activations (512 x 128 floats a tensor per
   // micro-batch) outweigh the parameters' gradients (128 x 128 floats a layer).
@@ -353,16 +354,15 @@ TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipeAndZeroBubbleOneMicroBatchM
     const auto& zero_bubble = peaks[Schedule::ZeroBubble][s];
     SCOPED_TRACE(
         fmt::format("stage {}: activations gpipe {:.2f} MiB, 1f1b {:.2f} MiB, zb {:.2f} MiB; all "
-                    "tensors gpipe {:.2f} MiB, 1f1b {:.2f} MiB",
+                    "tensors gpipe {:.2f} MiB, 1f1b {:.2f} MiB, zb {:.2f} MiB",
                     s, gpipe.activation_mib, one_f_one_b.activation_mib, zero_bubble.activation_mib,
-                    gpipe.tensor_mib, one_f_one_b.tensor_mib));
-    // 8 micro-batches at once against at most 3 - s, and 4 - s (a micro-batch's count is the
-    // allocator's difference over its forward, within a tenth of the others').
+                    gpipe.tensor_mib, one_f_one_b.tensor_mib, zero_bubble.tensor_mib));
+    // 8 micro-batches at once against at most 3 - s (a micro-batch's count is the allocator's
+    // difference over its forward, within a tenth of the others').
     EXPECT_GT(gpipe.activation_mib, 0);
     EXPECT_LT(one_f_one_b.activation_mib, 0.5 * gpipe.activation_mib);
     EXPECT_LT(one_f_one_b.tensor_mib, gpipe.tensor_mib);
-    EXPECT_LE(zero_bubble.activation_mib, 1.1 * one_f_one_b.activation_mib * (4.0 - s) / (3.0 - s));
-    EXPECT_LT(zero_bubble.activation_mib, 0.5 * gpipe.activation_mib);
+    EXPECT_LE(zero_bubble.activation_mib, 1.1 * one_f_one_b.activation_mib);
   }
 }
 

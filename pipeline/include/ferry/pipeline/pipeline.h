@@ -9,11 +9,11 @@
 //   - Zero-bubble ("zb"): 1F1B's order, with each backward split in two. Its input pass computes
 //     only the gradients the stage before waits for and sends them at once; its weight pass (the
 //     parameters' gradients) is deferred and runs whenever the stage has nothing else to do, so
-//     it fills what would be the bubble. Stage s keeps at most p - s + 1 micro-batches: those
-//     between forward and input pass, as under 1F1B, and one more whose weight pass is pending
-//     (a deferred pass holds the saved tensors of the nodes that compute parameters' gradients,
-//     not the whole graph). A recomputed stage, or one that uses a parameter twice, runs each
-//     backward whole.
+//     it fills what would be the bubble. Stage s keeps at most p - s micro-batches, as under
+//     1F1B, those whose weight pass waits counted (such a micro-batch holds only what its weight
+//     pass needs: the inputs of the nodes that compute weights' gradients and the gradients of
+//     their outputs). A recomputed stage, or one that uses a parameter twice, runs each backward
+//     whole.
 // M = 1 is the naive split, in which one stage works at a time.
 //
 // Gradients: each stage runs its own backward per micro-batch and adds its parameters' gradients

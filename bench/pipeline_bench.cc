@@ -43,6 +43,7 @@ struct Config {
 // per step, and the share of the steps' wall time it idled.
 struct StageFigures {
   std::vector<double> compute_s, idle_share;
+  std::vector<double> forward_s, backward_s, weight_s;  // the parts of compute_s
 };
 
 StageFigures stage_figures(const Config& c) {
@@ -54,9 +55,11 @@ StageFigures stage_figures(const Config& c) {
     const pipeline::StageReport& now = all.per_stage[k];
     const pipeline::StageReport& then =
         c.warm.per_stage.empty() ? pipeline::StageReport{} : c.warm.per_stage[k];
-    const double compute = now.forward_s + now.backward_s + now.weight_s -
-                           (then.forward_s + then.backward_s + then.weight_s);
-    out.compute_s.push_back(steps > 0 ? compute / steps : 0);
+    auto per_step = [steps](double seconds) { return steps > 0 ? seconds / steps : 0; };
+    out.forward_s.push_back(per_step(now.forward_s - then.forward_s));
+    out.backward_s.push_back(per_step(now.backward_s - then.backward_s));
+    out.weight_s.push_back(per_step(now.weight_s - then.weight_s));
+    out.compute_s.push_back(out.forward_s.back() + out.backward_s.back() + out.weight_s.back());
     out.idle_share.push_back(wall > 0 ? (now.idle_s - then.idle_s) / wall : 0);
   }
   return out;
@@ -257,6 +260,9 @@ nlohmann::ordered_json result_of(const PipelineBenchSettings& s, int p,
                                 {"bubble", report.bubble},
                                 {"ideal_bubble", report.ideal_bubble},
                                 {"stage_compute_s", stages.compute_s},
+                                {"stage_forward_s", stages.forward_s},
+                                {"stage_backward_s", stages.backward_s},
+                                {"stage_weight_s", stages.weight_s},
                                 {"share_of_slowest", share_of_slowest},
                                 {"idle_share", stages.idle_share},
                                 {"summed_compute_over_local", summed / local_s},

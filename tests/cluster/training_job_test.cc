@@ -248,7 +248,7 @@ TEST(TrainingJob, BadPipelineSettingsAreClearErrors) {
   CommandResult r = run(job + " --pipeline zigzag");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.output, HasSubstr("--pipeline: unknown pipeline schedule \"zigzag\" (known: "
-                                  "gpipe, 1f1b)"))
+                                  "gpipe, 1f1b, zb)"))
       << r.output;
   r = run(job + " --microbatches 8");
   EXPECT_NE(r.status, 0);

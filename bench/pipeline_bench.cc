@@ -59,7 +59,7 @@ StageFigures stage_figures(const Config& c) {
     out.forward_s.push_back(per_step(now.forward_s - then.forward_s));
     out.backward_s.push_back(per_step(now.backward_s - then.backward_s));
     out.weight_s.push_back(per_step(now.weight_s - then.weight_s));
-    out.compute_s.push_back(out.forward_s.back() + out.backward_s.back() + out.weight_s.back());
+    out.compute_s.push_back(per_step(now.compute_s() - then.compute_s()));
     out.idle_share.push_back(wall > 0 ? (now.idle_s - then.idle_s) / wall : 0);
   }
   return out;

@@ -93,12 +93,12 @@ Pipeline::Pipeline(std::vector<remote_module::RemoteModule> stages, PipelineOpti
   // A lost worker stays PeerDied (a spare may take over), a bad stage InvalidArgument.
   rpc::FanOut calls;
   std::vector<std::string> names;
+  const bool zero_bubble = options_.schedule == Schedule::ZeroBubble;
+  const bool one_by_one = options_.schedule == Schedule::OneFOneB || zero_bubble;
   for (std::int64_t s = 0; s < p; ++s) {
     const remote_module::RemoteModule& stage = stages_[s];
     // Under 1F1B (and zb, those whose weight pass waits counted) stage s holds at most p - s
     // micro-batches; GPipe holds them all.
-    const bool zero_bubble = options_.schedule == Schedule::ZeroBubble;
-    const bool one_by_one = options_.schedule == Schedule::OneFOneB || zero_bubble;
     std::int64_t limit = one_by_one ? p - s : std::numeric_limits<std::int64_t>::max();
     calls.call(
         stage.worker(), "ferry.pipeline.setup",

@@ -7,7 +7,7 @@
 // to the compute thread, which runs them in arrival order, and the handler answers with a future
 // that completes when the rest of the chain has. Under 1F1B a stage takes at most its in-flight
 // limit of forwards; further ones are parked until a backward frees a place, which is what makes
-// each stage alternate forward and backward.
+// each stage alternate forward and backward. The backward itself is in stage_backward.cc.
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -15,7 +15,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 
 #include "ferry/core/compute_thread.h"
 #include "ferry/core/process_memory.h"
@@ -37,8 +36,6 @@ using rpc::Error;
 using rpc::ErrorKind;
 using rpc::FuturePtr;
 
-// The floating-point tensors of a stage's inputs or outputs, in the order the wire carries them;
-// gradients travel in this order.
 void collect_floating(const c10::IValue& value, std::vector<at::Tensor>* out) {
   if (value.isTensor()) {
     if (value.toTensor().is_floating_point()) out->push_back(value.toTensor());
@@ -51,12 +48,6 @@ void collect_floating(const c10::IValue& value, std::vector<at::Tensor>* out) {
   } else if (value.isTuple()) {
     for (const c10::IValue& item : value.toTupleRef().elements()) collect_floating(item, out);
   }
-}
-
-std::vector<at::Tensor> floating_tensors(const c10::IValue& value) {
-  std::vector<at::Tensor> out;
-  collect_floating(value, &out);
-  return out;
 }
 
 // `value` with every tensor detached (sharing memory): what leaves this worker carries no graph.
@@ -86,37 +77,6 @@ c10::IValue as_inputs(c10::IValue output) {
   return c10::ivalue::Tuple::create({std::move(output)});
 }
 
-// Completes `done` when `call` does: with None, or with its error unchanged (it already names the
-// stage that failed further along).
-void complete_with(const FuturePtr& call, const FuturePtr& done) {
-  call->addCallback([done](c10::ivalue::Future& f) {
-    if (f.hasError()) {
-      done->setError(f.exception_ptr());
-    } else {
-      done->markCompleted(c10::IValue());
-    }
-  });
-}
-
-// Sets the CPU generator's state for a recomputation and puts the current one back after it.
-class RngStateGuard {
- public:
-  explicit RngStateGuard(const at::Tensor& state) {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    previous_ = gen.get_state();
-    gen.set_state(state);
-  }
-  ~RngStateGuard() {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(previous_);
-  }
-
- private:
-  at::Tensor previous_;
-};
-
 at::Tensor rng_state() {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -128,8 +88,6 @@ std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors) n += static_cast<std::int64_t>(t.nbytes());
   return n;
 }
-
-bool routes_output(const Slot& slot) { return !slot.routes.empty() && slot.index + 1 < slot.count; }
 
 // The stage's forward of one micro-batch; what its backward needs goes into `saved`, with the
 // inputs' bytes (the forward keeps them too) as the start of saved.bytes.
@@ -236,37 +194,6 @@ void run_forward(const SlotPtr& slot, std::int64_t context, std::int64_t microba
   }
 }
 
-// What the micro-batch's forward kept here, taken out of the slot for its backward.
-Saved take_saved(Slot& slot, std::int64_t context, std::int64_t microbatch) {
-  std::lock_guard<std::mutex> lock(slot.mutex);
-  auto it = slot.saved.find({context, microbatch});
-  if (it == slot.saved.end()) {
-    throw Error(ErrorKind::InvalidArgument,
-                "no forward of it is kept here (discarded, or backward ran already)");
-  }
-  Saved saved = std::move(it->second);
-  slot.saved.erase(it);
-  slot.activation_bytes -= saved.bytes;
-  return saved;
-}
-
-// The gradients of the stage's inputs on to the stage before; `done` completes when its backward
-// has (the first stage's at once). The backward's events are recorded before `done` can
-// complete: the master reads them once it has.
-void send_input_grads(Slot& slot, std::int64_t microbatch, std::int64_t start,
-                      const c10::List<at::Tensor>& input_grads, const FuturePtr& done) {
-  std::int64_t computed = now_ns();
-  record(slot, kBackwardEvent, microbatch, start, computed);
-  if (slot.index == 0) {
-    done->markCompleted(c10::IValue());
-    return;
-  }
-  FuturePtr call = rpc::rpc_async(slot.previous, "ferry.pipeline.backward",
-                                  {slot.pipeline, slot.index - 1, microbatch, input_grads});
-  record(slot, kSendBackwardEvent, microbatch, computed, now_ns());
-  complete_with(call, done);
-}
-
 void check_args(const std::vector<c10::IValue>& args, const char* function, size_t ints,
                 bool (c10::IValue::*last)() const, const char* last_name) {
   bool ok = args.size() == ints + 1 && (args[ints].*last)();
@@ -278,6 +205,24 @@ void check_args(const std::vector<c10::IValue>& args, const char* function, size
 }
 
 }  // namespace
+
+std::vector<at::Tensor> floating_tensors(const c10::IValue& value) {
+  std::vector<at::Tensor> out;
+  collect_floating(value, &out);
+  return out;
+}
+
+void complete_with(const FuturePtr& call, const FuturePtr& done) {
+  call->addCallback([done](c10::ivalue::Future& f) {
+    if (f.hasError()) {
+      done->setError(f.exception_ptr());
+    } else {
+      done->markCompleted(c10::IValue());
+    }
+  });
+}
+
+bool routes_output(const Slot& slot) { return !slot.routes.empty() && slot.index + 1 < slot.count; }
 
 std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t microbatch) {
   rpc::Failure failure = rpc::failure_of(std::current_exception());
@@ -306,149 +251,6 @@ void release_place(Slot& slot) {
   std::lock_guard<std::mutex> lock(slot.mutex);
   if (slot.in_flight > 0) --slot.in_flight;  // a discard may have reset it meanwhile
   admit_parked(slot);
-}
-
-// A recomputed forward must not move the stage's buffers a second time: batch norms' running
-// statistics took the micro-batch once, in its first forward. They are put back once the
-// backward that needed the recomputed graph has run (putting them back bumps their version, which
-// that graph would refuse). On the compute thread, where no other forward of the stage runs
-// meanwhile.
-class BuffersKept {
- public:
-  explicit BuffersKept(const rpc::RRefPtr& module) {
-    for (at::Tensor& b : remote_module::stage_buffers_here(module)) {
-      if (b.defined()) kept_.emplace_back(b, b.clone());
-    }
-  }
-  ~BuffersKept() {
-    at::NoGradGuard no_grad;
-    for (auto& [buffer, before] : kept_) buffer.copy_(before);
-  }
-  BuffersKept(const BuffersKept&) = delete;
-  BuffersKept& operator=(const BuffersKept&) = delete;
-
- private:
-  std::vector<std::pair<at::Tensor, at::Tensor>> kept_;
-};
-
-namespace {
-
-// The roots of a micro-batch's backward and their gradients: its share of the loss on a last
-// stage that computes it, else the outputs whose gradients arrived.
-void backward_roots(const Slot& slot, const Saved& saved, const c10::IValue& output,
-                    const std::vector<at::Tensor>& grads, std::vector<at::Tensor>* roots,
-                    std::vector<at::Tensor>* root_grads) {
-  if (computes_loss(slot)) {
-    at::Tensor root = slot.checkpoint ? loss_share(slot, output, saved) * saved.scale : saved.loss;
-    roots->push_back(root);
-    root_grads->push_back(at::ones_like(root));
-    return;
-  }
-  std::vector<at::Tensor> outputs = floating_tensors(output);
-  if (outputs.size() != grads.size()) {
-    throw Error(ErrorKind::InvalidArgument,
-                fmt::format("{} gradients arrived for {} floating-point outputs", grads.size(),
-                            outputs.size()));
-  }
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (outputs[i].requires_grad() && grads[i].defined()) {
-      roots->push_back(outputs[i]);
-      root_grads->push_back(grads[i]);
-    }
-  }
-}
-
-std::vector<at::Tensor> trainable_parameters(const Slot& slot) {
-  std::vector<at::Tensor> params;
-  for (at::Tensor& p : remote_module::stage_parameters_here(slot.module)) {
-    if (p.requires_grad()) params.push_back(p);
-  }
-  return params;
-}
-
-// The backward in one pass: the parameters' gradients go into the context; returns the gradients
-// of `inputs`.
-std::vector<at::Tensor> whole_backward(std::int64_t context, const std::vector<at::Tensor>& roots,
-                                       const std::vector<at::Tensor>& root_grads,
-                                       const std::vector<at::Tensor>& inputs,
-                                       const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> targets = inputs;
-  targets.insert(targets.end(), params.begin(), params.end());
-  std::vector<at::Tensor> found(targets.size());
-  if (!roots.empty() && !targets.empty()) {
-    dist_autograd::deliver_gradients_as_computed(context, roots);
-    found = torch::autograd::grad(roots, targets, root_grads, /*retain_graph=*/false,
-                                  /*create_graph=*/false, /*allow_unused=*/true);
-  }
-  // Fresh from a backward whose graph is gone: the context may keep and add into them.
-  dist_autograd::accumulate_gradients(
-      context, params, std::vector<at::Tensor>(found.begin() + inputs.size(), found.end()),
-      /*handed_over=*/true);
-  found.resize(inputs.size());
-  return found;
-}
-
-// Under the zero-bubble schedule, the split of this backward, if its graph splits.
-std::shared_ptr<SplitBackward> split_of(const Slot& slot, const std::vector<at::Tensor>& roots,
-                                        const std::vector<at::Tensor>& root_grads,
-                                        const std::vector<at::Tensor>& inputs,
-                                        const std::vector<at::Tensor>& params) {
-  // A recomputed stage puts its buffers back once its backward is done; a deferred pass would
-  // find them changed.
-  if (!slot.split_backward || slot.checkpoint || roots.empty()) return nullptr;
-  auto split = std::make_shared<SplitBackward>(roots, root_grads, inputs, params);
-  return split->splits() ? split : nullptr;
-}
-
-}  // namespace
-
-// On the compute thread.
-void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
-                  std::vector<at::Tensor> grads, const FuturePtr& done) {
-  std::int64_t start = now_ns();
-  bool had_forward = false;
-  try {
-    Saved saved = take_saved(*slot, context, microbatch);
-    had_forward = true;
-    // Puts the buffers back when this micro-batch is done with: after its backward, or failed.
-    std::optional<BuffersKept> buffers;
-    c10::IValue output = saved.output;
-    if (slot->checkpoint) {
-      buffers.emplace(slot->module);
-      RngStateGuard same_randomness(saved.rng_state);
-      remote_module::ForwardPassScope pass({context, /*recompute=*/true});
-      output = remote_module::forward_stage_here(slot->module, saved.inputs);
-      if (routes_output(*slot)) {
-        output = remote_module::join_portals(slot->routes, slot->workers, slot->index,
-                                             {context, microbatch}, output);
-      }
-    }
-    std::vector<at::Tensor> roots, root_grads;
-    backward_roots(*slot, saved, output, grads, &roots, &root_grads);
-    // The anchors' own gradients are none, but asking for them is what makes the portal inputs'
-    // nodes run and offer theirs.
-    std::vector<at::Tensor> inputs = saved.leaves;
-    inputs.insert(inputs.end(), saved.anchors.begin(), saved.anchors.end());
-    const std::vector<at::Tensor> params = trainable_parameters(*slot);
-    std::shared_ptr<SplitBackward> split = split_of(*slot, roots, root_grads, inputs, params);
-    std::vector<at::Tensor> found =
-        split ? split->input_pass(into_context(context))
-              : whole_backward(context, roots, root_grads, inputs, params);
-    c10::List<at::Tensor> input_grads;
-    for (size_t i = 0; i < saved.leaves.size(); ++i) input_grads.push_back(found[i]);
-    // The graph goes now (what the weight pass needs excepted), before the gradients travel on.
-    const std::int64_t bytes = saved.bytes;
-    saved = Saved();
-    output = c10::IValue();
-    roots.clear();
-    root_grads.clear();
-    inputs.clear();
-    if (split) defer_weights(slot, {context, microbatch, std::move(split), bytes});
-    send_input_grads(*slot, microbatch, start, input_grads, done);
-  } catch (...) {
-    done->setError(failure_in(*slot, "backward", microbatch));
-  }
-  if (had_forward) release_place(*slot);
 }
 
 std::int64_t context_or_throw(const char* function) {

@@ -109,13 +109,23 @@ void record(Slot& slot, EventKind kind, std::int64_t microbatch, std::int64_t st
 // Fails the requests of a step that was given up.
 void fail_abandoned(std::vector<Parked>& abandoned);
 
-// stage_runtime.cc: micro-batch `microbatch`'s backward, on the compute thread, from the
+// stage_backward.cc: micro-batch `microbatch`'s backward, on the compute thread, from the
 // gradients of its outputs (none on the last stage with a loss); `done` completes when the
 // stages before have run theirs.
 void run_backward(const SlotPtr& slot, std::int64_t context, std::int64_t microbatch,
                   std::vector<at::Tensor> grads, const rpc::FuturePtr& done);
+
+// stage_runtime.cc, for the forward and the backward:
 // The step's autograd context on this thread; throws rpc::Error naming `function` without one.
 std::int64_t context_or_throw(const char* function);
+// The floating-point tensors of a stage's inputs or outputs, in the order the wire carries them;
+// gradients travel in this order.
+std::vector<at::Tensor> floating_tensors(const c10::IValue& value);
+// Completes `done` when `call` does: with None, or with its error unchanged (it already names the
+// stage that failed further along).
+void complete_with(const rpc::FuturePtr& call, const rpc::FuturePtr& done);
+// Whether the stage's output goes out by portals and routes (any stage but the last, with routes).
+bool routes_output(const Slot& slot);
 
 // stage_loss.cc: the last stage when it computes the loss.
 bool computes_loss(const Slot& slot);

@@ -104,7 +104,7 @@ TimelineReport Timeline::report() const {
       if (span.kind == SpanKind::Weight) stage.weight_s += d;
       if (span.kind == SpanKind::Send) stage.send_s += d;
     }
-    double busy = stage.forward_s + stage.backward_s + stage.weight_s + stage.send_s;
+    double busy = stage.compute_s() + stage.send_s;
     stage.idle_s = std::max(0.0, wall_s_ - busy);
     stage.busy_share = wall_s_ > 0 ? std::min(1.0, busy / wall_s_) : 0;
     report.bubble += (1 - stage.busy_share) / stage_count();

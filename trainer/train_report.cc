@@ -85,9 +85,8 @@ StageSeconds stage_seconds(const Replica& replica) {
   StageSeconds out;
   if (replica.pipe) {
     for (const pipeline::StageReport& stage : replica.pipe->timeline().report().per_stage) {
-      const double compute = stage.forward_s + stage.backward_s + stage.weight_s;
-      out.compute.push_back(compute);
-      out.busy.push_back(compute + stage.send_s);
+      out.compute.push_back(stage.compute_s());
+      out.busy.push_back(stage.compute_s() + stage.send_s);
     }
     return out;
   }

@@ -36,6 +36,8 @@ struct StageReport {
   double send_s = 0;
   double idle_s = 0;
   double busy_share = 0;
+  // What the stage computed: forward, backward and weight passes.
+  double compute_s() const { return forward_s + backward_s + weight_s; }
 };
 
 struct TimelineReport {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -308,8 +309,29 @@ TEST(Pipeline, TheMasterSendsOnlyInputsAndReceivesOnlyOutputs) {
   }
 }
 
+// The most micro-batches stage `s` held at once between a forward and the end of its weight pass
+// (its last weight span), from the timeline of zero-bubble steps.
+int most_held_to_weight_pass(const Timeline& timeline, int s) {
+  std::map<std::pair<int, int>, double> weighed;  // (step, micro-batch): its last weight span's end
+  std::vector<std::pair<double, int>> changes;    // (when, +1 or -1)
+  for (const Span& span : timeline.spans()) {
+    if (span.track != Timeline::compute_track(s)) continue;
+    if (span.kind == SpanKind::Forward) changes.emplace_back(span.start_s, 1);
+    if (span.kind == SpanKind::Weight) {
+      double& end = weighed[{span.step, span.microbatch}];
+      end = std::max(end, span.end_s);
+    }
+  }
+  for (const auto& [microbatch, end] : weighed) changes.emplace_back(end, -1);
+  std::sort(changes.begin(), changes.end());  // at one instant, a -1 before a +1
+  int held = 0, most = 0;
+  for (const auto& [when, change] : changes) most = std::max(most, held += change);
+  return most;
+}
+
 // Under 1F1B stage s holds at most p - s micro-batches; under zb too, those whose weight pass waits
-// counted.
+// counted (from the timeline: what a micro-batch holds in bytes is the allocator's difference over
+// its forward, which other threads' allocations move by a tensor or so).
 TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipeAndZeroBubbleNoMore) {
   LocalWorld world(three_workers());
   // Many samples through small layers, so that activations (512 x 128 floats a tensor per
@@ -345,6 +367,8 @@ TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipeAndZeroBubbleNoMore) {
       if (schedule == Schedule::OneFOneB) {
         EXPECT_EQ(most, 3 - s);
         EXPECT_EQ(order.substr(0, 3 - s), std::string(3 - s, 'F'));
+      } else {
+        EXPECT_LE(most_held_to_weight_pass(pipe.timeline(), s), 3 - s);
       }
     }
   }
@@ -357,12 +381,11 @@ TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipeAndZeroBubbleNoMore) {
                     "tensors gpipe {:.2f} MiB, 1f1b {:.2f} MiB, zb {:.2f} MiB",
                     s, gpipe.activation_mib, one_f_one_b.activation_mib, zero_bubble.activation_mib,
                     gpipe.tensor_mib, one_f_one_b.tensor_mib, zero_bubble.tensor_mib));
-    // 8 micro-batches at once against at most 3 - s (a micro-batch's count is the allocator's
-    // difference over its forward, within a tenth of the others').
+    // 8 micro-batches at once against at most 3 - s.
     EXPECT_GT(gpipe.activation_mib, 0);
     EXPECT_LT(one_f_one_b.activation_mib, 0.5 * gpipe.activation_mib);
     EXPECT_LT(one_f_one_b.tensor_mib, gpipe.tensor_mib);
-    EXPECT_LE(zero_bubble.activation_mib, 1.1 * one_f_one_b.activation_mib);
+    EXPECT_LT(zero_bubble.activation_mib, 0.5 * gpipe.activation_mib);
   }
 }
 

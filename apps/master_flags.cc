@@ -1,6 +1,7 @@
 #include "apps/master_flags.h"
 
 #include <cstdint>
+#include <iostream>
 #include <limits>
 #include <string>
 
@@ -113,6 +114,10 @@ void add_optimization_flags(CLI::App* cmd, trainer::TrainSettings& t) {
 }
 
 void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
+  cmd->add_option("--plan", t.plan_from,
+                  "auto: plan the stages, replicas, schedule, micro-batches and recomputation "
+                  "for this world's workers and budget first (--batch-size is then the step's "
+                  "whole batch); or a file of `ferry-master plan --json` to take them from");
   cmd->add_option("--placement", t.placement,
                   "stage=worker,... (default: one stage per worker in rank order)");
   add_cut_flags(cmd, t.plan);
@@ -249,7 +254,57 @@ void add_predict(MasterCommandLine& l) {
   add_secret_flag(cmd, p.secret_file, "file holding the cluster secret, as for train");
 }
 
+void add_plan(MasterCommandLine& l) {
+  trainer::PlanCommandSettings& p = l.plan;
+  trainer::PlanRequest& r = p.request;
+  CLI::App* cmd = l.plan_cmd = l.app.add_subcommand(
+      "plan",
+      "the fastest way to train on W workers under a memory budget: stages, replicas, schedule, "
+      "micro-batches and recomputation searched from the blocks' measured costs, the best "
+      "checked with real steps; prints the winner's train flags");
+  add_model_flags(cmd, r.model, r.classes, r.image_size);
+  cmd->add_option("--workers", r.workers, "workers to plan for (the master holds no stage)")
+      ->check(count_up_to(kMaxWorkers));
+  cmd->add_option("--memory-budget-mib", r.budget_mib,
+                  "each worker's tensor memory (0: none), as train's --memory-budget-mib")
+      ->check(in_range(0, kMaxMib));
+  auto* batch = cmd->add_option("--batch-size", r.batch_size,
+                                "images per optimizer step, over all replicas")
+                    ->check(count_up_to(kMaxCount));
+  cmd->add_flag("--largest-batch", r.largest_batch,
+                "plan for the largest batch that fits instead of --batch-size")
+      ->excludes(batch);
+  add_optimizer_flag(cmd, r.optimizer, "");
+  cmd->add_option("--verify", p.verify,
+                  "candidates checked with two real steps on a local world (0: estimates only)")
+      ->check(in_range(0, 64));
+  cmd->add_option("--cores", p.cores, "the cores the workers share (0: this machine's)")
+      ->check(in_range(0, 1 << 16));
+  cmd->add_option("--cache-dir", p.cache_dir,
+                  "where measured block costs are kept (default: FERRY_CACHE_DIR, else "
+                  "~/.cache/ferry)");
+  cmd->add_option("--rows", p.rows, "rows of the ranked table")->check(count_up_to(kMaxCount));
+  cmd->add_flag("--json", p.json, "the plan as one JSON object, last on stdout (train --plan FILE)");
+}
+
 }  // namespace
+
+std::string flags_a_plan_sets(const MasterCommandLine& l) {
+  if (!*l.train_cmd || l.train.plan_from.empty()) return "";
+  std::vector<std::string> flags = {"--stages",    "--partition",    "--balance",
+                                    "--replicas",  "--pipeline",     "--microbatches",
+                                    "--checkpoint-activations"};
+  if (l.train.plan_from != "auto") {
+    for (const char* f : {"--model", "--classes", "--image-size", "--optimizer", "--batch-size"}) {
+      flags.push_back(f);
+    }
+  }
+  std::string given;
+  for (const std::string& f : flags) {
+    if (l.train_cmd->count(f) > 0) given += (given.empty() ? "" : ", ") + f;
+  }
+  return given;
+}
 
 MasterCommandLine::MasterCommandLine() {
   app.require_subcommand(1);
@@ -264,10 +319,19 @@ MasterCommandLine::MasterCommandLine() {
   add_footprint(*this);
   add_export(*this);
   add_predict(*this);
+  add_plan(*this);
 }
 
 int run_master_command(const MasterCommandLine& l) {
-  if (*l.train_cmd) return trainer::run_training(l.train);
+  if (*l.train_cmd) {
+    if (const std::string given = flags_a_plan_sets(l); !given.empty()) {
+      std::cerr << "ferry-master train: --plan " << l.train.plan_from << " sets " << given
+                << "; leave them out, or plan again with them\n";
+      return 2;
+    }
+    return trainer::run_training(l.train);
+  }
+  if (*l.plan_cmd) return trainer::run_plan(l.plan);
   if (*l.export_cmd) return trainer::export_weights(l.export_settings);
   if (*l.predict_cmd) return trainer::run_prediction(l.predict);
   if (*l.footprint_cmd) {

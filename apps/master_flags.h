@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "ferry/trainer/export_weights.h"
+#include "ferry/trainer/plan_command.h"
 #include "ferry/trainer/predict.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
@@ -28,12 +29,18 @@ struct MasterCommandLine {
   std::int64_t footprint_budget_mib = 0;
   trainer::ExportSettings export_settings;
   trainer::PredictSettings predict;
+  trainer::PlanCommandSettings plan;
   CLI::App* train_cmd = nullptr;
+  CLI::App* plan_cmd = nullptr;
   CLI::App* describe_cmd = nullptr;
   CLI::App* footprint_cmd = nullptr;
   CLI::App* export_cmd = nullptr;
   CLI::App* predict_cmd = nullptr;
 };
+
+// The flags a plan sets that were given beside `train --plan` (a plan file sets them all; auto
+// leaves the model, the batch and the budget to them): an error names them. Empty: none.
+std::string flags_a_plan_sets(const MasterCommandLine& line);
 
 // Runs the sub-command that was parsed; returns the exit code.
 int run_master_command(const MasterCommandLine& line);

@@ -2,6 +2,7 @@
 
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -70,6 +71,18 @@ CommandOutput run_command(const std::string& command, bool with_stderr) {
   const int status = pclose(pipe);
   result.status = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+std::string executable_path() {
+  std::array<char, 4096> buf;
+  const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : std::string();
+}
+
+std::string executable_dir() {
+  const std::string self = executable_path();
+  const size_t slash = self.rfind('/');
+  return slash == std::string::npos ? std::string() : self.substr(0, slash);
 }
 
 }  // namespace ferry::core

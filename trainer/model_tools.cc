@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
@@ -116,13 +115,12 @@ int measure_single_process(const std::string& model, int64_t classes, int64_t im
 
 double single_process_peak_mib(const std::string& model, int64_t classes, int64_t image_size,
                                int64_t batch_size, const std::string& optimizer) {
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return -1;
+  const std::string self = core::executable_path();
+  if (self.empty()) return -1;
   std::string command = fmt::format(
       "env -u RANK -u WORLD_SIZE -u SLURM_PROCID '{}' footprint --model {} --classes {} "
       "--image-size {} --batch-size {} --optimizer {}",
-      std::string(self, n), model, classes, image_size, batch_size, optimizer);
+      self, model, classes, image_size, batch_size, optimizer);
   core::CommandOutput ran = core::run_command(command, /*with_stderr=*/false);
   if (ran.status != 0) return -1;
   try {

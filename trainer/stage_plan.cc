@@ -21,9 +21,10 @@ constexpr double kMiB = 1 << 20;
 // Bytes per parameter byte that training keeps: the parameter, its gradient, and the optimizer's
 // state (a momentum for SGD; two moments for Adam and AdamW).
 double state_factor(const std::string& optimizer) { return optimizer == "sgd" ? 3 : 4; }
+double optimizer_state_copies(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 2; }
 // Tensors of one parameter's size that the optimizer's step makes and drops, one parameter at a
-// time (Adam's square root of the second moment and its quotient).
-double step_temporaries(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 2; }
+// time (Adam's square root of the second moment, its quotient and the update).
+double step_temporaries(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 3; }
 
 // The bytes per sample of each element of the carry after block `k` (-1: the image), bottom
 // first: each element is the output of the block that made it.
@@ -49,24 +50,10 @@ double sum_from(const std::vector<double>& values, int64_t from) {
   return sum;
 }
 
-// What a stage holds beyond the sum over its blocks, for the estimate only (not additive, so not
-// balanced): the step's temporaries for its largest parameter, and the part of the carry it
-// receives and the part it sends, with their gradients. The skips beneath, which its blocks do
-// not touch, go past it (RemoteUnet::routes()).
-double stage_extra_bytes(const std::vector<models::BlockCost>& costs, const pipeline::Range& range,
-                         const PlanSettings& s, int64_t samples) {
-  int64_t largest = 0;
-  for (int64_t k = range.begin; k < range.end; ++k) {
-    largest = std::max(largest, costs[k].largest_parameter_bytes);
-  }
-  const std::vector<models::UnetBlock> blocks = models::unet_blocks(depth_of(s.model));
-  const int64_t untouched = models::unet_carry_untouched(blocks, range.begin, range.end);
-  const double image = 3.0 * static_cast<double>(s.image_size * s.image_size) * sizeof(float);
-  const double carry_in =
-      sum_from(carry_elements(costs, blocks, image, range.begin - 1), untouched);
-  const double carry_out = sum_from(carry_elements(costs, blocks, image, range.end - 1), untouched);
-  return step_temporaries(s.optimizer) * static_cast<double>(largest) +
-         2 * (carry_in + carry_out) * static_cast<double>(samples);
+double carry_bytes_per_sample(const std::vector<models::BlockCost>& costs,
+                              const std::vector<models::UnetBlock>& blocks, double image,
+                              int64_t after, int64_t untouched) {
+  return sum_from(carry_elements(costs, blocks, image, after), untouched);
 }
 
 std::vector<double> memory_costs(const std::vector<models::BlockCost>& costs, double factor,
@@ -182,10 +169,8 @@ int64_t depth_of(const std::string& model) {
 
 models::CostSampling cost_sampling(int64_t batch_size, int microbatches, int threads) {
   models::CostSampling sampling;
-  const int64_t parts =
-      std::min<int64_t>(std::max(microbatches, 1), std::max<int64_t>(batch_size, 1));
-  sampling.samples = std::max<int64_t>((batch_size + parts - 1) / parts, 1);
-  if (parts > 1) sampling.second_samples = std::min(batch_size, 4 * sampling.samples);
+  sampling.samples = std::max<int64_t>(microbatch_samples(batch_size, microbatches), 1);
+  if (std::min<int64_t>(std::max(microbatches, 1), batch_size) > 1) sampling.second_samples = std::min(batch_size, 4 * sampling.samples);
   sampling.threads = threads;
   return sampling;
 }
@@ -221,8 +206,6 @@ namespace {
 void fill_stages(StagePlan& plan, const PlanSettings& s, const std::vector<pipeline::Range>& ranges,
                  const std::vector<std::string>& names) {
   const int64_t samples = s.in_flight_samples > 0 ? s.in_flight_samples : s.batch_size;
-  const std::vector<double> memory = memory_costs(plan.costs, state_factor(s.optimizer), samples);
-  const std::vector<double> stage_memory = pipeline::range_costs(memory, ranges);
   const std::vector<double> stage_time = pipeline::range_costs(
       time_costs(plan.costs, s.batch_size, s.microbatches, s.recompute), ranges);
   const std::vector<double> stage_parameters =
@@ -241,14 +224,52 @@ void fill_stages(StagePlan& plan, const PlanSettings& s, const std::vector<pipel
     const std::string& to = plan.costs[stage.last - 1].name;
     stage.blocks = stage.last - stage.first == 1 ? from : fmt::format("{}..{}", from, to);
     stage.parameters = static_cast<int64_t>(stage_parameters[k]);
-    stage.peak_mib =
-        (stage_memory[k] + stage_extra_bytes(plan.costs, ranges[k], s, samples)) / kMiB;
+    stage.peak_mib = stage_memory_terms(plan.costs, ranges[k], s).peak_bytes(
+                         samples, microbatch_samples(s.batch_size, s.microbatches), s.recompute) /
+                     kMiB;
     stage.compute_s = stage_time[k];
     plan.stages.push_back(stage);
   }
 }
 
 }  // namespace
+
+int64_t microbatch_samples(int64_t batch_size, int microbatches) {
+  const int64_t parts = std::min<int64_t>(std::max(microbatches, 1), std::max<int64_t>(batch_size, 1));
+  return (batch_size + parts - 1) / parts;
+}
+
+double StageMemoryTerms::peak_bytes(int64_t held_samples, int64_t microbatch, bool recompute) const {
+  const auto held = static_cast<double>(held_samples);
+  const double step = 2 * parameter_bytes + step_temporary_bytes;
+  const double backward =
+      parameter_bytes + carry_bytes_per_sample * held +
+      activation_bytes_per_sample * (recompute ? static_cast<double>(microbatch) : held);
+  return parameter_bytes + state_bytes + std::max(step, backward);
+}
+
+StageMemoryTerms stage_memory_terms(const std::vector<models::BlockCost>& costs,
+                                    const pipeline::Range& range, const PlanSettings& s) {
+  StageMemoryTerms terms;
+  int64_t largest = 0;
+  for (int64_t k = range.begin; k < range.end; ++k) {
+    const models::BlockCost& c = costs.at(static_cast<size_t>(k));
+    largest = std::max(largest, c.largest_parameter_bytes);
+    terms.parameter_bytes += static_cast<double>(c.parameter_bytes);
+    terms.activation_bytes_per_sample += c.activation_bytes_per_sample;
+  }
+  terms.state_bytes = terms.parameter_bytes * optimizer_state_copies(s.optimizer);
+  terms.step_temporary_bytes = step_temporaries(s.optimizer) * static_cast<double>(largest);
+  // The carry it receives and the carry it sends, each with its gradient; the skips beneath,
+  // which its blocks do not touch, go past it (RemoteUnet::routes()).
+  const std::vector<models::UnetBlock> blocks = models::unet_blocks(depth_of(s.model));
+  const int64_t untouched = models::unet_carry_untouched(blocks, range.begin, range.end);
+  const double image = 3.0 * static_cast<double>(s.image_size * s.image_size) * sizeof(float);
+  terms.carry_bytes_per_sample =
+      2 * (carry_bytes_per_sample(costs, blocks, image, range.begin - 1, untouched) +
+           carry_bytes_per_sample(costs, blocks, image, range.end - 1, untouched));
+  return terms;
+}
 
 StagePlan plan_stages(const PlanSettings& s) {
   StagePlan plan;

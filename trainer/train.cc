@@ -28,6 +28,7 @@
 #include "ferry/trainer/fail.h"
 #include "ferry/trainer/metrics_log.h"
 #include "ferry/trainer/model_tools.h"
+#include "ferry/trainer/plan_command.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
 #include "trainer/epoch_rebalance.h"
@@ -301,13 +302,23 @@ void run_epochs(Run& run) {
   }
 }
 
+// What each stage's worker measured over the run. Read before the pipeline's report, which
+// starts new peaks.
+std::vector<remote_module::StageStats> stage_stats(Run& run) {
+  std::vector<remote_module::StageStats> out;
+  for (std::size_t k = 0; k < run.plan.stages.size(); ++k) {
+    out.push_back(run.job->split().stages()[k].module.stats());
+  }
+  return out;
+}
+
 // Each stage's plan beside what its worker measured, into the metrics JSON, and its compute per
 // step as a table.
-void report_stages(Run& run) {
+void report_stages(Run& run, const std::vector<remote_module::StageStats>& measured) {
   run.metrics["stages"] = nlohmann::ordered_json::array();
   for (std::size_t k = 0; k < run.plan.stages.size(); ++k) {
     const PlannedStage& planned = run.plan.stages[k];
-    remote_module::StageStats stats = run.job->split().stages()[k].module.stats();
+    const remote_module::StageStats& stats = measured[k];
     run.metrics["stages"].push_back({{"name", planned.name},
                                      {"worker", run.workers[k]},
                                      {"blocks", planned.blocks},
@@ -367,13 +378,14 @@ void report(Run& run) {
     report_best(*run.progress.monitor, s.save_best ? best_dir(s) : "", run.stopped_after,
                 run.metrics);
   }
+  const std::vector<remote_module::StageStats> measured = stage_stats(run);
   std::unique_ptr<pipeline::Pipeline>& pipe = run.job->replicas.front().pipe;
   if (pipe) {
     report_pipeline(run, *pipe);
   } else {
     print_stage_table(run.job->split(), run.train_s, !s.via_master);
   }
-  report_stages(run);
+  report_stages(run, measured);
   report_buckets(run);
   if (s.compare_single_process) {
     const double whole = single_process_peak_mib(s.plan.model, s.plan.classes, s.plan.image_size,
@@ -392,7 +404,16 @@ void report(Run& run) {
   }
 }
 
-int train_as_master(const TrainSettings& s) {
+// The settings with the plan --plan asks for applied.
+TrainSettings planned(const TrainSettings& s) {
+  if (s.plan_from.empty()) return s;
+  if (s.plan_from != "auto") return with_plan(s, read_plan_file(s.plan_from), s.plan_from);
+  const int workers = static_cast<int>(world_names().size()) - 1 - s.spares;
+  return with_plan(s, plan_for_training(s, std::max(workers, 1)), "auto");
+}
+
+int train_as_master(const TrainSettings& settings) {
+  const TrainSettings s = planned(settings);
   check_settings(s);
   Run run(s);
   load_data(run);

@@ -33,4 +33,11 @@ struct CommandOutput {
 // `with_stderr` is false (then it goes where this process's does).
 CommandOutput run_command(const std::string& command, bool with_stderr = true);
 
+// This process's executable, as the kernel names it; "" if it cannot say.
+std::string executable_path();
+
+// The folder of this process's executable, where Ferry's other binaries are built and installed
+// beside it; "" if it cannot say.
+std::string executable_dir();
+
 }  // namespace ferry::core

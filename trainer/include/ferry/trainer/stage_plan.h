@@ -39,6 +39,34 @@ struct PlanSettings {
 // four times it (at most the batch) for pipelined ones, whose plain step is then predicted too.
 models::CostSampling cost_sampling(int64_t batch_size, int microbatches, int threads);
 
+// The samples of one micro-batch of a batch in `microbatches` (tensor_split's largest part).
+int64_t microbatch_samples(int64_t batch_size, int microbatches);
+
+// What a stage holds, in parts that scale differently with the samples. Value type.
+//
+// A stage peaks either in its optimizer step, which holds the parameters, the optimizer's state,
+// the gradients twice (the autograd context's and the step's own) and the step's temporaries for
+// its largest parameter; or in its backward, which holds the parameters, the optimizer's state,
+// the gradients that have reached it and the activations and carries of the samples in flight.
+// A recomputing stage keeps only its inputs, and one micro-batch's activations while it
+// recomputes.
+struct StageMemoryTerms {
+  double parameter_bytes = 0;  // the parameters; their gradients are as large
+  double state_bytes = 0;      // the optimizer's state
+  double step_temporary_bytes = 0;
+  // The carry it receives and the one it sends, with their gradients, per sample held.
+  double carry_bytes_per_sample = 0;
+  // What its blocks' forwards keep until their backward, per sample.
+  double activation_bytes_per_sample = 0;
+  // With `held_samples` in flight, each micro-batch of `microbatch` samples.
+  double peak_bytes(int64_t held_samples, int64_t microbatch, bool recompute) const;
+};
+
+// The memory terms of the stage of blocks `range` of the U-Net of `settings.model` (its image
+// size and optimizer), from the blocks' costs.
+StageMemoryTerms stage_memory_terms(const std::vector<models::BlockCost>& costs,
+                                    const pipeline::Range& range, const PlanSettings& settings);
+
 // One stage of a plan. Value type.
 struct PlannedStage {
   std::string name;

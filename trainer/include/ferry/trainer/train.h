@@ -16,6 +16,10 @@ struct TrainSettings {
   // The model, its input, the batch (per replica), the cut and the optimizer whose state enters
   // the memory estimates (stage_plan.h). Its in_flight_samples is worked out from the schedule.
   PlanSettings plan;
+  // "auto": plan the cut, replicas, schedule, micro-batches and recomputation for the world's
+  // workers first (plan_command.h), --batch-size being the step's whole batch; or a file of
+  // `ferry-master plan --json` to take them from; empty: the flags say.
+  std::string plan_from;
   std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: round robin
   int64_t memory_budget_mib = 0;  // every rank's tensor memory bound; 0: FERRY_MEMORY_BUDGET_MIB
   std::string data = "synthetic";

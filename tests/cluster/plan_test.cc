@@ -1,0 +1,108 @@
+// `ferry-master plan` and `train --plan` as a user runs them: a plan of the U-Net-ResNet-18 under
+// a budget that one worker cannot meet, checked with a real step; its winner trained from the
+// plan's file with peaks near the plan's; the block costs taken from the cache the second time;
+// and the errors of a plan nothing fits and of flags beside a plan that sets them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/support/temp_dir.h"
+#include "tests/support/training_runs.h"
+
+namespace {
+
+using ferry::testing::CommandResult;
+using ferry::testing::run;
+using ::testing::HasSubstr;
+
+// The budget a worker has: the whole model's state with Adam (about 220 MiB) does not fit it.
+constexpr int kBudgetMib = 160;
+// How far a stage's measured peak may be from the plan's (docs/planning.md).
+constexpr double kPeakBound = 0.25;
+
+std::string plan_command(const std::string& cache, const std::string& extra) {
+  return std::string(FERRY_MASTER) +
+         " plan --model unet-resnet18 --image-size 32 --workers 3 --batch-size 8 --cache-dir " +
+         cache + " " + extra;
+}
+
+nlohmann::json last_json(const std::string& output) {
+  std::string text = output;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return nlohmann::json::parse(text.substr(text.rfind('\n') + 1));
+}
+
+TEST(Plan, AWinnerCheckedWithARealStepTrainsFromThePlanFileWithinItsPeaks) {
+  const std::string dir = ferry::testing::process_temp_dir().file("plan");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string cache = dir + "/cache";
+  CommandResult planned = run(plan_command(cache, "--memory-budget-mib " +
+                                                      std::to_string(kBudgetMib) +
+                                                      " --verify 1 --json"));
+  ASSERT_EQ(planned.status, 0) << planned.output;
+  const nlohmann::json plan = last_json(planned.output);
+  const nlohmann::json& winner = plan["winner"];
+  ASSERT_TRUE(winner.contains("measured_images_per_s")) << plan.dump(1);
+  EXPECT_GT(winner["measured_images_per_s"].get<double>(), 0);
+  EXPECT_GE(winner["stages"].get<int>(), 2);  // the whole model does not fit one worker
+  EXPECT_LE(winner["stages"].get<int>() * winner["replicas"].get<int>(), 3);
+  EXPECT_THAT(winner["flags"].get<std::string>(), HasSubstr("--memory-budget-mib 160"));
+  for (const auto& c : plan["candidates"]) {
+    EXPECT_LE(c["predicted_peak_mib"].get<double>(), kBudgetMib) << c.dump();
+  }
+  std::ofstream(dir + "/plan.json") << plan.dump();
+
+  const int processes = winner["stages"].get<int>() * winner["replicas"].get<int>() + 1;
+  const std::string metrics = dir + "/metrics.json";
+  CommandResult trained =
+      run(std::string(FERRY_LAUNCH) + " --nproc " + std::to_string(processes) + " -- " +
+          FERRY_MASTER + " train --plan " + dir + "/plan.json --samples 20 --epochs 1 " +
+          "--metrics-file " + metrics);
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(metrics));
+  const auto& predicted = winner["predicted_stage_peak_mib"];
+  ASSERT_EQ(m["stages"].size(), predicted.size());
+  for (size_t k = 0; k < predicted.size(); ++k) {
+    const double measured = m["stages"][k]["worker_peak_tensor_mib"].get<double>();
+    const double estimate = predicted[k].get<double>();
+    EXPECT_LE(measured, kBudgetMib) << "stage " << k;
+    EXPECT_NEAR(measured, estimate, kPeakBound * measured) << "stage " << k;
+  }
+
+  // The second plan takes the blocks' costs from the cache.
+  CommandResult again = run(plan_command(cache, "--verify 0"));
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("block costs of unet-resnet18 at 32 x 32: from " + cache))
+      << again.output;
+  EXPECT_THAT(again.output, HasSubstr("ferry-master train --model unet-resnet18"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Plan, NothingThatFitsNamesTheLimitAndFlagsBesideAPlanAreRefused) {
+  const std::string dir = ferry::testing::process_temp_dir().file("plan-errors");
+  std::filesystem::remove_all(dir);
+  CommandResult tight = run(plan_command(dir, "--memory-budget-mib 8 --verify 0"));
+  EXPECT_EQ(tight.status, 2) << tight.output;
+  EXPECT_THAT(tight.output, HasSubstr("nothing fits unet-resnet18 x 32 images of 32 on 3 workers "
+                                      "of 8 MiB each: block "))
+      << tight.output;
+  EXPECT_THAT(tight.output, HasSubstr("state alone take"));
+
+  CommandResult beside = run(std::string(FERRY_MASTER) +
+                             " train --plan auto --stages 2 --pipeline 1f1b --epochs 1");
+  EXPECT_EQ(beside.status, 2);
+  EXPECT_THAT(beside.output,
+              HasSubstr("--plan auto sets --stages, --pipeline; leave them out"));
+  CommandResult missing = run(std::string(FERRY_LAUNCH) + " --nproc 1 -- " + FERRY_MASTER +
+                              " train --plan " + dir + "/none.json --epochs 1");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_THAT(missing.output, HasSubstr("--plan " + dir + "/none.json: cannot read it"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace

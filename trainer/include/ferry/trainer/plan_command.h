@@ -1,0 +1,44 @@
+// `ferry-master plan` and `train --plan`: the blocks' costs measured (or taken from the cache),
+// the configurations searched (planner.h), the best few checked with real short runs on a local
+// world of fresh processes under the budget, a ranked table and the winner's `train` flags; and
+// a plan's settings applied to a training job.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ferry/trainer/planner.h"
+#include "ferry/trainer/train.h"
+
+namespace ferry::trainer {
+
+struct PlanCommandSettings {
+  PlanRequest request;
+  int verify = 3;  // candidates checked with real steps (0: none); the one-process one besides
+  int rows = 12;   // rows of the table
+  std::string cache_dir;  // empty: default_cache_dir()
+  int cores = 0;          // the cores the workers share; 0: this machine's
+  bool json = false;      // the plan as one JSON object, last on stdout
+};
+
+// Runs `plan`; returns the exit code (2 for settings that cannot work or nothing that fits, with
+// the reason).
+int run_plan(const PlanCommandSettings& settings);
+
+// The plan of a training job's settings on `workers` workers (train --plan auto): its model,
+// its --batch-size as the step's whole batch and its budget, predicted only (a running world
+// cannot start others to check it). Prints the table to stderr. Returns the plan's document.
+nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int workers);
+
+// `settings` with a plan's winner (`plan --json`'s document) applied: model, image size,
+// optimizer, batch, cut, replicas, schedule, micro-batches, recomputation and budget. Throws
+// rpc::Error(InvalidArgument) naming `source` for a document that is not a plan.
+TrainSettings with_plan(const TrainSettings& settings, const nlohmann::json& plan,
+                        const std::string& source);
+
+// The plan document in `path`; rpc::Error(InvalidArgument) naming the file when it cannot be read
+// or is not JSON.
+nlohmann::json read_plan_file(const std::string& path);
+
+}  // namespace ferry::trainer

@@ -1,0 +1,97 @@
+// The search behind `ferry-master plan`: every way to train the U-Net on W workers (stages p and
+// replicas r with p x r <= W, a schedule, micro-batches, recomputation, the batch) scored from
+// the blocks' measured costs, those that exceed a worker's memory budget dropped, the rest
+// ranked. Pure arithmetic on a cost table: it measures nothing and starts nothing, so a
+// hand-made table tests it (the real steps that check a plan are in plan_command.h).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/models/block_costs.h"
+#include "ferry/pipeline/partition.h"
+
+namespace ferry::trainer {
+
+// What a machine does besides the blocks' compute, measured once beside them (and cached with
+// them). Value type.
+struct MachineCosts {
+  int cores = 1;               // the cores the workers share (this machine's, for a local world)
+  int cores_per_worker = 1;    // the most one worker can use (a host's cores)
+  double thread_speedup = 1;   // a block's speed with `cores_per_worker` threads over one thread
+  double link_bytes_per_s = 1e9;  // between two workers (the all-reduce and the carries)
+  double optimizer_s_per_parameter = 0;  // one optimizer step, per parameter, on one thread
+};
+
+// What to plan for. Value type.
+struct PlanRequest {
+  std::string model = "unet-resnet34";
+  int64_t classes = 1;
+  int64_t image_size = 128;
+  std::string optimizer = "adam";
+  int workers = 1;
+  double budget_mib = 0;  // each worker's tensor memory; 0: none
+  // The batch of one optimizer step over all replicas; 0 with `largest_batch`.
+  int64_t batch_size = 8;
+  bool largest_batch = false;  // the largest batch any configuration fits instead
+  int64_t max_batch = 1 << 14;
+};
+
+// One way to train. Value type.
+struct Candidate {
+  int stages = 1;
+  int replicas = 1;
+  std::string schedule = "plain";  // plain | gpipe | 1f1b | zb
+  int microbatches = 1;
+  bool recompute = false;
+  int64_t batch_size = 0;  // per replica: the step's batch is batch_size x replicas
+  std::vector<pipeline::Range> cut;
+  std::vector<double> predicted_peak_mib;  // per stage
+  double predicted_step_s = 0;
+  // Filled by a real step (plan_command.h); negative until then.
+  std::vector<double> measured_peak_mib;
+  double measured_images_per_s = -1;
+  std::string verify_error;  // why the real step failed, if it did
+
+  int64_t global_batch() const { return batch_size * replicas; }
+  double predicted_largest_peak_mib() const;
+  double measured_largest_peak_mib() const;
+  double predicted_images_per_s() const;
+  bool verified() const { return measured_images_per_s >= 0; }
+  // "2 stages x 2 replicas, 1f1b x 8, recomputed"
+  std::string describe() const;
+  // The `ferry-master train` flags that train it (the cut by block name, from `block_names`).
+  std::string flags(const PlanRequest& request, const std::vector<std::string>& block_names) const;
+};
+
+// Thrown when no configuration fits: its message names the limit that binds and what would fit.
+struct NothingFits : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Every configuration that fits, fastest first (with `largest_batch`: largest batch first, then
+// fastest). Throws NothingFits when none does, std::invalid_argument for a request that is not
+// one (no workers, a batch below 1, costs that do not match the model).
+std::vector<Candidate> plan_candidates(const std::vector<models::BlockCost>& costs,
+                                       const MachineCosts& machine, const PlanRequest& request);
+
+// The candidate's step time and stage peaks from the costs, filled in place (the search's own
+// scoring, for a configuration given by hand).
+void score_candidate(const std::vector<models::BlockCost>& costs, const MachineCosts& machine,
+                     const PlanRequest& request, Candidate& candidate);
+
+// The ranked table: configuration, predicted and (where verified) measured largest peak per
+// worker and images per second.
+std::string candidates_table(const std::vector<Candidate>& candidates, size_t rows);
+
+// {"request", "winner": {settings, "flags"}, "candidates": [...]}: what `plan --json` prints and
+// `train --plan FILE` reads.
+nlohmann::ordered_json plan_document(const PlanRequest& request,
+                                     const std::vector<std::string>& block_names,
+                                     const std::vector<Candidate>& candidates,
+                                     const Candidate& winner);
+
+}  // namespace ferry::trainer

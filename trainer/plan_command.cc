@@ -1,0 +1,345 @@
+#include "ferry/trainer/plan_command.h"
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "ferry/core/log.h"
+#include "ferry/core/processes.h"
+#include "ferry/models/unet_blocks.h"
+#include "ferry/trainer/block_cost_cache.h"
+#include "ferry/trainer/fail.h"
+#include "ferry/trainer/stage_plan.h"
+#include "ferry/trainer/worker_loop.h"
+
+namespace ferry::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The fastest of `runs` calls of `f`, in seconds.
+template <typename F>
+double fastest(int runs, F&& f) {
+  double best = 1e30;
+  for (int k = 0; k < runs; ++k) {
+    const auto start = Clock::now();
+    f();
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+// A convolution's forward and backward with `threads` intra-op threads: how a worker's speed
+// grows with its threads.
+double convolution_s(int threads) {
+  const int previous = at::get_num_threads();
+  at::set_num_threads(threads);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(64, 64, 3).padding(1));
+  at::Tensor x = torch::randn({8, 64, 48, 48});
+  const double s = fastest(3, [&] { conv->forward(x).sum().backward(); });
+  at::set_num_threads(previous);
+  return s;
+}
+
+// Bytes per second through a loopback socket pair, one thread writing and one reading: the
+// carries' and the all-reduce's path between two workers of this machine.
+double link_bytes_per_s() {
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return 1e9;
+  constexpr size_t kChunk = 1 << 20, kTotal = 64 << 20;
+  std::vector<char> out(kChunk, 1), in(kChunk);
+  const auto start = Clock::now();
+  std::thread reader([&] {
+    size_t got = 0;
+    while (got < kTotal) {
+      const ssize_t n = read(fds[1], in.data(), in.size());
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+  });
+  for (size_t sent = 0; sent < kTotal;) {
+    const ssize_t n = write(fds[0], out.data() + sent % kChunk, kChunk - sent % kChunk);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  reader.join();
+  close(fds[0]);
+  close(fds[1]);
+  return static_cast<double>(kTotal) / seconds_since(start);
+}
+
+// An optimizer step per parameter, on one thread (Adam's: the dearest of those Ferry offers).
+double optimizer_s_per_parameter() {
+  const int previous = at::get_num_threads();
+  at::set_num_threads(1);
+  constexpr int64_t kParameters = 1 << 22;
+  at::Tensor p = torch::zeros({kParameters}, torch::requires_grad());
+  p.mutable_grad() = torch::randn({kParameters});
+  torch::optim::Adam adam({p});
+  const double s = fastest(3, [&] { adam.step(); });
+  at::set_num_threads(previous);
+  return s / kParameters;
+}
+
+MachineCosts measure_machine(int cores) {
+  MachineCosts m;
+  m.cores = cores;
+  m.cores_per_worker = cores;
+  m.thread_speedup = cores > 1 ? convolution_s(1) / convolution_s(cores) : 1;
+  m.link_bytes_per_s = link_bytes_per_s();
+  m.optimizer_s_per_parameter = optimizer_s_per_parameter();
+  return m;
+}
+
+int cores_of(int cores) {
+  return cores > 0 ? cores : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// The blocks are timed on one thread (the planner scales them to a worker's cores) at 4 images
+// and 1: a fixed part and a part per image cover every micro-batch size the search tries.
+CostKey key_of(const PlanRequest& r, int cores) {
+  return {r.model, r.classes, r.image_size, 4, 1, 1,
+          fmt::format("{} (planned for {} cores)", this_machine(), cores), ferry_version()};
+}
+
+CachedCosts costs_for(const PlanRequest& request, const std::string& cache_dir, int cores) {
+  const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
+  const CostKey key = key_of(request, cores);
+  if (std::optional<CachedCosts> cached = load_costs(dir, key)) {
+    std::cerr << fmt::format("block costs of {} at {} x {}: from {}\n", request.model,
+                             request.image_size, request.image_size, cost_file(dir, key));
+    return *cached;
+  }
+  const auto start = Clock::now();
+  models::CostSampling sampling;
+  sampling.samples = key.samples;
+  sampling.second_samples = key.second_samples;
+  sampling.threads = key.threads;
+  sampling.timed_passes = 1;
+  CachedCosts costs;
+  costs.blocks = models::measure_unet_blocks(depth_of(request.model), request.classes,
+                                             request.image_size, sampling);
+  costs.machine = measure_machine(cores);
+  save_costs(dir, key, costs);
+  std::cerr << fmt::format("block costs of {} at {} x {}: measured in {:.0f} s, cached in {}\n",
+                           request.model, request.image_size, request.image_size,
+                           seconds_since(start), cost_file(dir, key));
+  return costs;
+}
+
+std::vector<std::string> block_names(const std::vector<models::BlockCost>& costs) {
+  std::vector<std::string> out;
+  for (const auto& c : costs) out.push_back(c.name);
+  return out;
+}
+
+std::string tail_of(const std::string& text, size_t lines) {
+  size_t at = text.size();
+  for (size_t k = 0; k <= lines && at != std::string::npos && at > 0; ++k) {
+    at = text.rfind('\n', at - 1);
+  }
+  return at == std::string::npos ? text : text.substr(at + 1);
+}
+
+// Two epochs of one step each on a fresh local world under the budget: the second step's images
+// per second, and every stage's peak over the run.
+void verify(Candidate& c, const PlanRequest& request, const std::vector<std::string>& names) {
+  const std::string dir = core::executable_dir();
+  const std::string metrics =
+      (std::filesystem::temp_directory_path() / fmt::format("ferry-plan-{}.json", getpid()))
+          .string();
+  const int64_t batch = c.global_batch();
+  const int64_t samples = batch + std::max<int64_t>(1, batch / 4);
+  const std::string command = fmt::format(
+      "env -u RANK -u WORLD_SIZE -u SLURM_PROCID FERRY_LOG_LEVEL=warn '{}/ferry-launch' --nproc "
+      "{} -- '{}/ferry-master' train {} --samples {} --epochs 2 --metrics-file '{}'",
+      dir, c.stages * c.replicas + 1, dir, c.flags(request, names), samples, metrics);
+  const auto start = Clock::now();
+  core::CommandOutput ran = core::run_command(command);
+  if (ran.status != 0) {
+    c.verify_error = ran.status == kExitOutOfMemory
+                         ? "out of memory under the budget"
+                         : fmt::format("exit {}: {}", ran.status, tail_of(ran.output, 3));
+    std::cerr << fmt::format("  {}: {}\n", c.describe(), c.verify_error);
+    std::filesystem::remove(metrics);
+    return;
+  }
+  try {
+    const nlohmann::json out = nlohmann::json::parse(std::ifstream(metrics));
+    c.measured_images_per_s = out.at("epochs").back().at("images_per_s").get<double>();
+    c.measured_peak_mib.clear();
+    for (const auto& stage : out.at("stages")) {
+      c.measured_peak_mib.push_back(stage.at("worker_peak_tensor_mib").get<double>());
+    }
+  } catch (const std::exception& e) {
+    c.verify_error = fmt::format("its metrics could not be read: {}", e.what());
+  }
+  std::filesystem::remove(metrics);
+  std::cerr << fmt::format("  {}, batch {}: {:.2f} images/s (estimated {:.2f}), largest peak "
+                           "{:.0f} MiB (estimated {:.0f}); checked in {:.0f} s\n",
+                           c.describe(), batch, c.measured_images_per_s,
+                           c.predicted_images_per_s(), c.measured_largest_peak_mib(),
+                           c.predicted_largest_peak_mib(), seconds_since(start));
+}
+
+bool one_process(const Candidate& c) {
+  return c.stages == 1 && c.replicas == 1 && c.schedule == "plain";
+}
+
+// Checks the first `count` candidates that run (and the one-process one, which a plan must beat)
+// and moves them to the front, the best measured first: the largest batch, then the most images
+// per second. The rest keep their predicted order.
+void verify_best(std::vector<Candidate>& candidates, const PlanRequest& request,
+                 const std::vector<std::string>& names, int count) {
+  if (count <= 0) return;
+  std::cerr << "checking the best candidates with real steps:\n";
+  int good = 0;
+  const size_t tries = std::min(candidates.size(), static_cast<size_t>(2 * count));
+  for (size_t k = 0; k < tries && good < count; ++k) {
+    verify(candidates[k], request, names);
+    if (candidates[k].verified()) ++good;
+  }
+  auto single = std::find_if(candidates.begin(), candidates.end(), one_process);
+  if (!request.largest_batch && single != candidates.end() && !single->verified() &&
+      single->verify_error.empty()) {
+    verify(*single, request, names);
+  }
+  std::stable_sort(candidates.begin(), candidates.end(), [&](const Candidate& a,
+                                                             const Candidate& b) {
+    if (a.verified() != b.verified()) return a.verified();
+    if (!a.verified()) return false;
+    if (request.largest_batch && a.global_batch() != b.global_batch()) {
+      return a.global_batch() > b.global_batch();
+    }
+    return a.measured_images_per_s > b.measured_images_per_s;
+  });
+}
+
+void check_request(const PlanRequest& r) {
+  depth_of(r.model);
+  if (r.optimizer != "sgd" && r.optimizer != "adam" && r.optimizer != "adamw") {
+    fail(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", r.optimizer));
+  }
+  if (r.image_size % 32 != 0) {
+    fail(fmt::format("--image-size {} is not a multiple of 32", r.image_size));
+  }
+}
+
+std::vector<Candidate> ranked(const CachedCosts& costs, const PlanRequest& request) {
+  try {
+    return plan_candidates(costs.blocks, costs.machine, request);
+  } catch (const NothingFits& e) {
+    fail(e.what());
+  }
+}
+
+}  // namespace
+
+int run_plan(const PlanCommandSettings& s) {
+  try {
+    check_request(s.request);
+    const auto start = Clock::now();
+    const int cores = cores_of(s.cores);
+    const CachedCosts costs = costs_for(s.request, s.cache_dir, cores);
+    const auto searched = Clock::now();
+    std::vector<Candidate> candidates = ranked(costs, s.request);
+    const double search_s = seconds_since(searched);
+    const std::vector<std::string> names = block_names(costs.blocks);
+    std::cerr << fmt::format("{} configurations fit {} worker{}{}; searched in {:.2f} s\n",
+                             candidates.size(), s.request.workers,
+                             s.request.workers == 1 ? "" : "s",
+                             s.request.budget_mib > 0
+                                 ? fmt::format(" of {:.0f} MiB", s.request.budget_mib)
+                                 : "",
+                             search_s);
+    verify_best(candidates, s.request, names, s.verify);
+    const Candidate& winner = candidates.front();
+    std::cerr << "\n" << candidates_table(candidates, static_cast<size_t>(s.rows));
+    std::cerr << fmt::format("planned in {:.0f} s\n", seconds_since(start));
+    const std::string flags = winner.flags(s.request, names);
+    if (s.json) {
+      std::cout << plan_document(s.request, names, candidates, winner).dump() << std::endl;
+    } else {
+      std::cout << fmt::format("\nfastest{}: {}\nferry-master train {}\n",
+                               winner.verified() ? " (checked)" : " (estimated)",
+                               winner.describe(), flags);
+    }
+    return 0;
+  } catch (const rpc::Error& e) {
+    std::cerr << "ferry-master plan: " << e.what() << "\n";
+    return 2;
+  }
+}
+
+nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int workers) {
+  PlanRequest request;
+  request.model = settings.plan.model;
+  request.classes = settings.plan.classes;
+  request.image_size = settings.plan.image_size;
+  request.optimizer = settings.plan.optimizer;
+  request.workers = workers;
+  request.budget_mib = static_cast<double>(settings.memory_budget_mib);
+  request.batch_size = settings.plan.batch_size;
+  check_request(request);
+  const int cores = cores_of(0);
+  const CachedCosts costs = costs_for(request, "", cores);
+  std::vector<Candidate> candidates = ranked(costs, request);
+  const std::vector<std::string> names = block_names(costs.blocks);
+  std::cerr << "--plan auto: estimated, not checked with real steps\n"
+            << candidates_table(candidates, 8);
+  std::cerr << "ferry-master train " << candidates.front().flags(request, names) << "\n";
+  return plan_document(request, names, candidates, candidates.front());
+}
+
+nlohmann::json read_plan_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(fmt::format("--plan {}: cannot read it", path));
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail(fmt::format("--plan {}: not JSON ({})", path, e.what()));
+  }
+}
+
+TrainSettings with_plan(const TrainSettings& settings, const nlohmann::json& plan,
+                        const std::string& source) {
+  TrainSettings s = settings;
+  try {
+    const nlohmann::json& request = plan.at("request");
+    const nlohmann::json& winner = plan.at("winner");
+    s.plan.model = request.at("model").get<std::string>();
+    s.plan.classes = request.at("classes").get<int64_t>();
+    s.plan.image_size = request.at("image_size").get<int64_t>();
+    s.plan.optimizer = request.at("optimizer").get<std::string>();
+    const auto budget = static_cast<int64_t>(request.at("memory_budget_mib").get<double>());
+    if (budget > 0) s.memory_budget_mib = budget;
+    s.plan.batch_size = winner.at("batch_size").get<int64_t>();
+    s.plan.stages = winner.at("stages").get<int>();
+    std::string cuts;
+    const auto first_blocks = winner.at("first_blocks").get<std::vector<std::string>>();
+    for (size_t k = 1; k < first_blocks.size(); ++k) cuts += (k > 1 ? "," : "") + first_blocks[k];
+    s.plan.partition = cuts;
+    s.replicas = winner.at("replicas").get<int>();
+    const std::string schedule = winner.at("schedule").get<std::string>();
+    s.pipeline = schedule == "plain" ? "" : schedule;
+    s.microbatches = winner.at("microbatches").get<int>();
+    s.checkpoint_activations = winner.at("recompute").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(fmt::format("--plan {}: not a plan of `ferry-master plan --json` ({})", source, e.what()));
+  }
+  return s;
+}
+
+}  // namespace ferry::trainer

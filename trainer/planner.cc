@@ -1,0 +1,507 @@
+#include "ferry/trainer/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "ferry/models/unet_blocks.h"
+#include "ferry/trainer/stage_plan.h"
+
+namespace ferry::trainer {
+namespace {
+
+constexpr double kMiB = 1 << 20;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// What a replica's gradient buckets add to a worker (train's --bucket-mib default).
+constexpr double kBucketBytes = 25 * kMiB;
+
+const std::vector<std::string> kPipelines = {"gpipe", "1f1b", "zb"};
+
+PlanSettings settings_of(const PlanRequest& r) {
+  PlanSettings s;
+  s.model = r.model;
+  s.classes = r.classes;
+  s.image_size = r.image_size;
+  s.optimizer = r.optimizer;
+  return s;
+}
+
+// Every stage of blocks [i, j): its memory terms and sums of the blocks' times and parameters,
+// worked out once per search.
+class StageTable {
+ public:
+  StageTable(const std::vector<models::BlockCost>& costs, const PlanRequest& request)
+      : n_(static_cast<int64_t>(costs.size())), costs_(costs) {
+    const PlanSettings s = settings_of(request);
+    terms_.resize(static_cast<size_t>(n_ * n_));
+    for (int64_t i = 0; i < n_; ++i) {
+      for (int64_t j = i + 1; j <= n_; ++j) terms_[index(i, j)] = stage_memory_terms(costs, {i, j}, s);
+    }
+    prefix_.assign(static_cast<size_t>(n_ + 1), Sums{});
+    for (int64_t k = 0; k < n_; ++k) {
+      const models::BlockCost& c = costs[static_cast<size_t>(k)];
+      Sums next = prefix_[static_cast<size_t>(k)];
+      next.forward_fixed += c.forward.fixed_s;
+      next.forward_per_sample += c.forward.per_sample_s;
+      next.backward_fixed += c.backward.fixed_s;
+      next.backward_per_sample += c.backward.per_sample_s;
+      next.parameters += static_cast<double>(c.parameters);
+      next.parameter_bytes += static_cast<double>(c.parameter_bytes);
+      prefix_[static_cast<size_t>(k + 1)] = next;
+    }
+  }
+
+  int64_t blocks() const { return n_; }
+  const StageMemoryTerms& terms(int64_t i, int64_t j) const { return terms_[index(i, j)]; }
+  // One thread's forward and backward seconds over a batch of `samples` in `passes` parts.
+  double forward_s(int64_t i, int64_t j, double passes, double samples) const {
+    return passes * diff(i, j, &Sums::forward_fixed) +
+           samples * diff(i, j, &Sums::forward_per_sample);
+  }
+  double backward_s(int64_t i, int64_t j, double passes, double samples) const {
+    return passes * diff(i, j, &Sums::backward_fixed) +
+           samples * diff(i, j, &Sums::backward_per_sample);
+  }
+  double parameters(int64_t i, int64_t j) const { return diff(i, j, &Sums::parameters); }
+  double parameter_bytes(int64_t i, int64_t j) const { return diff(i, j, &Sums::parameter_bytes); }
+  // The bytes per sample a stage ending at block j - 1 sends on (its output and the skips).
+  double sent_per_sample(int64_t j) const {
+    return j >= n_ ? 0 : costs_[static_cast<size_t>(j - 1)].carry_bytes_per_sample;
+  }
+  const std::vector<models::BlockCost>& costs() const { return costs_; }
+
+ private:
+  struct Sums {
+    double forward_fixed = 0, forward_per_sample = 0, backward_fixed = 0, backward_per_sample = 0;
+    double parameters = 0, parameter_bytes = 0;
+  };
+  size_t index(int64_t i, int64_t j) const { return static_cast<size_t>(i * n_ + (j - 1)); }
+  double diff(int64_t i, int64_t j, double Sums::*field) const {
+    return prefix_[static_cast<size_t>(j)].*field - prefix_[static_cast<size_t>(i)].*field;
+  }
+
+  int64_t n_;
+  const std::vector<models::BlockCost>& costs_;
+  std::vector<StageMemoryTerms> terms_;
+  std::vector<Sums> prefix_;
+};
+
+// How a candidate's shape sets what each stage holds and computes.
+struct Shape {
+  int stages, replicas;
+  std::string schedule;
+  int microbatches;  // as tensor_split makes them: at most the batch
+  bool recompute;
+  int64_t batch;  // per replica
+
+  bool pipelined() const { return schedule != "plain"; }
+  int64_t microbatch() const { return microbatch_samples(batch, microbatches); }
+  // The samples stage `s` holds activations for at once: the batch, or under 1F1B and the
+  // zero-bubble schedule the micro-batches ahead of it, at most p - s.
+  int64_t held(int s) const {
+    if (schedule == "plain" || schedule == "gpipe") return batch;
+    return std::min<int64_t>(batch, microbatch() * std::min(microbatches, stages - s));
+  }
+};
+
+double stage_peak_bytes(const StageTable& table, const Shape& shape, int s, int64_t i, int64_t j) {
+  double bytes = table.terms(i, j).peak_bytes(shape.held(s), shape.microbatch(), shape.recompute);
+  if (shape.replicas > 1) bytes += std::min(kBucketBytes, table.parameter_bytes(i, j));
+  return bytes;
+}
+
+// A worker's speed over one thread's, with p x r workers sharing the machine's cores: fewer cores
+// than a worker could use slow it in proportion (time slices), more speed it up along the
+// measured speed-up of a worker's full share.
+double worker_speed(const MachineCosts& m, int busy_workers) {
+  const double share = std::min<double>(m.cores_per_worker,
+                                        static_cast<double>(std::max(m.cores, 1)) / busy_workers);
+  if (share <= 1 || m.cores_per_worker <= 1) return std::min(share, 1.0);
+  return 1 + (m.thread_speedup - 1) * (share - 1) / (m.cores_per_worker - 1);
+}
+
+// The step of one replica from its stages' compute: the pipeline's fill and drain and its
+// steady state, the carries between stages, the optimizer step (stages step at once) and the
+// replicas' all-reduce of the largest stage's gradients.
+double step_seconds(const StageTable& table, const MachineCosts& m, const Shape& shape,
+                    const std::vector<pipeline::Range>& cut) {
+  const double speed = worker_speed(m, shape.stages * shape.replicas);
+  const double passes = static_cast<double>(shape.microbatches);
+  const auto samples = static_cast<double>(shape.batch);
+  double sum_forward = 0, sum_backward = 0, sum_stage = 0, largest_stage = 0, largest_backward = 0;
+  double carries = 0, optimizer = 0, all_reduce = 0;
+  for (const pipeline::Range& r : cut) {
+    const double forward =
+        (shape.recompute ? 2 : 1) * table.forward_s(r.begin, r.end, passes, samples) / speed;
+    const double backward = table.backward_s(r.begin, r.end, passes, samples) / speed;
+    sum_forward += forward;
+    sum_backward += backward;
+    sum_stage += forward + backward;
+    largest_stage = std::max(largest_stage, forward + backward);
+    largest_backward = std::max(largest_backward, backward);
+    carries += 2 * table.sent_per_sample(r.end) * samples / m.link_bytes_per_s;
+    optimizer = std::max(optimizer,
+                         table.parameters(r.begin, r.end) * m.optimizer_s_per_parameter / speed);
+    if (shape.replicas > 1) {
+      all_reduce = std::max(all_reduce, 2.0 * (shape.replicas - 1) / shape.replicas *
+                                            table.parameter_bytes(r.begin, r.end) /
+                                            m.link_bytes_per_s);
+    }
+  }
+  double compute = sum_stage;
+  if (shape.pipelined()) {
+    // Each stage's share of one micro-batch; the slowest sets the steady state. The zero-bubble
+    // schedule fills the drain with weight passes: of the other stages' backwards, only the
+    // input-gradient half (about half) stays on the critical path.
+    const double steady = (passes - 1) * largest_stage / passes;
+    compute = shape.schedule == "zb"
+                  ? steady + (sum_forward + largest_backward) / passes
+                  : steady + sum_stage / passes;
+    carries /= passes;
+  }
+  (void)sum_backward;
+  return compute + carries + optimizer + all_reduce;
+}
+
+// The cut of `shape.stages` stages whose slowest stage is fastest among those whose every stage
+// fits the budget (dynamic programming over the blocks); empty if none fits.
+std::vector<pipeline::Range> fitting_cut(const StageTable& table, const MachineCosts& m,
+                                         const PlanRequest& request, const Shape& shape) {
+  const int64_t n = table.blocks();
+  const int p = shape.stages;
+  if (p > n) return {};
+  const double budget = request.budget_mib > 0 ? request.budget_mib * kMiB : kInf;
+  const double passes = static_cast<double>(shape.microbatches);
+  const auto samples = static_cast<double>(shape.batch);
+  auto stage_time = [&](int64_t i, int64_t j) {
+    return (shape.recompute ? 2 : 1) * table.forward_s(i, j, passes, samples) +
+           table.backward_s(i, j, passes, samples);
+  };
+  (void)m;
+  // best[k][j]: the least slowest stage over cuts of blocks [0, j) into k + 1 stages.
+  std::vector<std::vector<double>> best(static_cast<size_t>(p),
+                                        std::vector<double>(static_cast<size_t>(n + 1), kInf));
+  std::vector<std::vector<int64_t>> from(static_cast<size_t>(p),
+                                         std::vector<int64_t>(static_cast<size_t>(n + 1), -1));
+  for (int64_t j = 1; j <= n; ++j) {
+    if (stage_peak_bytes(table, shape, 0, 0, j) <= budget) best[0][static_cast<size_t>(j)] = stage_time(0, j);
+  }
+  for (int k = 1; k < p; ++k) {
+    for (int64_t j = k + 1; j <= n; ++j) {
+      for (int64_t i = k; i < j; ++i) {
+        const double before = best[static_cast<size_t>(k - 1)][static_cast<size_t>(i)];
+        if (before == kInf || stage_peak_bytes(table, shape, k, i, j) > budget) continue;
+        const double slowest = std::max(before, stage_time(i, j));
+        if (slowest < best[static_cast<size_t>(k)][static_cast<size_t>(j)]) {
+          best[static_cast<size_t>(k)][static_cast<size_t>(j)] = slowest;
+          from[static_cast<size_t>(k)][static_cast<size_t>(j)] = i;
+        }
+      }
+    }
+  }
+  if (best[static_cast<size_t>(p - 1)][static_cast<size_t>(n)] == kInf) return {};
+  std::vector<pipeline::Range> cut(static_cast<size_t>(p));
+  int64_t end = n;
+  for (int k = p - 1; k >= 0; --k) {
+    const int64_t begin = k == 0 ? 0 : from[static_cast<size_t>(k)][static_cast<size_t>(end)];
+    cut[static_cast<size_t>(k)] = {begin, end};
+    end = begin;
+  }
+  return cut;
+}
+
+Candidate candidate_of(const Shape& shape) {
+  Candidate c;
+  c.stages = shape.stages;
+  c.replicas = shape.replicas;
+  c.schedule = shape.schedule;
+  c.microbatches = shape.microbatches;
+  c.recompute = shape.recompute;
+  c.batch_size = shape.batch;
+  return c;
+}
+
+Shape shape_of(const Candidate& c) {
+  return {c.stages,
+          c.replicas,
+          c.schedule,
+          static_cast<int>(std::min<int64_t>(c.microbatches, std::max<int64_t>(c.batch_size, 1))),
+          c.recompute,
+          c.batch_size};
+}
+
+// The candidate of `shape` scored, if some cut of it fits.
+std::optional<Candidate> scored(const StageTable& table, const MachineCosts& m,
+                                const PlanRequest& request, const Shape& shape) {
+  std::vector<pipeline::Range> cut = fitting_cut(table, m, request, shape);
+  if (cut.empty()) return std::nullopt;
+  Candidate c = candidate_of(shape);
+  c.cut = cut;
+  for (size_t s = 0; s < cut.size(); ++s) {
+    c.predicted_peak_mib.push_back(
+        stage_peak_bytes(table, shape, static_cast<int>(s), cut[s].begin, cut[s].end) / kMiB);
+  }
+  c.predicted_step_s = step_seconds(table, m, shape, cut);
+  return c;
+}
+
+// The shapes of p stages x r replicas at a per-replica batch (micro-batches up to the batch).
+std::vector<Shape> shapes_of(int p, int r, int64_t batch) {
+  std::vector<Shape> out;
+  out.push_back({p, r, "plain", 1, false, batch});
+  for (int m = 2; m <= 32 && m <= batch; m *= 2) {
+    for (const std::string& schedule : kPipelines) {
+      // One stage has no bubble to fill: 1F1B there is micro-batching alone.
+      if (p == 1 && schedule != "1f1b") continue;
+      for (bool recompute : {false, true}) out.push_back({p, r, schedule, m, recompute, batch});
+    }
+  }
+  return out;
+}
+
+// The largest per-replica batch at which `shape` fits (its micro-batches unchanged), by
+// bisection on the predicted peaks; 0 if not even its micro-batch count of samples fits.
+int64_t largest_fitting_batch(const StageTable& table, const MachineCosts& m,
+                              const PlanRequest& request, Shape shape) {
+  int64_t good = 0, bad = request.max_batch / shape.replicas + 1;
+  int64_t low = shape.microbatches;
+  shape.batch = low;
+  if (fitting_cut(table, m, request, shape).empty()) return 0;
+  good = low;
+  while (bad - good > 1) {
+    shape.batch = good + (bad - good) / 2;
+    if (fitting_cut(table, m, request, shape).empty()) {
+      bad = shape.batch;
+    } else {
+      good = shape.batch;
+    }
+  }
+  return good;
+}
+
+// The shapes tried for a request: every p x r <= W with each schedule, micro-batches and
+// recomputation, at the request's batch (split over the replicas) or at the largest each fits.
+std::vector<Candidate> search(const StageTable& table, const MachineCosts& m,
+                              const PlanRequest& request) {
+  std::vector<Candidate> out;
+  const int max_stages = static_cast<int>(std::min<int64_t>(request.workers, table.blocks()));
+  for (int p = 1; p <= max_stages; ++p) {
+    for (int r = 1; p * r <= request.workers; ++r) {
+      if (!request.largest_batch) {
+        if (request.batch_size % r != 0) continue;
+        for (const Shape& shape : shapes_of(p, r, request.batch_size / r)) {
+          if (auto c = scored(table, m, request, shape)) out.push_back(*c);
+        }
+        continue;
+      }
+      for (Shape shape : shapes_of(p, r, 32)) {
+        shape.batch = largest_fitting_batch(table, m, request, shape);
+        if (shape.batch == 0) continue;
+        if (auto c = scored(table, m, request, shape)) out.push_back(*c);
+      }
+    }
+  }
+  return out;
+}
+
+std::string mib(double bytes) { return fmt::format("{:.0f} MiB", bytes / kMiB); }
+
+// Why nothing fits: the limit that binds, and what would fit.
+std::string nothing_fits(const StageTable& table, const MachineCosts& m,
+                         const PlanRequest& request) {
+  const std::vector<models::BlockCost>& costs = table.costs();
+  // A block's peak with nothing in flight: its optimizer step's.
+  auto state_of = [&](size_t k) {
+    return table.terms(static_cast<int64_t>(k), static_cast<int64_t>(k) + 1).peak_bytes(0, 0, false);
+  };
+  size_t heaviest = 0;
+  for (size_t k = 0; k < costs.size(); ++k) {
+    if (state_of(k) > state_of(heaviest)) heaviest = k;
+  }
+  const double budget = request.budget_mib * kMiB;
+  const double state = state_of(heaviest);
+  const std::string where = fmt::format("{} x {} images of {} on {} worker{} of {:.0f} MiB each",
+                                        request.model, request.image_size, request.image_size,
+                                        request.workers, request.workers == 1 ? "" : "s",
+                                        request.budget_mib);
+  if (state > budget) {
+    return fmt::format(
+        "nothing fits {}: block {}'s parameters, gradients and {} state alone take {}, more than "
+        "a worker's budget; it needs a larger budget{}",
+        where, costs[heaviest].name, request.optimizer, mib(state),
+        request.optimizer == "sgd" ? "" : " or --optimizer sgd (one copy of state, not two)");
+  }
+  PlanRequest largest = request;
+  largest.largest_batch = true;
+  std::vector<Candidate> fitting = search(table, m, largest);
+  if (fitting.empty()) {
+    return fmt::format(
+        "nothing fits {}, not even one image per step with every stage recomputed: the "
+        "activations of one image and the state of the stages exceed each budget; it needs more "
+        "workers, a smaller image or a larger budget",
+        where);
+  }
+  const Candidate* best = &fitting.front();
+  for (const Candidate& c : fitting) {
+    if (c.global_batch() > best->global_batch()) best = &c;
+  }
+  return fmt::format(
+      "batch {} does not fit {}: the activations bind, and the largest batch that fits is {} "
+      "({}); a smaller batch, more workers, a smaller image or a larger budget would fit",
+      request.batch_size, where, best->global_batch(), best->describe());
+}
+
+void rank(std::vector<Candidate>& candidates, bool largest_batch) {
+  std::stable_sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& b) {
+    if (largest_batch && a.global_batch() != b.global_batch()) {
+      return a.global_batch() > b.global_batch();
+    }
+    return a.predicted_images_per_s() > b.predicted_images_per_s();
+  });
+}
+
+}  // namespace
+
+double Candidate::predicted_largest_peak_mib() const {
+  return predicted_peak_mib.empty()
+             ? 0
+             : *std::max_element(predicted_peak_mib.begin(), predicted_peak_mib.end());
+}
+
+double Candidate::measured_largest_peak_mib() const {
+  return measured_peak_mib.empty()
+             ? -1
+             : *std::max_element(measured_peak_mib.begin(), measured_peak_mib.end());
+}
+
+double Candidate::predicted_images_per_s() const {
+  return predicted_step_s > 0 ? static_cast<double>(global_batch()) / predicted_step_s : 0;
+}
+
+std::string Candidate::describe() const {
+  std::string out = fmt::format("{} stage{}", stages, stages == 1 ? "" : "s");
+  if (replicas > 1) out += fmt::format(" x {} replicas", replicas);
+  out += schedule == "plain" ? ", plain" : fmt::format(", {} x {}", schedule, microbatches);
+  if (recompute) out += ", recomputed";
+  return out;
+}
+
+std::string Candidate::flags(const PlanRequest& request,
+                             const std::vector<std::string>& block_names) const {
+  std::string out =
+      fmt::format("--model {} --classes {} --image-size {} --optimizer {} --batch-size {}",
+                  request.model, request.classes, request.image_size, request.optimizer,
+                  batch_size);
+  out += fmt::format(" --stages {}", stages);
+  if (stages > 1) {
+    std::string cuts;
+    for (size_t s = 1; s < cut.size(); ++s) {
+      cuts += (s > 1 ? "," : "") + block_names.at(static_cast<size_t>(cut[s].begin));
+    }
+    out += " --partition " + cuts;
+  }
+  if (replicas > 1) out += fmt::format(" --replicas {}", replicas);
+  if (schedule != "plain") out += fmt::format(" --pipeline {} --microbatches {}", schedule, microbatches);
+  if (recompute) out += " --checkpoint-activations";
+  if (request.budget_mib > 0) out += fmt::format(" --memory-budget-mib {:.0f}", request.budget_mib);
+  return out;
+}
+
+void score_candidate(const std::vector<models::BlockCost>& costs, const MachineCosts& machine,
+                     const PlanRequest& request, Candidate& candidate) {
+  StageTable table(costs, request);
+  const Shape shape = shape_of(candidate);
+  candidate.predicted_peak_mib.clear();
+  for (size_t s = 0; s < candidate.cut.size(); ++s) {
+    candidate.predicted_peak_mib.push_back(
+        stage_peak_bytes(table, shape, static_cast<int>(s), candidate.cut[s].begin,
+                         candidate.cut[s].end) /
+        kMiB);
+  }
+  candidate.predicted_step_s = step_seconds(table, machine, shape, candidate.cut);
+}
+
+std::vector<Candidate> plan_candidates(const std::vector<models::BlockCost>& costs,
+                                       const MachineCosts& machine, const PlanRequest& request) {
+  if (request.workers < 1) throw std::invalid_argument("a plan needs at least one worker");
+  if (!request.largest_batch && request.batch_size < 1) {
+    throw std::invalid_argument(fmt::format("batch {} is not a batch", request.batch_size));
+  }
+  const size_t blocks = models::unet_blocks(depth_of(request.model)).size();
+  if (costs.size() != blocks) {
+    throw std::invalid_argument(fmt::format("{} block costs for {}, which has {} blocks",
+                                            costs.size(), request.model, blocks));
+  }
+  StageTable table(costs, request);
+  std::vector<Candidate> out = search(table, machine, request);
+  if (out.empty()) throw NothingFits(nothing_fits(table, machine, request));
+  rank(out, request.largest_batch);
+  return out;
+}
+
+std::string candidates_table(const std::vector<Candidate>& candidates, size_t rows) {
+  std::string out = fmt::format("{:>4} {:<38} {:>6} {:>10} {:>10} {:>9} {:>9}\n", "rank",
+                                "configuration", "batch", "est. peak", "peak", "est. img/s",
+                                "img/s");
+  for (size_t k = 0; k < candidates.size() && k < rows; ++k) {
+    const Candidate& c = candidates[k];
+    out += fmt::format(
+        "{:>4} {:<38} {:>6} {:>10.0f} {:>10} {:>9.2f} {:>9}\n", k + 1, c.describe(),
+        c.global_batch(), c.predicted_largest_peak_mib(),
+        c.verified() ? fmt::format("{:.0f}", c.measured_largest_peak_mib())
+                     : (c.verify_error.empty() ? "-" : "failed"),
+        c.predicted_images_per_s(),
+        c.verified() ? fmt::format("{:.2f}", c.measured_images_per_s) : "-");
+  }
+  return out;
+}
+
+nlohmann::ordered_json plan_document(const PlanRequest& request,
+                                     const std::vector<std::string>& block_names,
+                                     const std::vector<Candidate>& candidates,
+                                     const Candidate& winner) {
+  auto settings = [&](const Candidate& c) {
+    nlohmann::ordered_json cut = nlohmann::ordered_json::array();
+    for (const pipeline::Range& r : c.cut) {
+      cut.push_back(block_names.at(static_cast<size_t>(r.begin)));
+    }
+    nlohmann::ordered_json out{{"stages", c.stages},
+                               {"replicas", c.replicas},
+                               {"schedule", c.schedule},
+                               {"microbatches", c.microbatches},
+                               {"recompute", c.recompute},
+                               {"batch_size", c.batch_size},
+                               {"global_batch", c.global_batch()},
+                               {"first_blocks", cut},
+                               {"predicted_peak_mib", c.predicted_largest_peak_mib()},
+                               {"predicted_stage_peak_mib", c.predicted_peak_mib},
+                               {"predicted_images_per_s", c.predicted_images_per_s()}};
+    if (c.verified()) {
+      out["measured_peak_mib"] = c.measured_largest_peak_mib();
+      out["measured_stage_peak_mib"] = c.measured_peak_mib;
+      out["measured_images_per_s"] = c.measured_images_per_s;
+    } else if (!c.verify_error.empty()) {
+      out["verify_error"] = c.verify_error;
+    }
+    return out;
+  };
+  nlohmann::ordered_json out;
+  out["request"] = {{"model", request.model},
+                    {"classes", request.classes},
+                    {"image_size", request.image_size},
+                    {"optimizer", request.optimizer},
+                    {"workers", request.workers},
+                    {"memory_budget_mib", request.budget_mib},
+                    {"batch_size", request.largest_batch ? 0 : request.batch_size},
+                    {"largest_batch", request.largest_batch}};
+  out["winner"] = settings(winner);
+  out["winner"]["flags"] = winner.flags(request, block_names);
+  out["candidates"] = nlohmann::ordered_json::array();
+  for (const Candidate& c : candidates) out["candidates"].push_back(settings(c));
+  return out;
+}
+
+}  // namespace ferry::trainer

@@ -280,6 +280,10 @@ void add_plan(MasterCommandLine& l) {
       ->check(in_range(0, 64));
   cmd->add_option("--cores", p.cores, "the cores the workers share (0: this machine's)")
       ->check(in_range(0, 1 << 16));
+  cmd->add_option("--cores-per-worker", p.cores_per_worker,
+                  "the most cores one worker computes on (more where each worker has a host of "
+                  "its own)")
+      ->check(count_up_to(1 << 16));
   cmd->add_option("--cache-dir", p.cache_dir,
                   "where measured block costs are kept (default: FERRY_CACHE_DIR, else "
                   "~/.cache/ferry)");

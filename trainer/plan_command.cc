@@ -14,6 +14,7 @@
 
 #include "ferry/core/log.h"
 #include "ferry/core/processes.h"
+#include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
 #include "ferry/trainer/block_cost_cache.h"
 #include "ferry/trainer/fail.h"
@@ -41,14 +42,17 @@ double fastest(int runs, F&& f) {
   return best;
 }
 
-// A convolution's forward and backward with `threads` intra-op threads: how a worker's speed
-// grows with its threads.
-double convolution_s(int threads) {
+// The first blocks of the model (the stem and layer1, the widest activations) forward and
+// backward on `samples` images with `threads` intra-op threads: how a worker's speed grows with
+// its threads on this model, bandwidth-bound layers included.
+double first_blocks_s(const PlanRequest& r, int64_t samples, int threads) {
   const int previous = at::get_num_threads();
   at::set_num_threads(threads);
-  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(64, 64, 3).padding(1));
-  at::Tensor x = torch::randn({8, 64, 48, 48});
-  const double s = fastest(3, [&] { conv->forward(x).sum().backward(); });
+  const int64_t depth = depth_of(r.model);
+  const auto blocks = static_cast<int64_t>(models::unet_blocks(depth).size());
+  models::UnetBlocks part(depth, r.classes, 0, std::min<int64_t>(4, blocks));
+  at::Tensor image = torch::randn({samples, 3, r.image_size, r.image_size});
+  const double s = fastest(2, [&] { part->forward({image}).back().sum().backward(); });
   at::set_num_threads(previous);
   return s;
 }
@@ -93,11 +97,14 @@ double optimizer_s_per_parameter() {
   return s / kParameters;
 }
 
-MachineCosts measure_machine(int cores) {
+MachineCosts measure_machine(const PlanRequest& r, int64_t samples, int cores,
+                             int cores_per_worker) {
   MachineCosts m;
   m.cores = cores;
-  m.cores_per_worker = cores;
-  m.thread_speedup = cores > 1 ? convolution_s(1) / convolution_s(cores) : 1;
+  m.cores_per_worker = cores_per_worker;
+  m.thread_speedup = cores_per_worker > 1 ? first_blocks_s(r, samples, 1) /
+                                                first_blocks_s(r, samples, cores_per_worker)
+                                          : 1;
   m.link_bytes_per_s = link_bytes_per_s();
   m.optimizer_s_per_parameter = optimizer_s_per_parameter();
   return m;
@@ -107,16 +114,27 @@ int cores_of(int cores) {
   return cores > 0 ? cores : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-// The blocks are timed on one thread (the planner scales them to a worker's cores) at 4 images
-// and 1: a fixed part and a part per image cover every micro-batch size the search tries.
-CostKey key_of(const PlanRequest& r, int cores) {
-  return {r.model, r.classes, r.image_size, 4, 1, 1,
-          fmt::format("{} (planned for {} cores)", this_machine(), cores), ferry_version()};
+// The blocks are timed on one thread (the planner scales them to a worker's cores) at the batch
+// (at most 16 images) and a quarter of it: a fixed part and a part per image for every
+// micro-batch size the search tries.
+CostKey key_of(const PlanRequest& r, int cores, int cores_per_worker) {
+  const int64_t large =
+      std::clamp<int64_t>(r.largest_batch ? 8 : r.batch_size, 2, 16);
+  return {r.model,
+          r.classes,
+          r.image_size,
+          large,
+          std::max<int64_t>(1, large / 4),
+          1,
+          fmt::format("{} (planned for {} cores, at most {} per worker)", this_machine(), cores,
+                      cores_per_worker),
+          ferry_version()};
 }
 
-CachedCosts costs_for(const PlanRequest& request, const std::string& cache_dir, int cores) {
+CachedCosts costs_for(const PlanRequest& request, const std::string& cache_dir, int cores,
+                      int cores_per_worker) {
   const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
-  const CostKey key = key_of(request, cores);
+  const CostKey key = key_of(request, cores, cores_per_worker);
   if (std::optional<CachedCosts> cached = load_costs(dir, key)) {
     std::cerr << fmt::format("block costs of {} at {} x {}: from {}\n", request.model,
                              request.image_size, request.image_size, cost_file(dir, key));
@@ -131,7 +149,7 @@ CachedCosts costs_for(const PlanRequest& request, const std::string& cache_dir, 
   CachedCosts costs;
   costs.blocks = models::measure_unet_blocks(depth_of(request.model), request.classes,
                                              request.image_size, sampling);
-  costs.machine = measure_machine(cores);
+  costs.machine = measure_machine(request, key.second_samples, cores, cores_per_worker);
   save_costs(dir, key, costs);
   std::cerr << fmt::format("block costs of {} at {} x {}: measured in {:.0f} s, cached in {}\n",
                            request.model, request.image_size, request.image_size,
@@ -252,7 +270,8 @@ int run_plan(const PlanCommandSettings& s) {
     check_request(s.request);
     const auto start = Clock::now();
     const int cores = cores_of(s.cores);
-    const CachedCosts costs = costs_for(s.request, s.cache_dir, cores);
+    const CachedCosts costs =
+        costs_for(s.request, s.cache_dir, cores, std::clamp(s.cores_per_worker, 1, cores));
     const auto searched = Clock::now();
     std::vector<Candidate> candidates = ranked(costs, s.request);
     const double search_s = seconds_since(searched);
@@ -294,7 +313,7 @@ nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int work
   request.batch_size = settings.plan.batch_size;
   check_request(request);
   const int cores = cores_of(0);
-  const CachedCosts costs = costs_for(request, "", cores);
+  const CachedCosts costs = costs_for(request, "", cores, 1);
   std::vector<Candidate> candidates = ranked(costs, request);
   const std::vector<std::string> names = block_names(costs.blocks);
   std::cerr << "--plan auto: estimated, not checked with real steps\n"

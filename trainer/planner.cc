@@ -15,8 +15,6 @@ namespace {
 
 constexpr double kMiB = 1 << 20;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// What a replica's gradient buckets add to a worker (train's --bucket-mib default).
-constexpr double kBucketBytes = 25 * kMiB;
 
 const std::vector<std::string> kPipelines = {"gpipe", "1f1b", "zb"};
 
@@ -108,9 +106,8 @@ struct Shape {
 };
 
 double stage_peak_bytes(const StageTable& table, const Shape& shape, int s, int64_t i, int64_t j) {
-  double bytes = table.terms(i, j).peak_bytes(shape.held(s), shape.microbatch(), shape.recompute);
-  if (shape.replicas > 1) bytes += std::min(kBucketBytes, table.parameter_bytes(i, j));
-  return bytes;
+  return table.terms(i, j).peak_bytes(shape.held(s), shape.microbatch(), shape.microbatches > 1,
+                                      shape.recompute);
 }
 
 // A worker's speed over one thread's, with p x r workers sharing the machine's cores: fewer cores
@@ -315,7 +312,7 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
   const std::vector<models::BlockCost>& costs = table.costs();
   // A block's peak with nothing in flight: its optimizer step's.
   auto state_of = [&](size_t k) {
-    return table.terms(static_cast<int64_t>(k), static_cast<int64_t>(k) + 1).peak_bytes(0, 0, false);
+    return table.terms(static_cast<int64_t>(k), static_cast<int64_t>(k) + 1).peak_bytes(0, 0, false, false);
   };
   size_t heaviest = 0;
   for (size_t k = 0; k < costs.size(); ++k) {

@@ -224,8 +224,9 @@ void fill_stages(StagePlan& plan, const PlanSettings& s, const std::vector<pipel
     const std::string& to = plan.costs[stage.last - 1].name;
     stage.blocks = stage.last - stage.first == 1 ? from : fmt::format("{}..{}", from, to);
     stage.parameters = static_cast<int64_t>(stage_parameters[k]);
-    stage.peak_mib = stage_memory_terms(plan.costs, ranges[k], s).peak_bytes(
-                         samples, microbatch_samples(s.batch_size, s.microbatches), s.recompute) /
+    const int64_t microbatch = microbatch_samples(s.batch_size, s.microbatches);
+    stage.peak_mib = stage_memory_terms(plan.costs, ranges[k], s)
+                         .peak_bytes(samples, microbatch, microbatch < s.batch_size, s.recompute) /
                      kMiB;
     stage.compute_s = stage_time[k];
     plan.stages.push_back(stage);
@@ -239,9 +240,10 @@ int64_t microbatch_samples(int64_t batch_size, int microbatches) {
   return (batch_size + parts - 1) / parts;
 }
 
-double StageMemoryTerms::peak_bytes(int64_t held_samples, int64_t microbatch, bool recompute) const {
+double StageMemoryTerms::peak_bytes(int64_t held_samples, int64_t microbatch, bool summed,
+                                    bool recompute) const {
   const auto held = static_cast<double>(held_samples);
-  const double step = 2 * parameter_bytes + step_temporary_bytes;
+  const double step = (summed ? 3 : 2) * parameter_bytes + step_temporary_bytes;
   const double backward =
       parameter_bytes + carry_bytes_per_sample * held +
       activation_bytes_per_sample * (recompute ? static_cast<double>(microbatch) : held);

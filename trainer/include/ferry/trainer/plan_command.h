@@ -19,6 +19,9 @@ struct PlanCommandSettings {
   int rows = 12;   // rows of the table
   std::string cache_dir;  // empty: default_cache_dir()
   int cores = 0;          // the cores the workers share; 0: this machine's
+  // The cores one worker computes on at most: 1 where workers share a machine's cores (a worker's
+  // extra threads then add little, docs/planning.md), a host's cores where each has its own.
+  int cores_per_worker = 1;
   bool json = false;      // the plan as one JSON object, last on stdout
 };
 

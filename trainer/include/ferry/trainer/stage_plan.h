@@ -45,11 +45,11 @@ int64_t microbatch_samples(int64_t batch_size, int microbatches);
 // What a stage holds, in parts that scale differently with the samples. Value type.
 //
 // A stage peaks either in its optimizer step, which holds the parameters, the optimizer's state,
-// the gradients twice (the autograd context's and the step's own) and the step's temporaries for
-// its largest parameter; or in its backward, which holds the parameters, the optimizer's state,
-// the gradients that have reached it and the activations and carries of the samples in flight.
-// A recomputing stage keeps only its inputs, and one micro-batch's activations while it
-// recomputes.
+// the gradients twice (the autograd context's and the step's own; three times when micro-batches'
+// gradients were summed) and the step's temporaries for its largest parameter; or in its
+// backward, which holds the parameters, the optimizer's state, the gradients and the activations
+// and carries of the samples in flight. A recomputing stage keeps only its inputs, and one
+// micro-batch's activations while it recomputes.
 struct StageMemoryTerms {
   double parameter_bytes = 0;  // the parameters; their gradients are as large
   double state_bytes = 0;      // the optimizer's state
@@ -58,8 +58,9 @@ struct StageMemoryTerms {
   double carry_bytes_per_sample = 0;
   // What its blocks' forwards keep until their backward, per sample.
   double activation_bytes_per_sample = 0;
-  // With `held_samples` in flight, each micro-batch of `microbatch` samples.
-  double peak_bytes(int64_t held_samples, int64_t microbatch, bool recompute) const;
+  // With `held_samples` in flight, in micro-batches of `microbatch` samples (`summed`: more than
+  // one micro-batch per step).
+  double peak_bytes(int64_t held_samples, int64_t microbatch, bool summed, bool recompute) const;
 };
 
 // The memory terms of the stage of blocks `range` of the U-Net of `settings.model` (its image

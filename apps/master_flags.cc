@@ -268,12 +268,16 @@ void add_plan(MasterCommandLine& l) {
   cmd->add_option("--memory-budget-mib", r.budget_mib,
                   "each worker's tensor memory (0: none), as train's --memory-budget-mib")
       ->check(in_range(0, kMaxMib));
-  auto* batch = cmd->add_option("--batch-size", r.batch_size,
-                                "images per optimizer step, over all replicas")
-                    ->check(count_up_to(kMaxCount));
+  auto* batch =
+      cmd->add_option("--batch-size", r.batch_size, "images per optimizer step, over all replicas")
+          ->check(count_up_to(kMaxCount));
   cmd->add_flag("--largest-batch", r.largest_batch,
                 "plan for the largest batch that fits instead of --batch-size")
       ->excludes(batch);
+  cmd->add_option("--max-batch", r.max_batch,
+                  "with --largest-batch: stop there, and take the fastest configuration that "
+                  "trains it")
+      ->check(count_up_to(kMaxCount));
   add_optimizer_flag(cmd, r.optimizer, "");
   cmd->add_option("--verify", p.verify,
                   "candidates checked with two real steps on a local world (0: estimates only)")
@@ -288,15 +292,20 @@ void add_plan(MasterCommandLine& l) {
                   "where measured block costs are kept (default: FERRY_CACHE_DIR, else "
                   "~/.cache/ferry)");
   cmd->add_option("--rows", p.rows, "rows of the ranked table")->check(count_up_to(kMaxCount));
-  cmd->add_flag("--json", p.json, "the plan as one JSON object, last on stdout (train --plan FILE)");
+  cmd->add_flag("--json", p.json,
+                "the plan as one JSON object, last on stdout (train --plan FILE)");
 }
 
 }  // namespace
 
 std::string flags_a_plan_sets(const MasterCommandLine& l) {
   if (!*l.train_cmd || l.train.plan_from.empty()) return "";
-  std::vector<std::string> flags = {"--stages",    "--partition",    "--balance",
-                                    "--replicas",  "--pipeline",     "--microbatches",
+  std::vector<std::string> flags = {"--stages",
+                                    "--partition",
+                                    "--balance",
+                                    "--replicas",
+                                    "--pipeline",
+                                    "--microbatches",
                                     "--checkpoint-activations"};
   if (l.train.plan_from != "auto") {
     for (const char* f : {"--model", "--classes", "--image-size", "--optimizer", "--batch-size"}) {

@@ -82,10 +82,14 @@ std::string cpu_model() {
 }  // namespace
 
 nlohmann::ordered_json CostKey::json() const {
-  return {{"model", model},     {"classes", classes},
-          {"image_size", image_size}, {"samples", samples},
-          {"second_samples", second_samples}, {"threads", threads},
-          {"machine", machine}, {"version", version}};
+  return {{"model", model},
+          {"classes", classes},
+          {"image_size", image_size},
+          {"samples", samples},
+          {"second_samples", second_samples},
+          {"threads", threads},
+          {"machine", machine},
+          {"version", version}};
 }
 
 std::string this_machine() {

@@ -118,8 +118,7 @@ int cores_of(int cores) {
 // (at most 16 images) and a quarter of it: a fixed part and a part per image for every
 // micro-batch size the search tries.
 CostKey key_of(const PlanRequest& r, int cores, int cores_per_worker) {
-  const int64_t large =
-      std::clamp<int64_t>(r.largest_batch ? 8 : r.batch_size, 2, 16);
+  const int64_t large = std::clamp<int64_t>(r.largest_batch ? 8 : r.batch_size, 2, 16);
   return {r.model,
           r.classes,
           r.image_size,
@@ -205,11 +204,11 @@ void verify(Candidate& c, const PlanRequest& request, const std::vector<std::str
     c.verify_error = fmt::format("its metrics could not be read: {}", e.what());
   }
   std::filesystem::remove(metrics);
-  std::cerr << fmt::format("  {}, batch {}: {:.2f} images/s (estimated {:.2f}), largest peak "
-                           "{:.0f} MiB (estimated {:.0f}); checked in {:.0f} s\n",
-                           c.describe(), batch, c.measured_images_per_s,
-                           c.predicted_images_per_s(), c.measured_largest_peak_mib(),
-                           c.predicted_largest_peak_mib(), seconds_since(start));
+  std::cerr << fmt::format(
+      "  {}, batch {}: {:.2f} images/s (estimated {:.2f}), largest peak "
+      "{:.0f} MiB (estimated {:.0f}); checked in {:.0f} s\n",
+      c.describe(), batch, c.measured_images_per_s, c.predicted_images_per_s(),
+      c.measured_largest_peak_mib(), c.predicted_largest_peak_mib(), seconds_since(start));
 }
 
 bool one_process(const Candidate& c) {
@@ -234,15 +233,15 @@ void verify_best(std::vector<Candidate>& candidates, const PlanRequest& request,
       single->verify_error.empty()) {
     verify(*single, request, names);
   }
-  std::stable_sort(candidates.begin(), candidates.end(), [&](const Candidate& a,
-                                                             const Candidate& b) {
-    if (a.verified() != b.verified()) return a.verified();
-    if (!a.verified()) return false;
-    if (request.largest_batch && a.global_batch() != b.global_batch()) {
-      return a.global_batch() > b.global_batch();
-    }
-    return a.measured_images_per_s > b.measured_images_per_s;
-  });
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](const Candidate& a, const Candidate& b) {
+                     if (a.verified() != b.verified()) return a.verified();
+                     if (!a.verified()) return false;
+                     if (request.largest_batch && a.global_batch() != b.global_batch()) {
+                       return a.global_batch() > b.global_batch();
+                     }
+                     return a.measured_images_per_s > b.measured_images_per_s;
+                   });
 }
 
 void check_request(const PlanRequest& r) {
@@ -276,13 +275,11 @@ int run_plan(const PlanCommandSettings& s) {
     std::vector<Candidate> candidates = ranked(costs, s.request);
     const double search_s = seconds_since(searched);
     const std::vector<std::string> names = block_names(costs.blocks);
-    std::cerr << fmt::format("{} configurations fit {} worker{}{}; searched in {:.2f} s\n",
-                             candidates.size(), s.request.workers,
-                             s.request.workers == 1 ? "" : "s",
-                             s.request.budget_mib > 0
-                                 ? fmt::format(" of {:.0f} MiB", s.request.budget_mib)
-                                 : "",
-                             search_s);
+    std::cerr << fmt::format(
+        "{} configurations fit {} worker{}{}; searched in {:.2f} s\n", candidates.size(),
+        s.request.workers, s.request.workers == 1 ? "" : "s",
+        s.request.budget_mib > 0 ? fmt::format(" of {:.0f} MiB", s.request.budget_mib) : "",
+        search_s);
     verify_best(candidates, s.request, names, s.verify);
     const Candidate& winner = candidates.front();
     std::cerr << "\n" << candidates_table(candidates, static_cast<size_t>(s.rows));
@@ -292,8 +289,8 @@ int run_plan(const PlanCommandSettings& s) {
       std::cout << plan_document(s.request, names, candidates, winner).dump() << std::endl;
     } else {
       std::cout << fmt::format("\nfastest{}: {}\nferry-master train {}\n",
-                               winner.verified() ? " (checked)" : " (estimated)",
-                               winner.describe(), flags);
+                               winner.verified() ? " (checked)" : " (estimated)", winner.describe(),
+                               flags);
     }
     return 0;
   } catch (const rpc::Error& e) {

@@ -36,7 +36,8 @@ class StageTable {
     const PlanSettings s = settings_of(request);
     terms_.resize(static_cast<size_t>(n_ * n_));
     for (int64_t i = 0; i < n_; ++i) {
-      for (int64_t j = i + 1; j <= n_; ++j) terms_[index(i, j)] = stage_memory_terms(costs, {i, j}, s);
+      for (int64_t j = i + 1; j <= n_; ++j)
+        terms_[index(i, j)] = stage_memory_terms(costs, {i, j}, s);
     }
     prefix_.assign(static_cast<size_t>(n_ + 1), Sums{});
     for (int64_t k = 0; k < n_; ++k) {
@@ -128,24 +129,23 @@ double step_seconds(const StageTable& table, const MachineCosts& m, const Shape&
   const double speed = worker_speed(m, shape.stages * shape.replicas);
   const double passes = static_cast<double>(shape.microbatches);
   const auto samples = static_cast<double>(shape.batch);
-  double sum_forward = 0, sum_backward = 0, sum_stage = 0, largest_stage = 0, largest_backward = 0;
+  double sum_forward = 0, sum_stage = 0, largest_stage = 0, largest_backward = 0;
   double carries = 0, optimizer = 0, all_reduce = 0;
   for (const pipeline::Range& r : cut) {
     const double forward =
         (shape.recompute ? 2 : 1) * table.forward_s(r.begin, r.end, passes, samples) / speed;
     const double backward = table.backward_s(r.begin, r.end, passes, samples) / speed;
     sum_forward += forward;
-    sum_backward += backward;
     sum_stage += forward + backward;
     largest_stage = std::max(largest_stage, forward + backward);
     largest_backward = std::max(largest_backward, backward);
     carries += 2 * table.sent_per_sample(r.end) * samples / m.link_bytes_per_s;
-    optimizer = std::max(optimizer,
-                         table.parameters(r.begin, r.end) * m.optimizer_s_per_parameter / speed);
+    optimizer =
+        std::max(optimizer, table.parameters(r.begin, r.end) * m.optimizer_s_per_parameter / speed);
     if (shape.replicas > 1) {
-      all_reduce = std::max(all_reduce, 2.0 * (shape.replicas - 1) / shape.replicas *
-                                            table.parameter_bytes(r.begin, r.end) /
-                                            m.link_bytes_per_s);
+      all_reduce =
+          std::max(all_reduce, 2.0 * (shape.replicas - 1) / shape.replicas *
+                                   table.parameter_bytes(r.begin, r.end) / m.link_bytes_per_s);
     }
   }
   double compute = sum_stage;
@@ -154,19 +154,17 @@ double step_seconds(const StageTable& table, const MachineCosts& m, const Shape&
     // schedule fills the drain with weight passes: of the other stages' backwards, only the
     // input-gradient half (about half) stays on the critical path.
     const double steady = (passes - 1) * largest_stage / passes;
-    compute = shape.schedule == "zb"
-                  ? steady + (sum_forward + largest_backward) / passes
-                  : steady + sum_stage / passes;
+    compute = shape.schedule == "zb" ? steady + (sum_forward + largest_backward) / passes
+                                     : steady + sum_stage / passes;
     carries /= passes;
   }
-  (void)sum_backward;
   return compute + carries + optimizer + all_reduce;
 }
 
 // The cut of `shape.stages` stages whose slowest stage is fastest among those whose every stage
 // fits the budget (dynamic programming over the blocks); empty if none fits.
-std::vector<pipeline::Range> fitting_cut(const StageTable& table, const MachineCosts& m,
-                                         const PlanRequest& request, const Shape& shape) {
+std::vector<pipeline::Range> fitting_cut(const StageTable& table, const PlanRequest& request,
+                                         const Shape& shape) {
   const int64_t n = table.blocks();
   const int p = shape.stages;
   if (p > n) return {};
@@ -177,14 +175,14 @@ std::vector<pipeline::Range> fitting_cut(const StageTable& table, const MachineC
     return (shape.recompute ? 2 : 1) * table.forward_s(i, j, passes, samples) +
            table.backward_s(i, j, passes, samples);
   };
-  (void)m;
   // best[k][j]: the least slowest stage over cuts of blocks [0, j) into k + 1 stages.
   std::vector<std::vector<double>> best(static_cast<size_t>(p),
                                         std::vector<double>(static_cast<size_t>(n + 1), kInf));
   std::vector<std::vector<int64_t>> from(static_cast<size_t>(p),
                                          std::vector<int64_t>(static_cast<size_t>(n + 1), -1));
   for (int64_t j = 1; j <= n; ++j) {
-    if (stage_peak_bytes(table, shape, 0, 0, j) <= budget) best[0][static_cast<size_t>(j)] = stage_time(0, j);
+    if (stage_peak_bytes(table, shape, 0, 0, j) <= budget)
+      best[0][static_cast<size_t>(j)] = stage_time(0, j);
   }
   for (int k = 1; k < p; ++k) {
     for (int64_t j = k + 1; j <= n; ++j) {
@@ -230,18 +228,24 @@ Shape shape_of(const Candidate& c) {
           c.batch_size};
 }
 
+// `c`'s peaks per stage and step time, for its shape and cut.
+void fill_scores(const StageTable& table, const MachineCosts& m, const Shape& shape, Candidate& c) {
+  c.predicted_peak_mib.clear();
+  for (size_t s = 0; s < c.cut.size(); ++s) {
+    c.predicted_peak_mib.push_back(
+        stage_peak_bytes(table, shape, static_cast<int>(s), c.cut[s].begin, c.cut[s].end) / kMiB);
+  }
+  c.predicted_step_s = step_seconds(table, m, shape, c.cut);
+}
+
 // The candidate of `shape` scored, if some cut of it fits.
 std::optional<Candidate> scored(const StageTable& table, const MachineCosts& m,
                                 const PlanRequest& request, const Shape& shape) {
-  std::vector<pipeline::Range> cut = fitting_cut(table, m, request, shape);
+  std::vector<pipeline::Range> cut = fitting_cut(table, request, shape);
   if (cut.empty()) return std::nullopt;
   Candidate c = candidate_of(shape);
   c.cut = cut;
-  for (size_t s = 0; s < cut.size(); ++s) {
-    c.predicted_peak_mib.push_back(
-        stage_peak_bytes(table, shape, static_cast<int>(s), cut[s].begin, cut[s].end) / kMiB);
-  }
-  c.predicted_step_s = step_seconds(table, m, shape, cut);
+  fill_scores(table, m, shape, c);
   return c;
 }
 
@@ -261,16 +265,15 @@ std::vector<Shape> shapes_of(int p, int r, int64_t batch) {
 
 // The largest per-replica batch at which `shape` fits (its micro-batches unchanged), by
 // bisection on the predicted peaks; 0 if not even its micro-batch count of samples fits.
-int64_t largest_fitting_batch(const StageTable& table, const MachineCosts& m,
-                              const PlanRequest& request, Shape shape) {
+int64_t largest_fitting_batch(const StageTable& table, const PlanRequest& request, Shape shape) {
   int64_t good = 0, bad = request.max_batch / shape.replicas + 1;
   int64_t low = shape.microbatches;
   shape.batch = low;
-  if (fitting_cut(table, m, request, shape).empty()) return 0;
+  if (fitting_cut(table, request, shape).empty()) return 0;
   good = low;
   while (bad - good > 1) {
     shape.batch = good + (bad - good) / 2;
-    if (fitting_cut(table, m, request, shape).empty()) {
+    if (fitting_cut(table, request, shape).empty()) {
       bad = shape.batch;
     } else {
       good = shape.batch;
@@ -295,7 +298,7 @@ std::vector<Candidate> search(const StageTable& table, const MachineCosts& m,
         continue;
       }
       for (Shape shape : shapes_of(p, r, 32)) {
-        shape.batch = largest_fitting_batch(table, m, request, shape);
+        shape.batch = largest_fitting_batch(table, request, shape);
         if (shape.batch == 0) continue;
         if (auto c = scored(table, m, request, shape)) out.push_back(*c);
       }
@@ -312,7 +315,8 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
   const std::vector<models::BlockCost>& costs = table.costs();
   // A block's peak with nothing in flight: its optimizer step's.
   auto state_of = [&](size_t k) {
-    return table.terms(static_cast<int64_t>(k), static_cast<int64_t>(k) + 1).peak_bytes(0, 0, false, false);
+    return table.terms(static_cast<int64_t>(k), static_cast<int64_t>(k) + 1)
+        .peak_bytes(0, 0, false, false);
   };
   size_t heaviest = 0;
   for (size_t k = 0; k < costs.size(); ++k) {
@@ -320,10 +324,9 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
   }
   const double budget = request.budget_mib * kMiB;
   const double state = state_of(heaviest);
-  const std::string where = fmt::format("{} x {} images of {} on {} worker{} of {:.0f} MiB each",
-                                        request.model, request.image_size, request.image_size,
-                                        request.workers, request.workers == 1 ? "" : "s",
-                                        request.budget_mib);
+  const std::string where = fmt::format(
+      "{} x {} images of {} on {} worker{} of {:.0f} MiB each", request.model, request.image_size,
+      request.image_size, request.workers, request.workers == 1 ? "" : "s", request.budget_mib);
   if (state > budget) {
     return fmt::format(
         "nothing fits {}: block {}'s parameters, gradients and {} state alone take {}, more than "
@@ -352,12 +355,13 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
 }
 
 void rank(std::vector<Candidate>& candidates, bool largest_batch) {
-  std::stable_sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& b) {
-    if (largest_batch && a.global_batch() != b.global_batch()) {
-      return a.global_batch() > b.global_batch();
-    }
-    return a.predicted_images_per_s() > b.predicted_images_per_s();
-  });
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](const Candidate& a, const Candidate& b) {
+                     if (largest_batch && a.global_batch() != b.global_batch()) {
+                       return a.global_batch() > b.global_batch();
+                     }
+                     return a.predicted_images_per_s() > b.predicted_images_per_s();
+                   });
 }
 
 }  // namespace
@@ -388,10 +392,9 @@ std::string Candidate::describe() const {
 
 std::string Candidate::flags(const PlanRequest& request,
                              const std::vector<std::string>& block_names) const {
-  std::string out =
-      fmt::format("--model {} --classes {} --image-size {} --optimizer {} --batch-size {}",
-                  request.model, request.classes, request.image_size, request.optimizer,
-                  batch_size);
+  std::string out = fmt::format(
+      "--model {} --classes {} --image-size {} --optimizer {} --batch-size {}", request.model,
+      request.classes, request.image_size, request.optimizer, batch_size);
   out += fmt::format(" --stages {}", stages);
   if (stages > 1) {
     std::string cuts;
@@ -401,7 +404,8 @@ std::string Candidate::flags(const PlanRequest& request,
     out += " --partition " + cuts;
   }
   if (replicas > 1) out += fmt::format(" --replicas {}", replicas);
-  if (schedule != "plain") out += fmt::format(" --pipeline {} --microbatches {}", schedule, microbatches);
+  if (schedule != "plain")
+    out += fmt::format(" --pipeline {} --microbatches {}", schedule, microbatches);
   if (recompute) out += " --checkpoint-activations";
   if (request.budget_mib > 0) out += fmt::format(" --memory-budget-mib {:.0f}", request.budget_mib);
   return out;
@@ -409,16 +413,7 @@ std::string Candidate::flags(const PlanRequest& request,
 
 void score_candidate(const std::vector<models::BlockCost>& costs, const MachineCosts& machine,
                      const PlanRequest& request, Candidate& candidate) {
-  StageTable table(costs, request);
-  const Shape shape = shape_of(candidate);
-  candidate.predicted_peak_mib.clear();
-  for (size_t s = 0; s < candidate.cut.size(); ++s) {
-    candidate.predicted_peak_mib.push_back(
-        stage_peak_bytes(table, shape, static_cast<int>(s), candidate.cut[s].begin,
-                         candidate.cut[s].end) /
-        kMiB);
-  }
-  candidate.predicted_step_s = step_seconds(table, machine, shape, candidate.cut);
+  fill_scores(StageTable(costs, request), machine, shape_of(candidate), candidate);
 }
 
 std::vector<Candidate> plan_candidates(const std::vector<models::BlockCost>& costs,
@@ -440,18 +435,17 @@ std::vector<Candidate> plan_candidates(const std::vector<models::BlockCost>& cos
 }
 
 std::string candidates_table(const std::vector<Candidate>& candidates, size_t rows) {
-  std::string out = fmt::format("{:>4} {:<38} {:>6} {:>10} {:>10} {:>9} {:>9}\n", "rank",
-                                "configuration", "batch", "est. peak", "peak", "est. img/s",
-                                "img/s");
+  std::string out =
+      fmt::format("{:>4} {:<38} {:>6} {:>10} {:>10} {:>9} {:>9}\n", "rank", "configuration",
+                  "batch", "est. peak", "peak", "est. img/s", "img/s");
   for (size_t k = 0; k < candidates.size() && k < rows; ++k) {
     const Candidate& c = candidates[k];
-    out += fmt::format(
-        "{:>4} {:<38} {:>6} {:>10.0f} {:>10} {:>9.2f} {:>9}\n", k + 1, c.describe(),
-        c.global_batch(), c.predicted_largest_peak_mib(),
-        c.verified() ? fmt::format("{:.0f}", c.measured_largest_peak_mib())
-                     : (c.verify_error.empty() ? "-" : "failed"),
-        c.predicted_images_per_s(),
-        c.verified() ? fmt::format("{:.2f}", c.measured_images_per_s) : "-");
+    out += fmt::format("{:>4} {:<38} {:>6} {:>10.0f} {:>10} {:>9.2f} {:>9}\n", k + 1, c.describe(),
+                       c.global_batch(), c.predicted_largest_peak_mib(),
+                       c.verified() ? fmt::format("{:.0f}", c.measured_largest_peak_mib())
+                                    : (c.verify_error.empty() ? "-" : "failed"),
+                       c.predicted_images_per_s(),
+                       c.verified() ? fmt::format("{:.2f}", c.measured_images_per_s) : "-");
   }
   return out;
 }

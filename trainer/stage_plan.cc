@@ -170,7 +170,8 @@ int64_t depth_of(const std::string& model) {
 models::CostSampling cost_sampling(int64_t batch_size, int microbatches, int threads) {
   models::CostSampling sampling;
   sampling.samples = std::max<int64_t>(microbatch_samples(batch_size, microbatches), 1);
-  if (std::min<int64_t>(std::max(microbatches, 1), batch_size) > 1) sampling.second_samples = std::min(batch_size, 4 * sampling.samples);
+  if (std::min<int64_t>(std::max(microbatches, 1), batch_size) > 1)
+    sampling.second_samples = std::min(batch_size, 4 * sampling.samples);
   sampling.threads = threads;
   return sampling;
 }
@@ -236,7 +237,8 @@ void fill_stages(StagePlan& plan, const PlanSettings& s, const std::vector<pipel
 }  // namespace
 
 int64_t microbatch_samples(int64_t batch_size, int microbatches) {
-  const int64_t parts = std::min<int64_t>(std::max(microbatches, 1), std::max<int64_t>(batch_size, 1));
+  const int64_t parts =
+      std::min<int64_t>(std::max(microbatches, 1), std::max<int64_t>(batch_size, 1));
   return (batch_size + parts - 1) / parts;
 }
 

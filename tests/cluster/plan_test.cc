@@ -41,9 +41,8 @@ TEST(Plan, AWinnerCheckedWithARealStepTrainsFromThePlanFileWithinItsPeaks) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string cache = dir + "/cache";
-  CommandResult planned = run(plan_command(cache, "--memory-budget-mib " +
-                                                      std::to_string(kBudgetMib) +
-                                                      " --verify 1 --json"));
+  CommandResult planned = run(plan_command(
+      cache, "--memory-budget-mib " + std::to_string(kBudgetMib) + " --verify 1 --json"));
   ASSERT_EQ(planned.status, 0) << planned.output;
   const nlohmann::json plan = last_json(planned.output);
   const nlohmann::json& winner = plan["winner"];
@@ -59,10 +58,9 @@ TEST(Plan, AWinnerCheckedWithARealStepTrainsFromThePlanFileWithinItsPeaks) {
 
   const int processes = winner["stages"].get<int>() * winner["replicas"].get<int>() + 1;
   const std::string metrics = dir + "/metrics.json";
-  CommandResult trained =
-      run(std::string(FERRY_LAUNCH) + " --nproc " + std::to_string(processes) + " -- " +
-          FERRY_MASTER + " train --plan " + dir + "/plan.json --samples 20 --epochs 1 " +
-          "--metrics-file " + metrics);
+  CommandResult trained = run(std::string(FERRY_LAUNCH) + " --nproc " + std::to_string(processes) +
+                              " -- " + FERRY_MASTER + " train --plan " + dir +
+                              "/plan.json --samples 20 --epochs 1 " + "--metrics-file " + metrics);
   ASSERT_EQ(trained.status, 0) << trained.output;
   const nlohmann::json m = nlohmann::json::parse(std::ifstream(metrics));
   const auto& predicted = winner["predicted_stage_peak_mib"];
@@ -83,6 +81,28 @@ TEST(Plan, AWinnerCheckedWithARealStepTrainsFromThePlanFileWithinItsPeaks) {
   std::filesystem::remove_all(dir);
 }
 
+// Inside a world: the job plans for its own two workers and budget, then trains the winner.
+TEST(Plan, AutoPlansForTheWorldsWorkersAndTrains) {
+  const std::string dir = ferry::testing::process_temp_dir().file("plan-auto");
+  std::filesystem::remove_all(dir);
+  const std::string metrics = dir + "-metrics.json";
+  CommandResult r = run("env FERRY_CACHE_DIR=" + dir + " " + FERRY_LAUNCH + " --nproc 3 -- " +
+                        FERRY_MASTER +
+                        " train --plan auto --model unet-resnet18 --image-size 32 --batch-size 8 "
+                        "--samples 20 --epochs 1 --memory-budget-mib " +
+                        std::to_string(kBudgetMib) + " --metrics-file " + metrics);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--plan auto: estimated, not checked with real steps"));
+  EXPECT_THAT(r.output, HasSubstr("ferry-master train --model unet-resnet18"));
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(metrics));
+  EXPECT_GE(m["stages"].size(), 2u);  // the whole model does not fit one worker's budget
+  for (const auto& stage : m["stages"]) {
+    EXPECT_LE(stage["worker_peak_tensor_mib"].get<double>(), kBudgetMib);
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(metrics);
+}
+
 TEST(Plan, NothingThatFitsNamesTheLimitAndFlagsBesideAPlanAreRefused) {
   const std::string dir = ferry::testing::process_temp_dir().file("plan-errors");
   std::filesystem::remove_all(dir);
@@ -93,11 +113,10 @@ TEST(Plan, NothingThatFitsNamesTheLimitAndFlagsBesideAPlanAreRefused) {
       << tight.output;
   EXPECT_THAT(tight.output, HasSubstr("state alone take"));
 
-  CommandResult beside = run(std::string(FERRY_MASTER) +
-                             " train --plan auto --stages 2 --pipeline 1f1b --epochs 1");
+  CommandResult beside =
+      run(std::string(FERRY_MASTER) + " train --plan auto --stages 2 --pipeline 1f1b --epochs 1");
   EXPECT_EQ(beside.status, 2);
-  EXPECT_THAT(beside.output,
-              HasSubstr("--plan auto sets --stages, --pipeline; leave them out"));
+  EXPECT_THAT(beside.output, HasSubstr("--plan auto sets --stages, --pipeline; leave them out"));
   CommandResult missing = run(std::string(FERRY_LAUNCH) + " --nproc 1 -- " + FERRY_MASTER +
                               " train --plan " + dir + "/none.json --epochs 1");
   EXPECT_NE(missing.status, 0);

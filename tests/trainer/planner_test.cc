@@ -65,8 +65,7 @@ PlanRequest request_for(int workers, int64_t batch, double budget_mib) {
 
 TEST(Planner, WithoutABudgetTwoReplicasOfTheWholeModelAreFastestOnTwoWorkers) {
   const std::vector<models::BlockCost> costs = alike_blocks();
-  const std::vector<Candidate> plan =
-      plan_candidates(costs, two_cores(), request_for(2, 16, 0));
+  const std::vector<Candidate> plan = plan_candidates(costs, two_cores(), request_for(2, 16, 0));
   const Candidate& best = plan.front();
   EXPECT_EQ(best.stages, 1);
   EXPECT_EQ(best.replicas, 2);
@@ -109,10 +108,10 @@ TEST(Planner, ABudgetThatRulesOutTheWholeModelOnAWorkerGivesABalancedTwoStageCut
     for (const auto& c : costs) out.push_back(c.name);
     return out;
   }();
-  EXPECT_THAT(best.flags(request_for(2, 16, budget), names),
-              AllOf(HasSubstr("--stages 2 --partition " +
-                              names[static_cast<size_t>(best.cut[1].begin)]),
-                    HasSubstr("--batch-size 16"), HasSubstr("--pipeline " + best.schedule)));
+  EXPECT_THAT(
+      best.flags(request_for(2, 16, budget), names),
+      AllOf(HasSubstr("--stages 2 --partition " + names[static_cast<size_t>(best.cut[1].begin)]),
+            HasSubstr("--batch-size 16"), HasSubstr("--pipeline " + best.schedule)));
 }
 
 TEST(Planner, TheLargestBatchFillsTheBudgetAndOneImageMoreDoesNot) {
@@ -158,9 +157,7 @@ TEST(Planner, ABatchTheReplicasCannotShareIsNotSplitUnevenly) {
   }
 }
 
-CostKey key() {
-  return {"unet-resnet18", 1, 64, 4, 1, 1, this_machine(), ferry_version()};
-}
+CostKey key() { return {"unet-resnet18", 1, 64, 4, 1, 1, this_machine(), ferry_version()}; }
 
 TEST(BlockCostCache, CostsAreUsedForTheSameKeyAndIgnoredWhenAnythingTheyDependOnDiffers) {
   const std::string dir = ferry::testing::process_temp_dir().file("block-cost-cache");

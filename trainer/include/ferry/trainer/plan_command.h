@@ -22,7 +22,7 @@ struct PlanCommandSettings {
   // The cores one worker computes on at most: 1 where workers share a machine's cores (a worker's
   // extra threads then add little, docs/planning.md), a host's cores where each has its own.
   int cores_per_worker = 1;
-  bool json = false;      // the plan as one JSON object, last on stdout
+  bool json = false;  // the plan as one JSON object, last on stdout
 };
 
 // Runs `plan`; returns the exit code (2 for settings that cannot work or nothing that fits, with

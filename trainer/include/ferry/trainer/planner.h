@@ -19,9 +19,9 @@ namespace ferry::trainer {
 // What a machine does besides the blocks' compute, measured once beside them (and cached with
 // them). Value type.
 struct MachineCosts {
-  int cores = 1;               // the cores the workers share (this machine's, for a local world)
-  int cores_per_worker = 1;    // the most one worker can use (a host's cores)
-  double thread_speedup = 1;   // a block's speed with `cores_per_worker` threads over one thread
+  int cores = 1;                  // the cores the workers share (this machine's, for a local world)
+  int cores_per_worker = 1;       // the most one worker can use (a host's cores)
+  double thread_speedup = 1;      // a block's speed with `cores_per_worker` threads over one thread
   double link_bytes_per_s = 1e9;  // between two workers (the all-reduce and the carries)
   double optimizer_s_per_parameter = 0;  // one optimizer step, per parameter, on one thread
 };

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "ferry/core/log.h"
+#include "ferry/core/process_memory.h"
 #include "ferry/core/processes.h"
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
@@ -309,8 +310,18 @@ nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int work
   request.budget_mib = static_cast<double>(settings.memory_budget_mib);
   request.batch_size = settings.plan.batch_size;
   check_request(request);
-  const int cores = cores_of(0);
-  const CachedCosts costs = costs_for(request, "", cores, 1);
+  // The blocks are measured in this process, whose budget is the job's for the master: they
+  // are not the job's tensors.
+  const int64_t budget = core::tensor_memory_budget();
+  core::set_tensor_memory_budget(0);
+  CachedCosts costs;
+  try {
+    costs = costs_for(request, "", cores_of(0), 1);
+  } catch (...) {
+    core::set_tensor_memory_budget(budget);
+    throw;
+  }
+  core::set_tensor_memory_budget(budget);
   std::vector<Candidate> candidates = ranked(costs, request);
   const std::vector<std::string> names = block_names(costs.blocks);
   std::cerr << "--plan auto: estimated, not checked with real steps\n"

@@ -334,6 +334,17 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
         where, costs[heaviest].name, request.optimizer, mib(state),
         request.optimizer == "sgd" ? "" : " or --optimizer sgd (one copy of state, not two)");
   }
+  // The state alone, cut over every worker (no image in flight, plain steps).
+  const int most_stages = static_cast<int>(std::min<int64_t>(request.workers, table.blocks()));
+  const Shape bare{most_stages, 1, "plain", 1, false, 0};
+  const std::vector<pipeline::Range> cut = fitting_cut(table, request, bare);
+  if (cut.empty()) {
+    return fmt::format(
+        "nothing fits {}: the parameters, gradients and {} state alone, cut into {} stages, "
+        "exceed a worker's budget on some stage; it needs more workers, a larger budget{}",
+        where, request.optimizer, most_stages,
+        request.optimizer == "sgd" ? "" : " or --optimizer sgd (one copy of state, not two)");
+  }
   PlanRequest largest = request;
   largest.largest_batch = true;
   std::vector<Candidate> fitting = search(table, m, largest);

@@ -81,16 +81,16 @@ TEST(Plan, AWinnerCheckedWithARealStepTrainsFromThePlanFileWithinItsPeaks) {
   std::filesystem::remove_all(dir);
 }
 
-// Inside a world: the job plans for its own two workers and budget, then trains the winner.
+// Inside a world: the job plans for its own three workers and budget, then trains the winner.
 TEST(Plan, AutoPlansForTheWorldsWorkersAndTrains) {
   const std::string dir = ferry::testing::process_temp_dir().file("plan-auto");
   std::filesystem::remove_all(dir);
   const std::string metrics = dir + "-metrics.json";
-  CommandResult r = run("env FERRY_CACHE_DIR=" + dir + " " + FERRY_LAUNCH + " --nproc 3 -- " +
-                        FERRY_MASTER +
-                        " train --plan auto --model unet-resnet18 --image-size 32 --batch-size 8 "
-                        "--samples 20 --epochs 1 --memory-budget-mib " +
-                        std::to_string(kBudgetMib) + " --metrics-file " + metrics);
+  CommandResult r =
+      run("env FERRY_CACHE_DIR=" + dir + " " + FERRY_LAUNCH + " --nproc 4 -- " + FERRY_MASTER +
+          " train --plan auto --model unet-resnet18 --image-size 32 --batch-size 8 "
+          "--samples 20 --epochs 1 --memory-budget-mib " +
+          std::to_string(kBudgetMib) + " --metrics-file " + metrics);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--plan auto: estimated, not checked with real steps"));
   EXPECT_THAT(r.output, HasSubstr("ferry-master train --model unet-resnet18"));

@@ -140,6 +140,18 @@ TEST(Planner, WhenABlocksStateAloneExceedsTheBudgetTheMessageSaysSo) {
   }
 }
 
+TEST(Planner, WhenTheStateCutOverEveryWorkerExceedsTheBudgetTheMessageSaysSo) {
+  // Each block's step (about 42 MiB) fits 100 MiB; half of the 15 blocks does not.
+  try {
+    plan_candidates(alike_blocks(), two_cores(), request_for(2, 8, 100));
+    FAIL() << "a plan fitted";
+  } catch (const NothingFits& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("on 2 workers of 100 MiB each"),
+                                HasSubstr("adam state alone, cut into 2 stages, exceed"),
+                                HasSubstr("more workers")));
+  }
+}
+
 TEST(Planner, WhenTheActivationsBindTheMessageGivesTheLargestBatchThatFits) {
   try {
     plan_candidates(alike_blocks(), two_cores(), request_for(2, 4096, 400));

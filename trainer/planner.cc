@@ -325,7 +325,7 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
   const double budget = request.budget_mib * kMiB;
   const double state = state_of(heaviest);
   const std::string where = fmt::format(
-      "{} x {} images of {} on {} worker{} of {:.0f} MiB each", request.model, request.image_size,
+      "{} at {} x {} on {} worker{} of {:.0f} MiB each", request.model, request.image_size,
       request.image_size, request.workers, request.workers == 1 ? "" : "s", request.budget_mib);
   if (state > budget) {
     return fmt::format(

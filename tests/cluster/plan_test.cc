@@ -108,7 +108,7 @@ TEST(Plan, NothingThatFitsNamesTheLimitAndFlagsBesideAPlanAreRefused) {
   std::filesystem::remove_all(dir);
   CommandResult tight = run(plan_command(dir, "--memory-budget-mib 8 --verify 0"));
   EXPECT_EQ(tight.status, 2) << tight.output;
-  EXPECT_THAT(tight.output, HasSubstr("nothing fits unet-resnet18 x 32 images of 32 on 3 workers "
+  EXPECT_THAT(tight.output, HasSubstr("nothing fits unet-resnet18 at 32 x 32 on 3 workers "
                                       "of 8 MiB each: block "))
       << tight.output;
   EXPECT_THAT(tight.output, HasSubstr("state alone take"));

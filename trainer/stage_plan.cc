@@ -18,10 +18,11 @@ namespace {
 
 constexpr double kMiB = 1 << 20;
 
-// Bytes per parameter byte that training keeps: the parameter, its gradient, and the optimizer's
-// state (a momentum for SGD; two moments for Adam and AdamW).
-double state_factor(const std::string& optimizer) { return optimizer == "sgd" ? 3 : 4; }
+// The optimizer's state per parameter byte: a momentum for SGD; two moments for Adam and AdamW.
 double optimizer_state_copies(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 2; }
+// Bytes per parameter byte that training keeps, as the balance by memory sums them per block: the
+// parameter, its gradient and the optimizer's state.
+double state_factor(const std::string& optimizer) { return 2 + optimizer_state_copies(optimizer); }
 // Tensors of one parameter's size that the optimizer's step makes and drops, one parameter at a
 // time (Adam's square root of the second moment, its quotient and the update).
 double step_temporaries(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 3; }
@@ -50,6 +51,7 @@ double sum_from(const std::vector<double>& values, int64_t from) {
   return sum;
 }
 
+// The bytes per sample of the carry after block `after`, less its `untouched` bottom elements.
 double carry_bytes_per_sample(const std::vector<models::BlockCost>& costs,
                               const std::vector<models::UnetBlock>& blocks, double image,
                               int64_t after, int64_t untouched) {
@@ -170,8 +172,9 @@ int64_t depth_of(const std::string& model) {
 models::CostSampling cost_sampling(int64_t batch_size, int microbatches, int threads) {
   models::CostSampling sampling;
   sampling.samples = std::max<int64_t>(microbatch_samples(batch_size, microbatches), 1);
-  if (std::min<int64_t>(std::max(microbatches, 1), batch_size) > 1)
+  if (std::min<int64_t>(std::max(microbatches, 1), batch_size) > 1) {
     sampling.second_samples = std::min(batch_size, 4 * sampling.samples);
+  }
   sampling.threads = threads;
   return sampling;
 }

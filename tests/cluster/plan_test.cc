@@ -19,7 +19,8 @@ using ferry::testing::CommandResult;
 using ferry::testing::run;
 using ::testing::HasSubstr;
 
-// The budget a worker has: the whole model's state with Adam (about 220 MiB) does not fit it.
+// The budget a worker has: the whole model's optimizer step with Adam (about 300 MiB) does not
+// fit it, nor does either stage of any cut in two.
 constexpr int kBudgetMib = 160;
 // How far a stage's measured peak may be from the plan's (docs/planning.md).
 constexpr double kPeakBound = 0.25;
@@ -42,7 +43,7 @@ TEST(Plan, AWinnerCheckedWithARealStepTrainsFromThePlanFileWithinItsPeaks) {
   std::filesystem::create_directories(dir);
   const std::string cache = dir + "/cache";
   CommandResult planned = run(plan_command(
-      cache, "--memory-budget-mib " + std::to_string(kBudgetMib) + " --verify 1 --json"));
+      cache, "--memory-budget-mib " + std::to_string(kBudgetMib) + " --verify 2 --json"));
   ASSERT_EQ(planned.status, 0) << planned.output;
   const nlohmann::json plan = last_json(planned.output);
   const nlohmann::json& winner = plan["winner"];

@@ -60,8 +60,9 @@ std::function<EnterCaptured()>& carrier() {  // guarded by carrier_mutex
   return *capture;
 }
 
-// `work` wrapped to run there as if where it was called: with the caller's LibTorch
-// thread-local state and what the carrier captures.
+}  // namespace
+
+// With the caller's LibTorch thread-local state and what the carrier captures.
 std::function<void()> as_if_here(std::function<void()> work) {
   EnterCaptured enter;
   {
@@ -74,8 +75,6 @@ std::function<void()> as_if_here(std::function<void()> work) {
     work();
   };
 }
-
-}  // namespace
 
 void run_on_compute_thread(const std::function<void()>& work) {
   ComputeThread& thread = compute_thread();

@@ -292,9 +292,11 @@ void install_stage_steps(rpc::FunctionRegistry& registry) {
     SlotPtr slot = slot_of(args[0].toInt(), args[1].toInt());
     std::int64_t microbatch = args[2].toInt();
     auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-    auto work = [slot, context, microbatch, inputs = args[3], done] {
+    // Bound here: a parked forward is posted later by whichever thread frees its place, which
+    // may be in no autograd context, and its send on must carry this one.
+    auto work = core::as_if_here([slot, context, microbatch, inputs = args[3], done] {
       run_forward(slot, context, microbatch, inputs, done);
-    };
+    });
     std::vector<Parked> abandoned;
     {
       // Posted under the mutex, so that the compute thread gets them in the order decided here.
@@ -320,9 +322,8 @@ void install_stage_steps(rpc::FunctionRegistry& registry) {
     SlotPtr slot = slot_of(args[0].toInt(), args[1].toInt());
     std::int64_t microbatch = args[2].toInt();
     auto done = c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get());
-    auto work = [slot, context, microbatch, grads = args[3].toTensorVector(), done] {
-      run_backward(slot, context, microbatch, grads, done);
-    };
+    auto work = core::as_if_here([slot, context, microbatch, grads = args[3].toTensorVector(),
+                                  done] { run_backward(slot, context, microbatch, grads, done); });
     std::vector<Parked> abandoned;
     {
       std::lock_guard<std::mutex> lock(slot->mutex);

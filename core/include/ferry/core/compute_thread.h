@@ -31,6 +31,10 @@ void run_on_compute_thread(const std::function<void()>& work);
 // holding a pool thread while their work waits its turn.
 void post_to_compute_thread(std::function<void()> work);
 
+// `work` bound to this thread's state (as post_to_compute_thread would capture it) now, for work
+// that is posted later from another thread: wherever it is posted from, it runs as if here.
+std::function<void()> as_if_here(std::function<void()> work);
+
 // Enters, on the compute thread, state captured on a caller's thread; what it returns is held
 // while the work runs and then destroyed, which leaves that state. Empty: nothing to enter.
 using EnterCaptured = std::function<std::shared_ptr<void>()>;

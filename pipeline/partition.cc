@@ -13,17 +13,16 @@ namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
-// The least largest range sum of `costs` over `stages` ranges, where a range is allowed only if
-// `allowed(begin, end)`; fills `cut[s][i]`: where the last of s + 1 ranges over items [0, i)
+// The least largest range sum of `costs` over `stages` ranges, where range s is allowed only if
+// `allowed(s, begin, end)`; fills `cut[s][i]`: where the last of s + 1 ranges over items [0, i)
 // begins.
-double solve(const std::vector<double>& prefix, int64_t stages,
-             const std::function<bool(int64_t, int64_t)>& allowed,
+double solve(const std::vector<double>& prefix, int64_t stages, const StageAllowed& allowed,
              std::vector<std::vector<int64_t>>& cut) {
   const auto n = static_cast<int64_t>(prefix.size()) - 1;
   std::vector<std::vector<double>> best(stages, std::vector<double>(n + 1, kInfinity));
   cut.assign(stages, std::vector<int64_t>(n + 1, -1));
   for (int64_t i = 1; i <= n; ++i) {
-    if (allowed(0, i)) {
+    if (allowed(0, 0, i)) {
       best[0][i] = prefix[i];
       cut[0][i] = 0;
     }
@@ -31,7 +30,7 @@ double solve(const std::vector<double>& prefix, int64_t stages,
   for (int64_t s = 1; s < stages; ++s) {
     for (int64_t i = s + 1; i <= n; ++i) {
       for (int64_t j = s; j < i; ++j) {
-        if (best[s - 1][j] == kInfinity || !allowed(j, i)) continue;
+        if (best[s - 1][j] == kInfinity || !allowed(s, j, i)) continue;
         double worst = std::max(best[s - 1][j], prefix[i] - prefix[j]);
         if (worst < best[s][i]) {
           best[s][i] = worst;
@@ -58,15 +57,32 @@ void check_costs(const std::vector<double>& costs, const char* what) {
   }
 }
 
+void check_stages(int64_t n, int64_t stages) {
+  if (stages < 1 || stages > n) {
+    throw std::invalid_argument(
+        fmt::format("cannot cut {} items into {} non-empty stages", n, stages));
+  }
+}
+
+// The ranges `cut` (as solve fills it) gives over n items.
+std::vector<Range> ranges_of(const std::vector<std::vector<int64_t>>& cut, int64_t n,
+                             int64_t stages) {
+  std::vector<Range> ranges(stages);
+  int64_t end = n;
+  for (int64_t s = stages - 1; s >= 0; --s) {
+    int64_t begin = cut[s][end];
+    ranges[s] = {begin, end};
+    end = begin;
+  }
+  return ranges;
+}
+
 }  // namespace
 
 std::vector<Range> partition_min_max(const std::vector<double>& costs, int64_t stages,
                                      const std::vector<double>& tie_costs) {
   const auto n = static_cast<int64_t>(costs.size());
-  if (stages < 1 || stages > n) {
-    throw std::invalid_argument(
-        fmt::format("cannot cut {} items into {} non-empty stages", n, stages));
-  }
+  check_stages(n, stages);
   if (!tie_costs.empty() && tie_costs.size() != costs.size()) {
     throw std::invalid_argument(
         fmt::format("{} costs but {} tie-break costs", costs.size(), tie_costs.size()));
@@ -76,22 +92,25 @@ std::vector<Range> partition_min_max(const std::vector<double>& costs, int64_t s
   const std::vector<double> prefix = prefix_sums(costs);
   std::vector<std::vector<int64_t>> cut;
   const double least = solve(
-      prefix, stages, [](int64_t, int64_t) { return true; }, cut);
+      prefix, stages, [](int64_t, int64_t, int64_t) { return true; }, cut);
   if (!tie_costs.empty()) {
     // Only ranges no costlier than the optimum; a relative slack absorbs rounding of the sums.
     const double bound = least * (1 + 1e-12) + 1e-300;
     solve(
         prefix_sums(tie_costs), stages,
-        [&](int64_t b, int64_t e) { return prefix[e] - prefix[b] <= bound; }, cut);
+        [&](int64_t, int64_t b, int64_t e) { return prefix[e] - prefix[b] <= bound; }, cut);
   }
-  std::vector<Range> ranges(stages);
-  int64_t end = n;
-  for (int64_t s = stages - 1; s >= 0; --s) {
-    int64_t begin = cut[s][end];
-    ranges[s] = {begin, end};
-    end = begin;
-  }
-  return ranges;
+  return ranges_of(cut, n, stages);
+}
+
+std::vector<Range> partition_min_max_where(const std::vector<double>& costs, int64_t stages,
+                                           const StageAllowed& allowed) {
+  const auto n = static_cast<int64_t>(costs.size());
+  check_stages(n, stages);
+  check_costs(costs, "cost");
+  std::vector<std::vector<int64_t>> cut;
+  if (solve(prefix_sums(costs), stages, allowed, cut) == kInfinity) return {};
+  return ranges_of(cut, n, stages);
 }
 
 std::vector<double> range_costs(const std::vector<double>& costs,

@@ -354,10 +354,7 @@ TrainSettings with_plan(const TrainSettings& settings, const nlohmann::json& pla
     if (budget > 0) s.memory_budget_mib = budget;
     s.plan.batch_size = winner.at("batch_size").get<int64_t>();
     s.plan.stages = winner.at("stages").get<int>();
-    std::string cuts;
-    const auto first_blocks = winner.at("first_blocks").get<std::vector<std::string>>();
-    for (size_t k = 1; k < first_blocks.size(); ++k) cuts += (k > 1 ? "," : "") + first_blocks[k];
-    s.plan.partition = cuts;
+    s.plan.partition = partition_of(winner.at("first_blocks").get<std::vector<std::string>>());
     s.replicas = winner.at("replicas").get<int>();
     const std::string schedule = winner.at("schedule").get<std::string>();
     s.pipeline = schedule == "plain" ? "" : schedule;

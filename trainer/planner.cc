@@ -88,27 +88,22 @@ class StageTable {
   std::vector<Sums> prefix_;
 };
 
-// How a candidate's shape sets what each stage holds and computes.
-struct Shape {
-  int stages, replicas;
-  std::string schedule;
-  int microbatches;  // as tensor_split makes them: at most the batch
-  bool recompute;
-  int64_t batch;  // per replica
+// The micro-batches a step of `c` makes: as tensor_split makes them, at most the batch.
+int parts_of(const Candidate& c) {
+  return static_cast<int>(std::min<int64_t>(c.microbatches, std::max<int64_t>(c.batch_size, 1)));
+}
+int64_t microbatch_of(const Candidate& c) { return microbatch_samples(c.batch_size, parts_of(c)); }
 
-  bool pipelined() const { return schedule != "plain"; }
-  int64_t microbatch() const { return microbatch_samples(batch, microbatches); }
-  // The samples stage `s` holds activations for at once: the batch, or under 1F1B and the
-  // zero-bubble schedule the micro-batches ahead of it, at most p - s.
-  int64_t held(int s) const {
-    if (schedule == "plain" || schedule == "gpipe") return batch;
-    return std::min<int64_t>(batch, microbatch() * std::min(microbatches, stages - s));
-  }
-};
+// The samples stage `s` of `c` holds activations for at once: the batch, or under 1F1B and the
+// zero-bubble schedule the micro-batches ahead of it, at most p - s.
+int64_t held_by(const Candidate& c, int s) {
+  if (c.schedule == "plain" || c.schedule == "gpipe") return c.batch_size;
+  return std::min<int64_t>(c.batch_size, microbatch_of(c) * std::min(parts_of(c), c.stages - s));
+}
 
-double stage_peak_bytes(const StageTable& table, const Shape& shape, int s, int64_t i, int64_t j) {
-  return table.terms(i, j).peak_bytes(shape.held(s), shape.microbatch(), shape.microbatches > 1,
-                                      shape.recompute);
+double stage_peak_bytes(const StageTable& table, const Candidate& c, int s, int64_t i, int64_t j) {
+  return table.terms(i, j).peak_bytes(held_by(c, s), microbatch_of(c), parts_of(c) > 1,
+                                      c.recompute);
 }
 
 // A worker's speed over one thread's, with p x r workers sharing the machine's cores: fewer cores
@@ -124,16 +119,16 @@ double worker_speed(const MachineCosts& m, int busy_workers) {
 // The step of one replica from its stages' compute: the pipeline's fill and drain and its
 // steady state, the carries between stages, the optimizer step (stages step at once) and the
 // replicas' all-reduce of the largest stage's gradients.
-double step_seconds(const StageTable& table, const MachineCosts& m, const Shape& shape,
+double step_seconds(const StageTable& table, const MachineCosts& m, const Candidate& c,
                     const std::vector<pipeline::Range>& cut) {
-  const double speed = worker_speed(m, shape.stages * shape.replicas);
-  const double passes = static_cast<double>(shape.microbatches);
-  const auto samples = static_cast<double>(shape.batch);
+  const double speed = worker_speed(m, c.stages * c.replicas);
+  const double passes = static_cast<double>(parts_of(c));
+  const auto samples = static_cast<double>(c.batch_size);
   double sum_forward = 0, sum_stage = 0, largest_stage = 0, largest_backward = 0;
   double carries = 0, optimizer = 0, all_reduce = 0;
   for (const pipeline::Range& r : cut) {
     const double forward =
-        (shape.recompute ? 2 : 1) * table.forward_s(r.begin, r.end, passes, samples) / speed;
+        (c.recompute ? 2 : 1) * table.forward_s(r.begin, r.end, passes, samples) / speed;
     const double backward = table.backward_s(r.begin, r.end, passes, samples) / speed;
     sum_forward += forward;
     sum_stage += forward + backward;
@@ -142,141 +137,102 @@ double step_seconds(const StageTable& table, const MachineCosts& m, const Shape&
     carries += 2 * table.sent_per_sample(r.end) * samples / m.link_bytes_per_s;
     optimizer =
         std::max(optimizer, table.parameters(r.begin, r.end) * m.optimizer_s_per_parameter / speed);
-    if (shape.replicas > 1) {
+    if (c.replicas > 1) {
       all_reduce =
-          std::max(all_reduce, 2.0 * (shape.replicas - 1) / shape.replicas *
+          std::max(all_reduce, 2.0 * (c.replicas - 1) / c.replicas *
                                    table.parameter_bytes(r.begin, r.end) / m.link_bytes_per_s);
     }
   }
   double compute = sum_stage;
-  if (shape.pipelined()) {
+  if (c.schedule != "plain") {
     // Each stage's share of one micro-batch; the slowest sets the steady state. The zero-bubble
     // schedule fills the drain with weight passes: of the other stages' backwards, only the
     // input-gradient half (about half) stays on the critical path.
     const double steady = (passes - 1) * largest_stage / passes;
-    compute = shape.schedule == "zb" ? steady + (sum_forward + largest_backward) / passes
-                                     : steady + sum_stage / passes;
+    compute = c.schedule == "zb" ? steady + (sum_forward + largest_backward) / passes
+                                 : steady + sum_stage / passes;
     carries /= passes;
   }
   return compute + carries + optimizer + all_reduce;
 }
 
-// The cut of `shape.stages` stages whose slowest stage is fastest among those whose every stage
-// fits the budget (dynamic programming over the blocks); empty if none fits.
+// The cut of `c.stages` stages whose slowest stage is fastest among those whose every stage
+// fits the budget; empty if none fits.
 std::vector<pipeline::Range> fitting_cut(const StageTable& table, const PlanRequest& request,
-                                         const Shape& shape) {
+                                         const Candidate& c) {
   const int64_t n = table.blocks();
-  const int p = shape.stages;
-  if (p > n) return {};
+  if (c.stages > n) return {};
   const double budget = request.budget_mib > 0 ? request.budget_mib * kMiB : kInf;
-  const double passes = static_cast<double>(shape.microbatches);
-  const auto samples = static_cast<double>(shape.batch);
-  auto stage_time = [&](int64_t i, int64_t j) {
-    return (shape.recompute ? 2 : 1) * table.forward_s(i, j, passes, samples) +
-           table.backward_s(i, j, passes, samples);
-  };
-  // best[k][j]: the least slowest stage over cuts of blocks [0, j) into k + 1 stages.
-  std::vector<std::vector<double>> best(static_cast<size_t>(p),
-                                        std::vector<double>(static_cast<size_t>(n + 1), kInf));
-  std::vector<std::vector<int64_t>> from(static_cast<size_t>(p),
-                                         std::vector<int64_t>(static_cast<size_t>(n + 1), -1));
-  for (int64_t j = 1; j <= n; ++j) {
-    if (stage_peak_bytes(table, shape, 0, 0, j) <= budget)
-      best[0][static_cast<size_t>(j)] = stage_time(0, j);
+  const double passes = static_cast<double>(parts_of(c));
+  const auto samples = static_cast<double>(c.batch_size);
+  std::vector<double> time;
+  for (int64_t k = 0; k < n; ++k) {
+    time.push_back((c.recompute ? 2 : 1) * table.forward_s(k, k + 1, passes, samples) +
+                   table.backward_s(k, k + 1, passes, samples));
   }
-  for (int k = 1; k < p; ++k) {
-    for (int64_t j = k + 1; j <= n; ++j) {
-      for (int64_t i = k; i < j; ++i) {
-        const double before = best[static_cast<size_t>(k - 1)][static_cast<size_t>(i)];
-        if (before == kInf || stage_peak_bytes(table, shape, k, i, j) > budget) continue;
-        const double slowest = std::max(before, stage_time(i, j));
-        if (slowest < best[static_cast<size_t>(k)][static_cast<size_t>(j)]) {
-          best[static_cast<size_t>(k)][static_cast<size_t>(j)] = slowest;
-          from[static_cast<size_t>(k)][static_cast<size_t>(j)] = i;
-        }
-      }
-    }
-  }
-  if (best[static_cast<size_t>(p - 1)][static_cast<size_t>(n)] == kInf) return {};
-  std::vector<pipeline::Range> cut(static_cast<size_t>(p));
-  int64_t end = n;
-  for (int k = p - 1; k >= 0; --k) {
-    const int64_t begin = k == 0 ? 0 : from[static_cast<size_t>(k)][static_cast<size_t>(end)];
-    cut[static_cast<size_t>(k)] = {begin, end};
-    end = begin;
-  }
-  return cut;
+  return pipeline::partition_min_max_where(
+      time, c.stages, [&](int64_t stage, int64_t begin, int64_t end) {
+        return stage_peak_bytes(table, c, static_cast<int>(stage), begin, end) <= budget;
+      });
 }
 
-Candidate candidate_of(const Shape& shape) {
-  Candidate c;
-  c.stages = shape.stages;
-  c.replicas = shape.replicas;
-  c.schedule = shape.schedule;
-  c.microbatches = shape.microbatches;
-  c.recompute = shape.recompute;
-  c.batch_size = shape.batch;
-  return c;
-}
-
-Shape shape_of(const Candidate& c) {
-  return {c.stages,
-          c.replicas,
-          c.schedule,
-          static_cast<int>(std::min<int64_t>(c.microbatches, std::max<int64_t>(c.batch_size, 1))),
-          c.recompute,
-          c.batch_size};
-}
-
-// `c`'s peaks per stage and step time, for its shape and cut.
-void fill_scores(const StageTable& table, const MachineCosts& m, const Shape& shape, Candidate& c) {
+// `c`'s peaks per stage and step time, for its cut.
+void fill_scores(const StageTable& table, const MachineCosts& m, Candidate& c) {
   c.predicted_peak_mib.clear();
   for (size_t s = 0; s < c.cut.size(); ++s) {
     c.predicted_peak_mib.push_back(
-        stage_peak_bytes(table, shape, static_cast<int>(s), c.cut[s].begin, c.cut[s].end) / kMiB);
+        stage_peak_bytes(table, c, static_cast<int>(s), c.cut[s].begin, c.cut[s].end) / kMiB);
   }
-  c.predicted_step_s = step_seconds(table, m, shape, c.cut);
+  c.predicted_step_s = step_seconds(table, m, c, c.cut);
 }
 
-// The candidate of `shape` scored, if some cut of it fits.
+// `c` with its cut and scores, if some cut of it fits.
 std::optional<Candidate> scored(const StageTable& table, const MachineCosts& m,
-                                const PlanRequest& request, const Shape& shape) {
-  std::vector<pipeline::Range> cut = fitting_cut(table, request, shape);
-  if (cut.empty()) return std::nullopt;
-  Candidate c = candidate_of(shape);
-  c.cut = cut;
-  fill_scores(table, m, shape, c);
+                                const PlanRequest& request, Candidate c) {
+  c.cut = fitting_cut(table, request, c);
+  if (c.cut.empty()) return std::nullopt;
+  fill_scores(table, m, c);
   return c;
 }
 
-// The shapes of p stages x r replicas at a per-replica batch (micro-batches up to the batch).
-std::vector<Shape> shapes_of(int p, int r, int64_t batch) {
-  std::vector<Shape> out;
-  out.push_back({p, r, "plain", 1, false, batch});
+// The configurations of p stages x r replicas at a per-replica batch (micro-batches up to the
+// batch), not yet cut.
+std::vector<Candidate> shapes_of(int p, int r, int64_t batch) {
+  auto shape = [&](const std::string& schedule, int microbatches, bool recompute) {
+    Candidate c;
+    c.stages = p;
+    c.replicas = r;
+    c.schedule = schedule;
+    c.microbatches = microbatches;
+    c.recompute = recompute;
+    c.batch_size = batch;
+    return c;
+  };
+  std::vector<Candidate> out{shape("plain", 1, false)};
   for (int m = 2; m <= 32 && m <= batch; m *= 2) {
     for (const std::string& schedule : kPipelines) {
       // One stage has no bubble to fill: 1F1B there is micro-batching alone.
       if (p == 1 && schedule != "1f1b") continue;
-      for (bool recompute : {false, true}) out.push_back({p, r, schedule, m, recompute, batch});
+      for (bool recompute : {false, true}) out.push_back(shape(schedule, m, recompute));
     }
   }
   return out;
 }
 
-// The largest per-replica batch at which `shape` fits (its micro-batches unchanged), by
+// The largest per-replica batch at which `c` fits (its micro-batches unchanged), by
 // bisection on the predicted peaks; 0 if not even its micro-batch count of samples fits.
-int64_t largest_fitting_batch(const StageTable& table, const PlanRequest& request, Shape shape) {
-  int64_t good = 0, bad = request.max_batch / shape.replicas + 1;
-  int64_t low = shape.microbatches;
-  shape.batch = low;
-  if (fitting_cut(table, request, shape).empty()) return 0;
+int64_t largest_fitting_batch(const StageTable& table, const PlanRequest& request, Candidate c) {
+  int64_t good = 0, bad = request.max_batch / c.replicas + 1;
+  int64_t low = c.microbatches;
+  c.batch_size = low;
+  if (fitting_cut(table, request, c).empty()) return 0;
   good = low;
   while (bad - good > 1) {
-    shape.batch = good + (bad - good) / 2;
-    if (fitting_cut(table, request, shape).empty()) {
-      bad = shape.batch;
+    c.batch_size = good + (bad - good) / 2;
+    if (fitting_cut(table, request, c).empty()) {
+      bad = c.batch_size;
     } else {
-      good = shape.batch;
+      good = c.batch_size;
     }
   }
   return good;
@@ -292,14 +248,14 @@ std::vector<Candidate> search(const StageTable& table, const MachineCosts& m,
     for (int r = 1; p * r <= request.workers; ++r) {
       if (!request.largest_batch) {
         if (request.batch_size % r != 0) continue;
-        for (const Shape& shape : shapes_of(p, r, request.batch_size / r)) {
+        for (const Candidate& shape : shapes_of(p, r, request.batch_size / r)) {
           if (auto c = scored(table, m, request, shape)) out.push_back(*c);
         }
         continue;
       }
-      for (Shape shape : shapes_of(p, r, 32)) {
-        shape.batch = largest_fitting_batch(table, request, shape);
-        if (shape.batch == 0) continue;
+      for (Candidate shape : shapes_of(p, r, 32)) {
+        shape.batch_size = largest_fitting_batch(table, request, shape);
+        if (shape.batch_size == 0) continue;
         if (auto c = scored(table, m, request, shape)) out.push_back(*c);
       }
     }
@@ -336,9 +292,10 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
   }
   // The state alone, cut over every worker (no image in flight, plain steps).
   const int most_stages = static_cast<int>(std::min<int64_t>(request.workers, table.blocks()));
-  const Shape bare{most_stages, 1, "plain", 1, false, 0};
-  const std::vector<pipeline::Range> cut = fitting_cut(table, request, bare);
-  if (cut.empty()) {
+  Candidate bare;
+  bare.stages = most_stages;
+  bare.batch_size = 0;
+  if (fitting_cut(table, request, bare).empty()) {
     return fmt::format(
         "nothing fits {}: the parameters, gradients and {} state alone, cut into {} stages, "
         "exceed a worker's budget on some stage; it needs more workers, a larger budget{}",
@@ -393,38 +350,9 @@ double Candidate::predicted_images_per_s() const {
   return predicted_step_s > 0 ? static_cast<double>(global_batch()) / predicted_step_s : 0;
 }
 
-std::string Candidate::describe() const {
-  std::string out = fmt::format("{} stage{}", stages, stages == 1 ? "" : "s");
-  if (replicas > 1) out += fmt::format(" x {} replicas", replicas);
-  out += schedule == "plain" ? ", plain" : fmt::format(", {} x {}", schedule, microbatches);
-  if (recompute) out += ", recomputed";
-  return out;
-}
-
-std::string Candidate::flags(const PlanRequest& request,
-                             const std::vector<std::string>& block_names) const {
-  std::string out = fmt::format(
-      "--model {} --classes {} --image-size {} --optimizer {} --batch-size {}", request.model,
-      request.classes, request.image_size, request.optimizer, batch_size);
-  out += fmt::format(" --stages {}", stages);
-  if (stages > 1) {
-    std::string cuts;
-    for (size_t s = 1; s < cut.size(); ++s) {
-      cuts += (s > 1 ? "," : "") + block_names.at(static_cast<size_t>(cut[s].begin));
-    }
-    out += " --partition " + cuts;
-  }
-  if (replicas > 1) out += fmt::format(" --replicas {}", replicas);
-  if (schedule != "plain")
-    out += fmt::format(" --pipeline {} --microbatches {}", schedule, microbatches);
-  if (recompute) out += " --checkpoint-activations";
-  if (request.budget_mib > 0) out += fmt::format(" --memory-budget-mib {:.0f}", request.budget_mib);
-  return out;
-}
-
 void score_candidate(const std::vector<models::BlockCost>& costs, const MachineCosts& machine,
                      const PlanRequest& request, Candidate& candidate) {
-  fill_scores(StageTable(costs, request), machine, shape_of(candidate), candidate);
+  fill_scores(StageTable(costs, request), machine, candidate);
 }
 
 std::vector<Candidate> plan_candidates(const std::vector<models::BlockCost>& costs,
@@ -442,67 +370,6 @@ std::vector<Candidate> plan_candidates(const std::vector<models::BlockCost>& cos
   std::vector<Candidate> out = search(table, machine, request);
   if (out.empty()) throw NothingFits(nothing_fits(table, machine, request));
   rank(out, request.largest_batch);
-  return out;
-}
-
-std::string candidates_table(const std::vector<Candidate>& candidates, size_t rows) {
-  std::string out =
-      fmt::format("{:>4} {:<38} {:>6} {:>10} {:>10} {:>9} {:>9}\n", "rank", "configuration",
-                  "batch", "est. peak", "peak", "est. img/s", "img/s");
-  for (size_t k = 0; k < candidates.size() && k < rows; ++k) {
-    const Candidate& c = candidates[k];
-    out += fmt::format("{:>4} {:<38} {:>6} {:>10.0f} {:>10} {:>9.2f} {:>9}\n", k + 1, c.describe(),
-                       c.global_batch(), c.predicted_largest_peak_mib(),
-                       c.verified() ? fmt::format("{:.0f}", c.measured_largest_peak_mib())
-                                    : (c.verify_error.empty() ? "-" : "failed"),
-                       c.predicted_images_per_s(),
-                       c.verified() ? fmt::format("{:.2f}", c.measured_images_per_s) : "-");
-  }
-  return out;
-}
-
-nlohmann::ordered_json plan_document(const PlanRequest& request,
-                                     const std::vector<std::string>& block_names,
-                                     const std::vector<Candidate>& candidates,
-                                     const Candidate& winner) {
-  auto settings = [&](const Candidate& c) {
-    nlohmann::ordered_json cut = nlohmann::ordered_json::array();
-    for (const pipeline::Range& r : c.cut) {
-      cut.push_back(block_names.at(static_cast<size_t>(r.begin)));
-    }
-    nlohmann::ordered_json out{{"stages", c.stages},
-                               {"replicas", c.replicas},
-                               {"schedule", c.schedule},
-                               {"microbatches", c.microbatches},
-                               {"recompute", c.recompute},
-                               {"batch_size", c.batch_size},
-                               {"global_batch", c.global_batch()},
-                               {"first_blocks", cut},
-                               {"predicted_peak_mib", c.predicted_largest_peak_mib()},
-                               {"predicted_stage_peak_mib", c.predicted_peak_mib},
-                               {"predicted_images_per_s", c.predicted_images_per_s()}};
-    if (c.verified()) {
-      out["measured_peak_mib"] = c.measured_largest_peak_mib();
-      out["measured_stage_peak_mib"] = c.measured_peak_mib;
-      out["measured_images_per_s"] = c.measured_images_per_s;
-    } else if (!c.verify_error.empty()) {
-      out["verify_error"] = c.verify_error;
-    }
-    return out;
-  };
-  nlohmann::ordered_json out;
-  out["request"] = {{"model", request.model},
-                    {"classes", request.classes},
-                    {"image_size", request.image_size},
-                    {"optimizer", request.optimizer},
-                    {"workers", request.workers},
-                    {"memory_budget_mib", request.budget_mib},
-                    {"batch_size", request.largest_batch ? 0 : request.batch_size},
-                    {"largest_batch", request.largest_batch}};
-  out["winner"] = settings(winner);
-  out["winner"]["flags"] = winner.flags(request, block_names);
-  out["candidates"] = nlohmann::ordered_json::array();
-  for (const Candidate& c : candidates) out["candidates"].push_back(settings(c));
   return out;
 }
 

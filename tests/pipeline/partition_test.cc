@@ -82,6 +82,23 @@ TEST(Partition, FindsSplitsWhoseBestIsKnown) {
   EXPECT_EQ(partition_min_max({3, 1, 2}, 1), (std::vector<Range>{{0, 3}}));
 }
 
+TEST(Partition, OnlyCutsWhoseEveryStageIsAllowedCount) {
+  // The best cut of four equal items in two is 2 and 2; with stage 0 allowed one item at most,
+  // it is 1 and 3. A condition that depends on the stage sees each stage's own index.
+  const std::vector<double> costs{1, 1, 1, 1};
+  auto first_holds_one = [](int64_t stage, int64_t begin, int64_t end) {
+    return stage != 0 || end - begin <= 1;
+  };
+  EXPECT_EQ(partition_min_max_where(costs, 2, first_holds_one),
+            (std::vector<Range>{{0, 1}, {1, 4}}));
+  EXPECT_EQ(partition_min_max_where(costs, 2, [](int64_t, int64_t, int64_t) { return true; }),
+            partition_min_max(costs, 2));
+  // No cut has every stage allowed: none.
+  EXPECT_TRUE(partition_min_max_where(costs, 2, [](int64_t, int64_t b, int64_t e) {
+                return e - b == 1;
+              }).empty());
+}
+
 TEST(Partition, AmongEquallyGoodSplitsTheTieCostsDecide) {
   // Every cut of the first costs leaves a largest stage of 2; the second costs are 10, 5 and 10
   // for cuts after items 0, 1 and 2.

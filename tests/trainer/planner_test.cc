@@ -20,6 +20,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 
 constexpr double kMiB = 1 << 20;
 
@@ -131,35 +132,25 @@ TEST(Planner, WhenABlocksStateAloneExceedsTheBudgetTheMessageSaysSo) {
   std::vector<models::BlockCost> costs = alike_blocks();
   costs[5].parameter_bytes = 64 << 20;
   costs[5].largest_parameter_bytes = 64 << 20;
-  try {
-    plan_candidates(costs, two_cores(), request_for(4, 8, 200));
-    FAIL() << "a plan fitted";
-  } catch (const NothingFits& e) {
-    EXPECT_THAT(e.what(), AllOf(HasSubstr(costs[5].name), HasSubstr("alone take 512 MiB"),
-                                HasSubstr("--optimizer sgd")));
-  }
+  EXPECT_THAT(
+      [&] { plan_candidates(costs, two_cores(), request_for(4, 8, 200)); },
+      ThrowsMessage<NothingFits>(AllOf(HasSubstr(costs[5].name), HasSubstr("alone take 512 MiB"),
+                                       HasSubstr("--optimizer sgd"))));
 }
 
 TEST(Planner, WhenTheStateCutOverEveryWorkerExceedsTheBudgetTheMessageSaysSo) {
   // Each block's step (about 42 MiB) fits 100 MiB; half of the 15 blocks does not.
-  try {
-    plan_candidates(alike_blocks(), two_cores(), request_for(2, 8, 100));
-    FAIL() << "a plan fitted";
-  } catch (const NothingFits& e) {
-    EXPECT_THAT(e.what(), AllOf(HasSubstr("on 2 workers of 100 MiB each"),
-                                HasSubstr("adam state alone, cut into 2 stages, exceed"),
-                                HasSubstr("more workers")));
-  }
+  EXPECT_THAT(
+      [] { plan_candidates(alike_blocks(), two_cores(), request_for(2, 8, 100)); },
+      ThrowsMessage<NothingFits>(AllOf(HasSubstr("on 2 workers of 100 MiB each"),
+                                       HasSubstr("adam state alone, cut into 2 stages, exceed"),
+                                       HasSubstr("more workers"))));
 }
 
 TEST(Planner, WhenTheActivationsBindTheMessageGivesTheLargestBatchThatFits) {
-  try {
-    plan_candidates(alike_blocks(), two_cores(), request_for(2, 4096, 400));
-    FAIL() << "a plan fitted";
-  } catch (const NothingFits& e) {
-    EXPECT_THAT(e.what(), AllOf(HasSubstr("batch 4096 does not fit"),
-                                HasSubstr("the largest batch that fits is")));
-  }
+  EXPECT_THAT([] { plan_candidates(alike_blocks(), two_cores(), request_for(2, 4096, 400)); },
+              ThrowsMessage<NothingFits>(AllOf(HasSubstr("batch 4096 does not fit"),
+                                               HasSubstr("the largest batch that fits is"))));
 }
 
 TEST(Planner, ABatchTheReplicasCannotShareIsNotSplitUnevenly) {

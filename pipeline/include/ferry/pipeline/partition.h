@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,15 @@ struct Range {
 // cost is negative.
 std::vector<Range> partition_min_max(const std::vector<double>& costs, int64_t stages,
                                      const std::vector<double>& tie_costs = {});
+
+// Whether stage `stage` may hold items [begin, end).
+using StageAllowed = std::function<bool(int64_t stage, int64_t begin, int64_t end)>;
+
+// partition_min_max among the cuts whose every stage is allowed (a memory budget, say: what a
+// stage holds may depend on its place in a pipeline); empty if no cut is. Throws as
+// partition_min_max does.
+std::vector<Range> partition_min_max_where(const std::vector<double>& costs, int64_t stages,
+                                           const StageAllowed& allowed);
 
 // The sum of `costs` over each range.
 std::vector<double> range_costs(const std::vector<double>& costs, const std::vector<Range>& ranges);

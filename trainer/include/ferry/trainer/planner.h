@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -83,8 +84,15 @@ std::vector<Candidate> plan_candidates(const std::vector<models::BlockCost>& cos
 void score_candidate(const std::vector<models::BlockCost>& costs, const MachineCosts& machine,
                      const PlanRequest& request, Candidate& candidate);
 
-// The ranked table: configuration, predicted and (where verified) measured largest peak per
-// worker and images per second.
+// The first block of each stage of `cut`, by name.
+std::vector<std::string> first_blocks(const std::vector<pipeline::Range>& cut,
+                                      const std::vector<std::string>& block_names);
+// `--partition`'s value for a cut whose stages begin at `first_blocks`: all but the first,
+// comma-separated ("" for one stage).
+std::string partition_of(const std::vector<std::string>& first_blocks);
+
+// The ranked table (plan_report.cc): configuration, predicted and (where verified) measured largest
+// peak per worker and images per second.
 std::string candidates_table(const std::vector<Candidate>& candidates, size_t rows);
 
 // {"request", "winner": {settings, "flags"}, "candidates": [...]}: what `plan --json` prints and

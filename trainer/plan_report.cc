@@ -1,0 +1,102 @@
+// How a plan reads: a candidate's description and `train` flags, the ranked table and the JSON
+// document `plan --json` prints and `train --plan FILE` reads.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ferry/trainer/planner.h"
+
+namespace ferry::trainer {
+
+std::vector<std::string> first_blocks(const std::vector<pipeline::Range>& cut,
+                                      const std::vector<std::string>& block_names) {
+  std::vector<std::string> out;
+  for (const pipeline::Range& r : cut) out.push_back(block_names.at(static_cast<size_t>(r.begin)));
+  return out;
+}
+
+std::string partition_of(const std::vector<std::string>& first_blocks) {
+  if (first_blocks.size() < 2) return "";
+  return fmt::format("{}", fmt::join(first_blocks.begin() + 1, first_blocks.end(), ","));
+}
+
+std::string Candidate::describe() const {
+  std::string out = fmt::format("{} stage{}", stages, stages == 1 ? "" : "s");
+  if (replicas > 1) out += fmt::format(" x {} replicas", replicas);
+  out += schedule == "plain" ? ", plain" : fmt::format(", {} x {}", schedule, microbatches);
+  if (recompute) out += ", recomputed";
+  return out;
+}
+
+std::string Candidate::flags(const PlanRequest& request,
+                             const std::vector<std::string>& block_names) const {
+  std::string out = fmt::format(
+      "--model {} --classes {} --image-size {} --optimizer {} --batch-size {}", request.model,
+      request.classes, request.image_size, request.optimizer, batch_size);
+  out += fmt::format(" --stages {}", stages);
+  if (stages > 1) out += " --partition " + partition_of(first_blocks(cut, block_names));
+  if (replicas > 1) out += fmt::format(" --replicas {}", replicas);
+  if (schedule != "plain")
+    out += fmt::format(" --pipeline {} --microbatches {}", schedule, microbatches);
+  if (recompute) out += " --checkpoint-activations";
+  if (request.budget_mib > 0) out += fmt::format(" --memory-budget-mib {:.0f}", request.budget_mib);
+  return out;
+}
+
+std::string candidates_table(const std::vector<Candidate>& candidates, size_t rows) {
+  std::string out =
+      fmt::format("{:>4} {:<38} {:>6} {:>10} {:>10} {:>9} {:>9}\n", "rank", "configuration",
+                  "batch", "est. peak", "peak", "est. img/s", "img/s");
+  for (size_t k = 0; k < candidates.size() && k < rows; ++k) {
+    const Candidate& c = candidates[k];
+    out += fmt::format("{:>4} {:<38} {:>6} {:>10.0f} {:>10} {:>9.2f} {:>9}\n", k + 1, c.describe(),
+                       c.global_batch(), c.predicted_largest_peak_mib(),
+                       c.verified() ? fmt::format("{:.0f}", c.measured_largest_peak_mib())
+                                    : (c.verify_error.empty() ? "-" : "failed"),
+                       c.predicted_images_per_s(),
+                       c.verified() ? fmt::format("{:.2f}", c.measured_images_per_s) : "-");
+  }
+  return out;
+}
+
+nlohmann::ordered_json plan_document(const PlanRequest& request,
+                                     const std::vector<std::string>& block_names,
+                                     const std::vector<Candidate>& candidates,
+                                     const Candidate& winner) {
+  auto settings = [&](const Candidate& c) {
+    nlohmann::ordered_json out{{"stages", c.stages},
+                               {"replicas", c.replicas},
+                               {"schedule", c.schedule},
+                               {"microbatches", c.microbatches},
+                               {"recompute", c.recompute},
+                               {"batch_size", c.batch_size},
+                               {"global_batch", c.global_batch()},
+                               {"first_blocks", first_blocks(c.cut, block_names)},
+                               {"predicted_peak_mib", c.predicted_largest_peak_mib()},
+                               {"predicted_stage_peak_mib", c.predicted_peak_mib},
+                               {"predicted_images_per_s", c.predicted_images_per_s()}};
+    if (c.verified()) {
+      out["measured_peak_mib"] = c.measured_largest_peak_mib();
+      out["measured_stage_peak_mib"] = c.measured_peak_mib;
+      out["measured_images_per_s"] = c.measured_images_per_s;
+    } else if (!c.verify_error.empty()) {
+      out["verify_error"] = c.verify_error;
+    }
+    return out;
+  };
+  nlohmann::ordered_json out;
+  out["request"] = {{"model", request.model},
+                    {"classes", request.classes},
+                    {"image_size", request.image_size},
+                    {"optimizer", request.optimizer},
+                    {"workers", request.workers},
+                    {"memory_budget_mib", request.budget_mib},
+                    {"batch_size", request.largest_batch ? 0 : request.batch_size},
+                    {"largest_batch", request.largest_batch}};
+  out["winner"] = settings(winner);
+  out["winner"]["flags"] = winner.flags(request, block_names);
+  out["candidates"] = nlohmann::ordered_json::array();
+  for (const Candidate& c : candidates) out["candidates"].push_back(settings(c));
+  return out;
+}
+
+}  // namespace ferry::trainer

@@ -2,6 +2,7 @@
 // RRef on the parameters' owner), step it with a context's gradients, average them over
 // replicas (gradient_buckets.h), and save or restore its per-parameter state.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/custom_class.h>
 #include <torch/optim.h>
 #include <torch/serialize.h>
@@ -20,6 +21,7 @@
 #include "dist_autograd/owned_value.h"
 #include "ferry/core/compute_thread.h"
 #include "ferry/rpc/error.h"
+#include "ferry/rpc/parked.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::dist_autograd {
@@ -216,6 +218,41 @@ void load_state(const c10::IValue& ref, const std::vector<at::Tensor>& saved) {
   }
 }
 
+constexpr const char* kTakeParked = "ferry.optim.take_parked";
+
+rpc::ParkedTensors park(const c10::IValue& ref, const std::vector<std::string>& keys) {
+  c10::List<at::Tensor> state = save_state(ref);
+  if (state.size() != keys.size()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("{} keys to park the state of {} parameters", keys.size(),
+                                 state.size()));
+  }
+  rpc::ParkedTensors out;
+  for (size_t i = 0; i < keys.size(); ++i) out.insert(keys[i], state.get(i));
+  return out;
+}
+
+void load_parked(const c10::IValue& ref, const std::vector<rpc::RRefPtr>& parks,
+                 const std::vector<std::string>& keys) {
+  rpc::ParkedTensors found = rpc::gather_parked(parks, keys, kTakeParked);
+  std::vector<at::Tensor> saved;
+  std::vector<std::string> missing;
+  for (const std::string& key : keys) {
+    if (found.contains(key)) {
+      saved.push_back(found.at(key));
+    } else {
+      missing.push_back(key);
+    }
+  }
+  if (!missing.empty()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("the optimizer on worker \"{}\" found the state of parameters "
+                                 "{} in none of the {} parks it was given",
+                                 rpc::self().name, fmt::join(missing, ", "), parks.size()));
+  }
+  load_state(ref, saved);
+}
+
 void set_lr(const c10::IValue& ref, double lr) {
   auto local = local_of(ref);
   std::lock_guard<std::mutex> lock(local->mutex);
@@ -255,6 +292,14 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
   registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
   registry.add("ferry.optim.load_state",
                [](c10::IValue ref, c10::IValue saved) { load_state(ref, saved.toTensorVector()); });
+  registry.add("ferry.optim.park", [](c10::IValue ref, std::vector<std::string> keys) {
+    return park(ref, keys);
+  });
+  rpc::install_park_taker(registry, kTakeParked);
+  registry.add("ferry.optim.load_parked",
+               [](c10::IValue ref, c10::IValue parks, std::vector<std::string> keys) {
+                 load_parked(ref, rpc::parks_of(parks), keys);
+               });
 }
 
 }  // namespace ferry::dist_autograd

@@ -10,6 +10,7 @@
 
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/fan_out.h"
+#include "ferry/rpc/parked.h"
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::dist_autograd {
@@ -197,6 +198,46 @@ void DistributedOptimizer::load_state_dict(const c10::IValue& state) {
     c10::List<at::Tensor> mine;
     for (size_t i : owner.indices) mine.push_back(all[i]);
     return std::vector<c10::IValue>{mine};
+  });
+}
+
+namespace {
+
+// A parameter's key in a park: its position in the constructor's list.
+c10::List<std::string> park_keys(const std::vector<std::size_t>& indices) {
+  c10::List<std::string> out;
+  for (std::size_t i : indices) out.push_back(std::to_string(i));
+  return out;
+}
+
+}  // namespace
+
+std::vector<DistributedOptimizer::Parked> DistributedOptimizer::park() const {
+  std::vector<Parked> out;
+  for (const Owner& owner : owners_) {
+    out.push_back(Parked{owner.replica, rpc::remote(owner.worker, "ferry.optim.park",
+                                                    {rpc::to_ivalue(owner.optimizer),
+                                                     park_keys(owner.indices)})});
+  }
+  for (const Parked& p : out) {
+    try {
+      p.state->ready()->wait();
+    } catch (const std::exception&) {
+      rpc::rethrow_as(std::current_exception(),
+                      fmt::format("parking the optimizer's state on worker \"{}\" failed",
+                                  p.state->ownerName()));
+    }
+  }
+  return out;
+}
+
+void DistributedOptimizer::load_parked(const std::vector<Parked>& parked) {
+  on_owners("load_parked", "ferry.optim.load_parked", [&](const Owner& owner) {
+    std::vector<rpc::RRefPtr> mine;
+    for (const Parked& p : parked) {
+      if (p.replica == owner.replica) mine.push_back(p.state);
+    }
+    return std::vector<c10::IValue>{rpc::parks_value(mine), park_keys(owner.indices)};
   });
 }
 

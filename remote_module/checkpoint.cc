@@ -16,6 +16,7 @@
 #include "ferry/core/files.h"
 #include "ferry/rpc/error.h"
 #include "remote_module/fail.h"
+#include "remote_module/stage_here.h"
 
 namespace ferry::remote_module {
 namespace {
@@ -166,6 +167,8 @@ NamedValues read_extra(const fs::path& folder, const nlohmann::json& manifest) {
   return extra;
 }
 
+}  // namespace
+
 std::string first_names(const std::vector<std::string>& names) {
   constexpr size_t kShown = 5;
   std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kShown));
@@ -173,8 +176,6 @@ std::string first_names(const std::vector<std::string>& names) {
       "{}{}", fmt::join(shown, ", "),
       names.size() > kShown ? fmt::format(" and {} more", names.size() - kShown) : std::string());
 }
-
-}  // namespace
 
 std::string latest_checkpoint_folder(const std::string& dir) {
   fs::path root(dir);

@@ -4,6 +4,7 @@
 // if it is not a stage this worker owns.
 #pragma once
 
+#include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 
 #include <string>
@@ -23,6 +24,19 @@ std::vector<at::Tensor> stage_parameters_here(const rpc::RRefPtr& module);
 std::vector<at::Tensor> stage_buffers_here(const rpc::RRefPtr& module);
 // The stage's type, as errors name it.
 std::string stage_type_here(const rpc::RRefPtr& module);
+// Its parameters and buffers by name, detached, sharing their storage (no copy).
+c10::Dict<std::string, at::Tensor> stage_state_here(const rpc::RRefPtr& module);
+// Loads the stage's parameters and buffers from `state` on the compute thread (`strict`: all of
+// them and nothing else); a mismatch names the stage and this worker.
+void load_stage_state_here(const rpc::RRefPtr& module,
+                           const c10::Dict<std::string, at::Tensor>& state, bool strict);
+
+// The first few of `names` and how many more, for errors (checkpoint.cc).
+std::string first_names(const std::vector<std::string>& names);
+
+// "ferry.stage.park", "ferry.stage.take_parked", "ferry.stage.load_parked"
+// (state_handover.cc), which stage_host.cc's install() adds.
+void install_state_handover(rpc::FunctionRegistry& registry);
 
 // "ferry.stage.forward_chain" (stage_chain.cc), which stage_host.cc's install() adds.
 void install_stage_chain(rpc::FunctionRegistry& registry);

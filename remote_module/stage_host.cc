@@ -249,6 +249,28 @@ std::vector<at::Tensor> stage_buffers_here(const rpc::RRefPtr& module) {
 
 std::string stage_type_here(const rpc::RRefPtr& module) { return holder_of(module)->type; }
 
+c10::Dict<std::string, at::Tensor> stage_state_here(const rpc::RRefPtr& module) {
+  auto holder = holder_of(module);
+  std::lock_guard<std::mutex> lock(holder->mutex);
+  c10::Dict<std::string, at::Tensor> out;
+  for (auto& [name, t] : holder->stage->named_parameters()) out.insert(name, t.detach());
+  for (auto& [name, t] : holder->stage->named_buffers()) out.insert(name, t.detach());
+  return out;
+}
+
+void load_stage_state_here(const rpc::RRefPtr& module,
+                           const c10::Dict<std::string, at::Tensor>& state, bool strict) {
+  auto holder = holder_of(module);
+  core::run_on_compute_thread([&] {
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    try {
+      load_state(*holder->stage, state, strict);
+    } catch (...) {
+      rethrow_in_stage(*holder, "load_state_dict");
+    }
+  });
+}
+
 namespace {
 
 // Building a stage on this worker: a registered type from its config, or a TorchScript file.
@@ -341,15 +363,7 @@ void install_inspecting(rpc::FunctionRegistry& registry) {
   });
   registry.add("ferry.stage.load_state_dict",
                [](rpc::RRefPtr module, c10::Dict<std::string, at::Tensor> state, bool strict) {
-                 auto holder = holder_of(module);
-                 core::run_on_compute_thread([&] {
-                   std::lock_guard<std::mutex> lock(holder->mutex);
-                   try {
-                     load_state(*holder->stage, state, strict);
-                   } catch (...) {
-                     rethrow_in_stage(*holder, "load_state_dict");
-                   }
-                 });
+                 load_stage_state_here(module, state, strict);
                });
 }
 
@@ -417,6 +431,7 @@ void install(rpc::FunctionRegistry& registry) {
   install_stage_chain(registry);
   install_inspecting(registry);
   install_settings(registry);
+  install_state_handover(registry);
 }
 
 }  // namespace ferry::remote_module

@@ -12,6 +12,7 @@
 #include "ferry/dist_autograd/context.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
+#include "ferry/remote_module/state_handover.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
 #include "tests/support/test_stages.h"
@@ -367,6 +368,79 @@ TEST(DistributedOptimizer, StateOfTheWrongSizeIsRefused) {
   DistributedOptimizer optimizer(OptimizerSpec::sgd(0.1), stages.parameters());
   EXPECT_THAT(kind_and_error_of([&] { optimizer.load_state_dict(c10::List<at::Tensor>()); }),
               HasSubstr("optimizer state must be a list of"));
+}
+
+// Two wider stages (about 330 KiB of parameters and Adam's moments) on any two workers.
+struct WideStages {
+  WideStages(const std::string& first_worker, const std::string& second_worker)
+      : first(remote_module::RemoteModule::create(first_worker, "test.mlp",
+                                                  mlp_config(4, 512, 32, 7))),
+        second(remote_module::RemoteModule::create(second_worker, "test.mlp",
+                                                   mlp_config(32, 512, 1, 8))) {}
+  remote_module::RemoteModule first;
+  remote_module::RemoteModule second;
+  std::vector<rpc::RRefPtr> parameters() const {
+    auto all = first.remote_parameters();
+    for (auto& p : second.remote_parameters()) all.push_back(p);
+    return all;
+  }
+  void train_step(DistributedOptimizer& optimizer, int step) const {
+    Context context;
+    at::Tensor y = second.forward({first.forward({batch(step)})}).toTensor();
+    backward(context.id(), {(y * y).mean()});
+    optimizer.step(context.id());
+  }
+};
+
+// Stages moved to other workers mid-run take their parameters and Adam's state straight from
+// where they were: the run goes on as if nothing moved, and what moved did not pass through this
+// process.
+TEST(DistributedOptimizer, StateHandedOverWorkerToWorkerTrainsOnExactly) {
+  LocalWorld::Settings settings;
+  settings.peer_names = {"a", "b", "c"};
+  LocalWorld world(settings);
+  WideStages straight("a", "b");
+  DistributedOptimizer straight_optimizer(OptimizerSpec::adam(0.01), straight.parameters());
+  for (int step = 0; step < 4; ++step) straight.train_step(straight_optimizer, step);
+
+  auto before = std::make_unique<WideStages>("a", "b");
+  auto optimizer =
+      std::make_unique<DistributedOptimizer>(OptimizerSpec::adam(0.01), before->parameters());
+  for (int step = 0; step < 2; ++step) before->train_step(*optimizer, step);
+  const std::uint64_t received = rpc::agent().bytes_received();
+  const std::uint64_t sent = rpc::agent().bytes_sent();
+  const rpc::RRefPtr first_park = remote_module::park_state(before->first);
+  const rpc::RRefPtr second_park = remote_module::park_state(before->second);
+  const std::vector<DistributedOptimizer::Parked> optimizer_parks = optimizer->park();
+  ASSERT_EQ(optimizer_parks.size(), 2u);
+  optimizer.reset();
+  before.reset();
+  // The first stage goes to c, the second to a, where the first was.
+  WideStages after("c", "a");
+  remote_module::load_parked_state(after.first, {first_park});
+  remote_module::load_parked_state(after.second, {second_park});
+  DistributedOptimizer moved(OptimizerSpec::adam(0.01), after.parameters());
+  moved.load_parked(optimizer_parks);
+  const std::uint64_t moved_bytes =
+      3 * static_cast<std::uint64_t>(after.first.parameter_bytes() +
+                                     after.second.parameter_bytes());
+  ASSERT_GT(moved_bytes, 300u << 10);
+  EXPECT_LT(rpc::agent().bytes_received() - received, moved_bytes / 10);
+  EXPECT_LT(rpc::agent().bytes_sent() - sent, moved_bytes / 10);
+  for (int step = 2; step < 4; ++step) after.train_step(moved, step);
+  expect_same_parameters(after.first, straight.first, 1e-6);
+  expect_same_parameters(after.second, straight.second, 1e-6);
+}
+
+TEST(DistributedOptimizer, AHandoverThatFindsNothingNamesTheStageAndTheWorker) {
+  LocalWorld world(two_workers());
+  TwoStages stages;
+  DistributedOptimizer optimizer(OptimizerSpec::adam(0.01), stages.parameters());
+  EXPECT_THAT(kind_and_error_of([&] { remote_module::load_parked_state(stages.second, {}); }),
+              HasSubstr("stage \"test.mlp\" on worker \"b\" found 4 of its tensors in no park "
+                        "of the 0 it was given"));
+  EXPECT_THAT(kind_and_error_of([&] { optimizer.load_parked({}); }),
+              HasSubstr("found the state of parameters 0, 1, 2, 3 in none of the 0 parks"));
 }
 
 }  // namespace

@@ -100,6 +100,19 @@ class DistributedOptimizer {
   // Throws rpc::Error if `state` does not match the parameters.
   void load_state_dict(const c10::IValue& state);
 
+  // The state handed to another optimizer over the same parameters, worker to worker (a model
+  // cut anew while it trains): park() leaves each owner's state on its worker, where it stays
+  // after this optimizer is gone, for as long as the returned RRefs live.
+  struct Parked {
+    int replica = 0;
+    rpc::RRefPtr state;
+  };
+  std::vector<Parked> park() const;
+  // Each owner fetches its parameters' state from the parks of its replica that hold it
+  // (parameters matched by position, as load_state_dict matches them), straight from their
+  // workers. Throws rpc::Error naming an owner that found some parameter in no park.
+  void load_parked(const std::vector<Parked>& parked);
+
   const OptimizerSpec& spec() const { return spec_; }
   std::size_t parameter_count() const { return parameter_count_; }  // per replica
   int replica_count() const { return replica_count_; }

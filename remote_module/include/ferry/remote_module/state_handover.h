@@ -1,0 +1,25 @@
+// A stage's state handed to other stages worker to worker, by tensor name: what a running job
+// needs to cut its model anew without a checkpoint on disk and without gathering the model in
+// one process (load_state_by_tensor_name is the same through the caller). The old stage parks
+// its parameters and buffers on its worker (no copy), and may then be dropped; each new stage's
+// worker takes the tensors it needs straight from the parks' workers; the parks are freed with
+// their last RRef.
+#pragma once
+
+#include <vector>
+
+#include "ferry/remote_module/remote_module.h"
+#include "ferry/rpc/rref.h"
+
+namespace ferry::remote_module {
+
+// `stage`'s parameters and buffers, kept on its worker under the returned RRef (there once this
+// returns: the stage may then be dropped).
+rpc::RRefPtr park_state(const RemoteModule& stage);
+
+// Every parameter and buffer of `stage` from `parks` (each from the first that holds it), which
+// its worker fetches itself. Throws rpc::Error(InvalidArgument) naming the stage, its worker and
+// the tensors that no park holds, and then loads nothing.
+void load_parked_state(const RemoteModule& stage, const std::vector<rpc::RRefPtr>& parks);
+
+}  // namespace ferry::remote_module

@@ -1,0 +1,67 @@
+// Both sides of a stage's state handover: the master's calls and the workers' functions.
+#include "ferry/remote_module/state_handover.h"
+
+#include <fmt/format.h>
+
+#include "ferry/rpc/parked.h"
+#include "ferry/rpc/rpc.h"
+#include "remote_module/stage_here.h"
+
+namespace ferry::remote_module {
+namespace {
+
+constexpr const char* kTake = "ferry.stage.take_parked";
+
+void load_from_parks(const rpc::RRefPtr& module, const std::vector<rpc::RRefPtr>& parks) {
+  std::vector<std::string> names;
+  for (const auto& entry : stage_state_here(module)) names.push_back(entry.key());
+  rpc::ParkedTensors state = rpc::gather_parked(parks, names, kTake);
+  std::vector<std::string> missing;
+  for (const std::string& name : names) {
+    if (!state.contains(name)) missing.push_back(name);
+  }
+  if (!missing.empty()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("stage \"{}\" on worker \"{}\" found {} of its tensors in no "
+                                 "park of the {} it was given: {}",
+                                 stage_type_here(module), rpc::self().name, missing.size(),
+                                 parks.size(), first_names(missing)));
+  }
+  load_stage_state_here(module, state, /*strict=*/true);
+}
+
+}  // namespace
+
+void install_state_handover(rpc::FunctionRegistry& registry) {
+  registry.add("ferry.stage.park", [](rpc::RRefPtr module) { return stage_state_here(module); });
+  rpc::install_park_taker(registry, kTake);
+  registry.add("ferry.stage.load_parked", [](rpc::RRefPtr module, c10::IValue parks) {
+    load_from_parks(module, rpc::parks_of(parks));
+  });
+}
+
+rpc::RRefPtr park_state(const RemoteModule& stage) {
+  rpc::RRefPtr park =
+      rpc::remote(stage.worker(), "ferry.stage.park", {rpc::to_ivalue(stage.module_rref())});
+  try {
+    park->ready()->wait();
+  } catch (const std::exception&) {
+    rpc::rethrow_as(std::current_exception(),
+                    fmt::format("parking the state of stage \"{}\" on worker \"{}\" failed",
+                                stage.type(), stage.worker()));
+  }
+  return park;
+}
+
+void load_parked_state(const RemoteModule& stage, const std::vector<rpc::RRefPtr>& parks) {
+  try {
+    rpc::rpc_sync(stage.worker(), "ferry.stage.load_parked",
+                  {rpc::to_ivalue(stage.module_rref()), rpc::parks_value(parks)});
+  } catch (const rpc::Error&) {
+    rpc::rethrow_as(std::current_exception(),
+                    fmt::format("loading parked state into stage \"{}\" on worker \"{}\" failed",
+                                stage.type(), stage.worker()));
+  }
+}
+
+}  // namespace ferry::remote_module

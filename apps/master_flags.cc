@@ -142,13 +142,20 @@ void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_flag("--checkpoint-activations", t.checkpoint_activations,
                 "keep only each stage's inputs and recompute its forward in backward");
   cmd->add_option("--rebalance", t.rebalance,
-                  "pipelined steps: after each epoch, cut the blocks anew from each stage's "
-                  "measured compute and move them while training when the step gets 5% "
-                  "shorter: auto (when --balance time cuts), on or off")
+                  "pipelined steps: cut the blocks anew from each stage's measured compute and "
+                  "move them while training when the step gets 5% shorter, first after "
+                  "--rebalance-after batches, then after epochs out of balance: auto (when "
+                  "--balance time cuts), on or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_option("--rebalance-after", t.rebalance_after,
+                  "the first re-balance looks after this many batches of the first epoch (its "
+                  "first step warms up and is not measured); 0, or an epoch that short: after "
+                  "the first epoch")
+      ->capture_default_str()
+      ->check(in_range(0, kMaxCount));
   cmd->add_option("--rebalance-to", t.rebalance_to,
-                  "after the first epoch, move the blocks to this cut, as --partition names it "
+                  "at the first re-balance, move the blocks to this cut, as --partition names it "
                   "(to try a cut, or test a move)");
   cmd->add_option("--trace", t.trace_file,
                   "write a Chrome trace (Perfetto, chrome://tracing) of every stage's forward, "

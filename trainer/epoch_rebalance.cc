@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/trainer/fail.h"
@@ -20,17 +22,28 @@ EpochRebalance::EpochRebalance(const TrainSettings& s, PlanSettings plan_setting
   }
 }
 
+std::string RebalanceMoment::describe() const {
+  return batch == 0 ? fmt::format("after epoch {}", epoch)
+                    : fmt::format("in epoch {} after batch {}", epoch, batch);
+}
+
+std::size_t EpochRebalance::first_look_within(bool pipelined, std::size_t batches) const {
+  if (checks_ > 0 || (forced_.empty() && !looks(pipelined))) return 0;
+  const auto after = static_cast<std::size_t>(std::max(s_.rebalance_after, 0));
+  return after >= 2 && after < batches ? after : 0;
+}
+
 bool EpochRebalance::looks(bool pipelined) const {
   if (!pipelined || s_.rebalance == "off") return false;
   return s_.rebalance == "on" ||
          (s_.plan.balance == "time" && s_.plan.stages > 0 && s_.plan.partition.empty());
 }
 
-std::optional<StagePlan> EpochRebalance::after_epoch(int epoch, bool pipelined,
-                                                     const StagePlan& plan,
-                                                     const std::vector<std::string>& places,
-                                                     const std::vector<double>& measured,
-                                                     nlohmann::ordered_json& records) {
+std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool pipelined,
+                                              const StagePlan& plan,
+                                              const std::vector<std::string>& places,
+                                              const std::vector<double>& measured,
+                                              nlohmann::ordered_json& records) {
   const bool forced = !forced_.empty() && checks_ == 0;
   if (!forced && !looks(pipelined)) return std::nullopt;
   if (!forced && checks_ > 0 && imbalance(measured) <= kMaxImbalance) return std::nullopt;
@@ -41,10 +54,16 @@ std::optional<StagePlan> EpochRebalance::after_epoch(int epoch, bool pipelined,
       current, measured);
   const Recut proposal =
       forced ? recut_of(forced_, calibrated, measured) : propose_recut(calibrated, measured);
-  nlohmann::ordered_json record{{"after_epoch", epoch},
-                                {"measured_slowest_s", proposal.slowest_s},
-                                {"predicted_slowest_s", proposal.predicted_slowest_s}};
-  auto keep = [&](const std::string& why) -> std::optional<StagePlan> {
+  nlohmann::ordered_json record;
+  if (when.batch == 0) {
+    record["after_epoch"] = when.epoch;
+  } else {
+    record["in_epoch"] = when.epoch;
+    record["after_batch"] = when.batch;
+  }
+  record["measured_slowest_s"] = proposal.slowest_s;
+  record["predicted_slowest_s"] = proposal.predicted_slowest_s;
+  auto keep = [&](const std::string& why) -> std::optional<StageMove> {
     record["moved"] = false;
     record["why_not"] = why;
     records.push_back(record);
@@ -52,29 +71,33 @@ std::optional<StagePlan> EpochRebalance::after_epoch(int epoch, bool pipelined,
   };
   if (!proposal.moves(current) || (!forced && !proposal.worth_it())) {
     log::info(
-        "re-balance after epoch {}: the cut stays (its slowest stage computes {:.3f} s per "
-        "step; the best cut from the measured compute, {:.3f} s)",
-        epoch, proposal.slowest_s, proposal.predicted_slowest_s);
+        "re-balance {}: the cut stays (its slowest stage computes {:.3f} s per step; the best "
+        "cut from the measured compute, {:.3f} s)",
+        when.describe(), proposal.slowest_s, proposal.predicted_slowest_s);
     return keep(proposal.moves(current) ? "the step would not get 5% shorter"
                                         : "the best cut is the one the job has");
   }
   StagePlan to = recut(plan, plan_settings_, proposal.ranges,
                        forced ? "moved by --rebalance-to" : "re-balanced from measured compute");
-  const std::string over = over_budget(to, places, core::tensor_memory_budget() / double(1 << 20));
+  const double budget_mib = core::tensor_memory_budget() / double(1 << 20);
+  const std::string over = over_budget(to, places, budget_mib);
   const std::string move = describe_move(plan, to);
   record["blocks"] = move;
   if (!over.empty()) {
-    log::warn("re-balance after epoch {} not made ({}): {}; training goes on with the cut it has",
-              epoch, move, over);
+    log::warn("re-balance {} not made ({}): {}; training goes on with the cut it has",
+              when.describe(), move, over);
     return keep(over);
   }
-  log::info(
-      "re-balance after epoch {}: {}; slowest stage {:.3f} s per step measured, {:.3f} s "
-      "predicted",
-      epoch, move, proposal.slowest_s, proposal.predicted_slowest_s);
+  log::info("re-balance {}: {}; slowest stage {:.3f} s per step measured, {:.3f} s predicted",
+            when.describe(), move, proposal.slowest_s, proposal.predicted_slowest_s);
+  const std::string tight = handover_over_budget(
+      plan, to, places, optimizer_state_copies(plan_settings_.optimizer), budget_mib);
+  if (!tight.empty()) log::info("the state moves through the master: worker to worker, {}", tight);
   record["moved"] = true;
+  record["handover"] = tight.empty() ? "worker to worker" : "through the master";
   records.push_back(record);
-  return to;
+  return StageMove{std::move(to),
+                   tight.empty() ? Handover::WorkerToWorker : Handover::ThroughMaster};
 }
 
 }  // namespace ferry::trainer

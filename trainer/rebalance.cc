@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <set>
 
 namespace ferry::trainer {
 
@@ -63,6 +64,33 @@ std::string over_budget(const StagePlan& plan, const std::vector<std::string>& p
     if (peaks[k] <= budget_mib) continue;
     over.push_back(fmt::format("{} ({}) on {} would peak at an estimated {:.0f} MiB",
                                plan.stages[k].name, plan.stages[k].blocks, places[k], peaks[k]));
+  }
+  if (over.empty()) return "";
+  return fmt::format("{}, over the budget of {:.0f} MiB per process", fmt::join(over, "; "),
+                     budget_mib);
+}
+
+std::string handover_over_budget(const StagePlan& from, const StagePlan& to,
+                                 const std::vector<std::string>& places, double state_copies,
+                                 double budget_mib) {
+  if (budget_mib <= 0) return "";
+  auto state_mib = [&](const StagePlan& plan, double copies) {
+    std::vector<double> out;
+    for (const PlannedStage& stage : plan.stages) {
+      out.push_back(static_cast<double>(stage.parameters) * sizeof(float) * (1 + copies) /
+                    (1 << 20));
+    }
+    return summed_by_worker(out, places);
+  };
+  const std::vector<double> parked = state_mib(from, 2 * state_copies);
+  const std::vector<double> old_state = state_mib(from, state_copies);
+  const std::vector<double> new_state = state_mib(to, state_copies);
+  std::vector<std::string> over;
+  std::set<std::string> said;
+  for (size_t k = 0; k < places.size() && k < to.stages.size(); ++k) {
+    const double held = std::max(parked[k], old_state[k] + new_state[k]);
+    if (held <= budget_mib || !said.insert(places[k]).second) continue;
+    over.push_back(fmt::format("{} would hold an estimated {:.0f} MiB", places[k], held));
   }
   if (over.empty()) return "";
   return fmt::format("{}, over the budget of {:.0f} MiB per process", fmt::join(over, "; "),

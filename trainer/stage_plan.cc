@@ -18,8 +18,6 @@ namespace {
 
 constexpr double kMiB = 1 << 20;
 
-// The optimizer's state per parameter byte: a momentum for SGD; two moments for Adam and AdamW.
-double optimizer_state_copies(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 2; }
 // Bytes per parameter byte that training keeps, as the balance by memory sums them per block: the
 // parameter, its gradient and the optimizer's state.
 double state_factor(const std::string& optimizer) { return 2 + optimizer_state_copies(optimizer); }
@@ -126,6 +124,8 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
 }  // namespace
 
 std::string worker_of(const std::string& place) { return place.substr(0, place.find('/')); }
+
+double optimizer_state_copies(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 2; }
 
 std::vector<double> summed_by_worker(const std::vector<double>& values,
                                      const std::vector<std::string>& places) {

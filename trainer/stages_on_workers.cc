@@ -8,6 +8,7 @@
 #include "ferry/core/log.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
+#include "ferry/remote_module/state_handover.h"
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/fail.h"
 #include "trainer/train_setup.h"
@@ -130,14 +131,15 @@ void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_ste
                   static_cast<int>(extra.at("stale_epochs").toInt()));
 }
 
-void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, const StagePlan& to,
-                 const std::vector<std::string>& workers) {
+namespace {
+
+void move_through_master(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s,
+                         const StagePlan& to, const std::vector<std::string>& workers) {
   std::map<std::string, at::Tensor> state;
   for (const auto& stage : job->split().stages()) {
     for (const auto& item : stage.module.state_dict()) state[item.key()] = item.value();
   }
   const c10::IValue optimizer = job->optimizer->state_dict();
-  const double last_loss = job->last_train_loss;
   // The old stages go first: a worker holds one copy of its blocks at a time.
   job.reset();
   job = build_stages(s, to, workers);
@@ -145,6 +147,40 @@ void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, 
                                            "the stages before the move");
   align_replicas(*job);
   job->optimizer->load_state_dict(optimizer);
+}
+
+// Each replica's new stages take from that replica's old ones, so each keeps its own batch-norm
+// statistics, as it would have without the move.
+void move_worker_to_worker(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s,
+                           const StagePlan& to, const std::vector<std::string>& workers) {
+  std::vector<std::vector<rpc::RRefPtr>> parks(job->replicas.size());
+  for (std::size_t r = 0; r < job->replicas.size(); ++r) {
+    for (const RemoteUnet::Stage& stage : job->replicas[r].split.stages()) {
+      parks[r].push_back(remote_module::park_state(stage.module));
+    }
+  }
+  const std::vector<dist_autograd::DistributedOptimizer::Parked> optimizer =
+      job->optimizer->park();
+  job.reset();
+  job = build_stages(s, to, workers);
+  for (std::size_t r = 0; r < job->replicas.size(); ++r) {
+    for (const RemoteUnet::Stage& stage : job->replicas[r].split.stages()) {
+      remote_module::load_parked_state(stage.module, parks[r]);
+    }
+  }
+  job->optimizer->load_parked(optimizer);
+}
+
+}  // namespace
+
+void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, const StagePlan& to,
+                 const std::vector<std::string>& workers, Handover handover) {
+  const double last_loss = job->last_train_loss;
+  if (handover == Handover::WorkerToWorker) {
+    move_worker_to_worker(job, s, to, workers);
+  } else {
+    move_through_master(job, s, to, workers);
+  }
   job->last_train_loss = last_loss;
 }
 

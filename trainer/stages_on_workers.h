@@ -69,11 +69,21 @@ remote_module::NamedValues progress_values(const Progress& p, const StagesOnWork
 void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
              Progress& progress);
 
+// How move_stages hands the state over.
+enum class Handover {
+  // Each new stage's worker takes its tensors straight from the workers that held them
+  // (remote_module/state_handover.h); the master holds none of them.
+  WorkerToWorker,
+  // The master gathers every tensor and sends each to its new stage: no worker holds its old
+  // state beside its new one.
+  ThroughMaster,
+};
+
 // Builds the stages of `to` on `workers` (every replica) in place of `job`'s and moves every
 // parameter, buffer and the optimizer's state into them by tensor name, as a resume onto another
 // cut restores them, without a checkpoint on disk (ferry/trainer/rebalance.h says when). What this
 // throws leaves `job` empty: the caller goes back to a checkpoint, as after a lost worker.
 void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, const StagePlan& to,
-                 const std::vector<std::string>& workers);
+                 const std::vector<std::string>& workers, Handover handover);
 
 }  // namespace ferry::trainer

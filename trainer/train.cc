@@ -162,9 +162,10 @@ void start(Run& run) {
 }
 
 // An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line. Returns
-// each stage's compute per step.
+// each stage's compute per step over the epoch's last `batches` (those since `before`).
 std::vector<double> record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
-                                 const StageSeconds& before, const StageSeconds& after) {
+                                 const StageSeconds& before, const StageSeconds& after,
+                                 std::size_t batches) {
   const TrainSettings& s = run.s;
   const double loss = run.job->last_train_loss;
   const double lr = run.job->optimizer->spec().options.at("lr");
@@ -180,7 +181,7 @@ std::vector<double> record_epoch(Run& run, int epoch, const EpochTimes& times, c
                                             s.plan.image_size));
   }
   const std::vector<double> compute =
-      run.compute.add_epoch(epoch, times.batches, before, after, run.plan, first_places(run));
+      run.compute.add_epoch(epoch, batches, before, after, run.plan, first_places(run));
   run.metrics["epochs"].push_back({{"epoch", epoch},
                                    {"train_loss", loss},
                                    {"val_loss", v.loss},
@@ -211,37 +212,81 @@ void save_checkpoints(Run& run, bool improved) {
   }
 }
 
-// After an epoch: the cut EpochRebalance calls for, moved to while the job runs.
-void rebalance(Run& run, int epoch, const std::vector<double>& measured) {
-  std::optional<StagePlan> to =
-      run.rebalance->after_epoch(epoch, run.job->replicas.front().pipe != nullptr, run.plan,
-                                 first_places(run), measured, run.metrics["rebalances"]);
-  if (!to) return;
-  run.plan = std::move(*to);  // a failure while moving goes back to a checkpoint with the new cut
-  move_stages(run.job, run.s, run.plan, run.workers);
+// At `when`: the cut EpochRebalance calls for from `measured`, moved to while the job runs. True
+// if the stages moved.
+bool rebalance(Run& run, const RebalanceMoment& when, const std::vector<double>& measured) {
+  nlohmann::ordered_json& records = run.metrics["rebalances"];
+  std::optional<StageMove> move =
+      run.rebalance->look(when, run.job->replicas.front().pipe != nullptr, run.plan,
+                          first_places(run), measured, records);
+  if (!move) return false;
+  run.plan = std::move(move->to);  // a failure while moving goes back to a checkpoint with the new cut
+  const std::uint64_t received = rpc::agent().bytes_received();
+  const auto start = std::chrono::steady_clock::now();
+  move_stages(run.job, run.s, run.plan, run.workers, move->handover);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double master_mib = (rpc::agent().bytes_received() - received) / double(1 << 20);
+  log::info("moved in {:.2f} s; the master received {:.2f} MiB of it", seconds, master_mib);
+  records.back()["move_s"] = seconds;
+  records.back()["master_received_mib"] = master_mib;
   run.compute.restart_on_new_cut();
+  return true;
 }
 
-// One epoch: train, bring the replicas together, validate, record, checkpoint. True if the
-// monitor says the run should stop.
+// Stage compute since `from` (a snapshot `batches` batches into the epoch), per batch.
+std::vector<double> compute_per_batch(const StageSeconds& from, const StageSeconds& to,
+                                      std::size_t batches) {
+  std::vector<double> out;
+  for (std::size_t k = 0; k < to.compute.size(); ++k) {
+    out.push_back((to.compute[k] - from.compute[k]) / std::max<std::size_t>(batches, 1));
+  }
+  return out;
+}
+
+// One epoch: train (with the first re-balance within it, when it is long enough), bring the
+// replicas together, validate, record, checkpoint, re-balance. True if the monitor says the run
+// should stop.
 bool run_epoch(Run& run, int epoch) {
   const TrainSettings& s = run.s;
+  auto first_replica = [&run] { return stage_seconds(run.job->replicas.front()); };
+  // The epoch's stage figures count from its start, or from the last move within it.
+  StageSeconds before = first_replica();
+  std::size_t before_batch = 0;
+  std::size_t look_at = run.rebalance->first_look_within(
+      run.job->replicas.front().pipe != nullptr, run.train_loader->batches());
+  std::optional<std::pair<StageSeconds, std::size_t>> warm;  // after the first step
+  auto after_step = [&](std::size_t done) {
+    if (look_at == 0) return;
+    if (!warm) {
+      warm.emplace(first_replica(), done);
+      return;
+    }
+    if (done < look_at) return;
+    look_at = 0;
+    const std::vector<double> measured =
+        compute_per_batch(warm->first, first_replica(), done - warm->second);
+    if (rebalance(run, RebalanceMoment{epoch, done}, measured)) {
+      before = first_replica();
+      before_batch = done;
+    }
+  };
+  const EpochTimes times = train_epoch(run.job, *run.train_loader, epoch, s, *run.schedule,
+                                       run.progress.step, after_step);
+  const StageSeconds after = first_replica();
   StagesOnWorkers& job = *run.job;
-  const StageSeconds before = stage_seconds(job.replicas.front());
-  const EpochTimes times =
-      train_epoch(job, *run.train_loader, epoch, s, *run.schedule, run.progress.step);
-  const StageSeconds after = stage_seconds(job.replicas.front());
   run.train_s += times.train_s;
   align_replicas(job);
   const Validation v = validate(job.replicas, *run.validation_loader, s.loss, !s.via_master);
-  const std::vector<double> compute = record_epoch(run, epoch, times, v, before, after);
+  const std::vector<double> compute =
+      record_epoch(run, epoch, times, v, before, after, times.batches - before_batch);
   run.progress.epoch = epoch;
   EpochMonitor::Verdict verdict;
   if (run.progress.monitor) {
     verdict = run.progress.monitor->observe(epoch, v.of(run.progress.monitor->metric()));
   }
   save_checkpoints(run, verdict.improved);
-  if (!verdict.stop && epoch < s.epochs) rebalance(run, epoch, compute);
+  if (!verdict.stop && epoch < s.epochs) rebalance(run, RebalanceMoment{epoch, 0}, compute);
   return verdict.stop;
 }
 

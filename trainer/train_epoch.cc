@@ -31,9 +31,10 @@ std::uint64_t bytes_sent_by_job(const StagesOnWorkers& job) {
 
 }  // namespace
 
-EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
-                       const TrainSettings& s, const dist_autograd::LrSchedule& schedule,
-                       std::int64_t& step) {
+EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job_ptr, data::BatchLoader& loader,
+                       int epoch, const TrainSettings& s,
+                       const dist_autograd::LrSchedule& schedule, std::int64_t& step,
+                       const AfterStep& after_step) {
   // Each batch's loss is a mean over its images; 1/K of it, summed over K batches, is the mean
   // over the K batches, as one step on a K times larger batch.
   const double scale = 1.0 / s.accumulate;
@@ -44,10 +45,11 @@ EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoc
   ProgressBar bar(fmt::format("epoch {}/{}", epoch, s.epochs), loader.batches());
   double loss_sum = 0, rate = 0;
   EpochTimes times;
-  const std::uint64_t bytes_before = bytes_sent_by_job(job);
+  const std::uint64_t bytes_before = bytes_sent_by_job(*job_ptr);
   std::size_t index = 0;
-  const std::size_t count = job.replicas.size();
+  const std::size_t count = job_ptr->replicas.size();
   while (auto batch = loader.next()) {
+    StagesOnWorkers& job = *job_ptr;
     auto start = Clock::now();
     ++index;
     const bool steps = index % s.accumulate == 0 || index == loader.batches();
@@ -96,10 +98,11 @@ EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoc
     rate = index == 1 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
     loss_sum += loss_value;
     bar.update(index, fmt::format("loss {:.4f} {:.1f} img/s", loss_sum / index, rate));
+    if (steps && after_step) after_step(index);
   }
-  job.last_train_loss = loss_sum / std::max<std::size_t>(index, 1);
+  job_ptr->last_train_loss = loss_sum / std::max<std::size_t>(index, 1);
   times.batches = index;
-  times.bytes_sent = bytes_sent_by_job(job) - bytes_before;
+  times.bytes_sent = bytes_sent_by_job(*job_ptr) - bytes_before;
   return times;
 }
 }  // namespace ferry::trainer

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "ferry/data/dataset.h"
 #include "ferry/dist_autograd/lr_schedule.h"
@@ -27,11 +29,15 @@ struct EpochTimes {
   std::uint64_t bytes_sent = 0;  // by every process of the job
 };
 
+// Called after each optimizer step with the epoch's batches done so far; it may move the stages
+// (replace `job`), and the epoch goes on with the new ones.
+using AfterStep = std::function<void(std::size_t batches_done)>;
+
 // One pass over the training set. Each batch's gradients are kept on the owners until
 // --accumulate of them are summed into one optimizer step, its learning rate the schedule's at
-// `step` (counted on). Sets job.last_train_loss.
-EpochTimes train_epoch(StagesOnWorkers& job, data::BatchLoader& loader, int epoch,
+// `step` (counted on). Sets job->last_train_loss.
+EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job, data::BatchLoader& loader, int epoch,
                        const TrainSettings& s, const dist_autograd::LrSchedule& schedule,
-                       std::int64_t& step);
+                       std::int64_t& step, const AfterStep& after_step = {});
 
 }  // namespace ferry::trainer

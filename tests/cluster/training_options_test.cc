@@ -326,41 +326,55 @@ std::string rebalance_job(int epochs = 3, const std::string& partition = "decode
          partition;
 }
 
-// Blocks moved between stages after the first epoch (parameters, batch-norm statistics and Adam's
-// moments by tensor name, worker to worker through the master) change nothing that follows: every
-// epoch's losses and the final weights and optimizer state are those of the run that kept its cut.
-TEST(Rebalance, AMoveBetweenEpochsGivesTheLossesOfTheRunThatKeptItsCut) {
+// Blocks moved between stages, after the first epoch or within it (parameters, batch-norm
+// statistics and Adam's moments by tensor name, worker to worker) change nothing that follows:
+// every epoch's losses and the final weights and optimizer state are those of the run that kept
+// its cut, and the master receives next to nothing of the state that moved.
+TEST(Rebalance, AMoveBetweenEpochsOrWithinOneGivesTheLossesOfTheRunThatKeptItsCut) {
   const std::string base = ferry::testing::process_temp_dir().file("rebalance");
-  CommandResult kept = run(rebalance_job() + " --checkpoint-dir " + base + "-kept --metrics-file " +
-                           base + "-kept.json");
-  ASSERT_EQ(kept.status, 0) << kept.output;
-  CommandResult moved = run(rebalance_job() + " --rebalance-to layer3.0 --checkpoint-dir " + base +
-                            "-moved --metrics-file " + base + "-moved.json");
-  ASSERT_EQ(moved.status, 0) << moved.output;
-  EXPECT_THAT(moved.output,
-              HasSubstr("re-balance after epoch 1: stage0 stem..layer4.1 -> stem..layer2.1, "
-                        "stage1 decoder.0..head -> layer3.0..head"))
-      << moved.output;
+  auto run_with = [&base](const std::string& name, const std::string& flags) {
+    CommandResult r = run(rebalance_job() + flags + " --checkpoint-dir " + base + name +
+                          " --metrics-file " + base + name + ".json");
+    EXPECT_EQ(r.status, 0) << r.output;
+    return r.output;
+  };
+  run_with("-kept", "");
+  const std::string between = run_with("-between", " --rebalance-to layer3.0 --rebalance-after 0");
+  const std::string within = run_with("-within", " --rebalance-to layer3.0 --rebalance-after 3");
+  const std::string moved =
+      "stage0 stem..layer4.1 -> stem..layer2.1, stage1 decoder.0..head -> layer3.0..head";
+  EXPECT_THAT(between, HasSubstr("re-balance after epoch 1: " + moved)) << between;
+  EXPECT_THAT(within, HasSubstr("re-balance in epoch 1 after batch 3: " + moved)) << within;
   auto kept_json = nlohmann::json::parse(std::ifstream(base + "-kept.json"));
-  auto moved_json = nlohmann::json::parse(std::ifstream(base + "-moved.json"));
-  ASSERT_EQ(moved_json["rebalances"].size(), 1u);
-  EXPECT_TRUE(moved_json["rebalances"][0]["moved"].get<bool>());
   EXPECT_TRUE(kept_json["rebalances"].empty());
-  EXPECT_EQ(moved_json["stages"][1]["blocks"], "layer3.0..head");
   ASSERT_EQ(kept_json["epochs"].size(), 3u);
-  ASSERT_EQ(moved_json["epochs"].size(), 3u);
-  for (size_t e = 0; e < 3; ++e) {
-    for (const char* loss : {"train_loss", "val_loss"}) {
-      const double want = kept_json["epochs"][e][loss].get<double>();
-      EXPECT_NEAR(moved_json["epochs"][e][loss].get<double>(), want, 1e-5 * std::abs(want))
-          << loss << " of epoch " << e + 1;
+  SavedCheckpoint kept = read_checkpoint(latest_checkpoint(base + "-kept"));
+  ASSERT_GT(kept.tensors.size(), 100u);
+  for (const char* name : {"-between", "-within"}) {
+    SCOPED_TRACE(name);
+    auto json = nlohmann::json::parse(std::ifstream(base + name + ".json"));
+    ASSERT_EQ(json["rebalances"].size(), 1u);
+    const auto& record = json["rebalances"][0];
+    EXPECT_TRUE(record["moved"].get<bool>());
+    EXPECT_EQ(record["handover"], "worker to worker");
+    // The model's parameters and Adam's moments are about 160 MiB.
+    EXPECT_LT(record["master_received_mib"].get<double>(), 1.0);
+    EXPECT_EQ(json["stages"][1]["blocks"], "layer3.0..head");
+    ASSERT_EQ(json["epochs"].size(), 3u);
+    for (size_t e = 0; e < 3; ++e) {
+      for (const char* loss : {"train_loss", "val_loss"}) {
+        const double want = kept_json["epochs"][e][loss].get<double>();
+        EXPECT_NEAR(json["epochs"][e][loss].get<double>(), want, 1e-5 * std::abs(want))
+            << loss << " of epoch " << e + 1;
+      }
     }
+    EXPECT_LE(largest_relative_difference(kept, read_checkpoint(latest_checkpoint(base + name))),
+              1e-5);
   }
-  SavedCheckpoint a = read_checkpoint(latest_checkpoint(base + "-kept"));
-  SavedCheckpoint b = read_checkpoint(latest_checkpoint(base + "-moved"));
-  ASSERT_GT(a.tensors.size(), 100u);
-  EXPECT_LE(largest_relative_difference(a, b), 1e-5);
-  for (const char* suffix : {"-kept", "-moved"}) {
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(base + "-within.json"))["rebalances"][0]
+                ["after_batch"],
+            3);
+  for (const char* suffix : {"-kept", "-between", "-within"}) {
     std::filesystem::remove_all(base + suffix);
     std::remove((base + suffix + ".json").c_str());
   }

@@ -79,5 +79,27 @@ TEST(Rebalance, ABudgetCountsEveryStageOfAWorker) {
                         "worker1 would peak at an estimated 160 MiB, over the budget of 155 MiB"));
 }
 
+// A worker-to-worker handover holds a worker's old stage and its new one at once: the larger of
+// the old state parked a second time (serialised optimizer state) and old plus new.
+TEST(Rebalance, AHandoverCountsTheOldStateBesideTheNew) {
+  const auto mib = [](double m) { return static_cast<int64_t>(m * (1 << 20) / sizeof(float)); };
+  StagePlan from = plan_of({{"stem..layer3.1", 0}, {"layer4.0..head", 0}});
+  StagePlan to = plan_of({{"stem..layer2.1", 0}, {"layer3.0..head", 0}});
+  from.stages[0].parameters = mib(10);  // Adam: 30 MiB held, 50 parked twice
+  from.stages[1].parameters = mib(4);
+  to.stages[0].parameters = mib(2);
+  to.stages[1].parameters = mib(12);
+  const std::vector<std::string> places{"worker1", "worker2"};
+  EXPECT_EQ(handover_over_budget(from, to, places, 2, 0), "");
+  EXPECT_EQ(handover_over_budget(from, to, places, 2, 50), "");
+  EXPECT_EQ(handover_over_budget(from, to, places, 2, 49),
+            "worker1 would hold an estimated 50 MiB, over the budget of 49 MiB per process");
+  // worker2: 12 old and 36 new.
+  EXPECT_THAT(handover_over_budget(from, to, places, 2, 47),
+              HasSubstr("worker2 would hold an estimated 48 MiB"));
+  // SGD's momentum: 20 MiB parked twice on worker1; 8 + 24 on worker2.
+  EXPECT_EQ(handover_over_budget(from, to, places, 1, 32), "");
+}
+
 }  // namespace
 }  // namespace ferry::trainer

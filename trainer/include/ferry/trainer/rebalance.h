@@ -5,7 +5,8 @@
 // the proposal, and the job moves to it when its slowest stage is at least kMinGain faster: the
 // stages are built on the same workers with the new ranges, and every parameter, buffer and
 // optimizer state goes to its new stage by tensor name, as a resume onto another cut restores
-// them, without a checkpoint on disk (move_stages, trainer/stages_on_workers.h). Pure functions.
+// them, without a checkpoint on disk: worker to worker, or through the master when the handover
+// would not fit the memory budget (move_stages, trainer/stages_on_workers.h). Pure functions.
 #pragma once
 
 #include <string>
@@ -55,5 +56,13 @@ std::string describe_move(const StagePlan& from, const StagePlan& to);
 // the stages whose estimated peak, with the others on their worker, exceeds it.
 std::string over_budget(const StagePlan& plan, const std::vector<std::string>& places,
                         double budget_mib);
+
+// Why handing the state of `from`'s stages to `to`'s worker to worker would not fit a budget of
+// `budget_mib` per process ("" if it would, or no budget). While it runs, a worker holds its old
+// stages' parameters and optimizer state (`state_copies` per parameter byte) beside its new
+// stages' (and, for a moment, the old state a second time, serialised to travel).
+std::string handover_over_budget(const StagePlan& from, const StagePlan& to,
+                                 const std::vector<std::string>& places, double state_copies,
+                                 double budget_mib);
 
 }  // namespace ferry::trainer

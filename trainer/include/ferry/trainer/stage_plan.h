@@ -107,6 +107,9 @@ std::vector<double> stage_compute_s(const StagePlan& plan, int64_t batch_size, i
 // The worker of a place: "worker2" of "worker2" and of "worker2/cuda:0".
 std::string worker_of(const std::string& place);
 
+// The optimizer's state per parameter byte: a momentum for SGD; two moments for Adam and AdamW.
+double optimizer_state_copies(const std::string& optimizer);
+
 // Each of `values` (one per stage, at `places`) replaced by the sum over the stages on its
 // worker: what that worker holds or computes for them all.
 std::vector<double> summed_by_worker(const std::vector<double>& values,

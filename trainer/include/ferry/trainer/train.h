@@ -33,12 +33,16 @@ struct TrainSettings {
   int microbatches = 1;
   bool checkpoint_activations = false;  // every stage recomputes its forward in backward
   std::string trace_file;               // Chrome trace of the pipelined steps, if set
-  // Pipelined steps: after an epoch, cut the blocks anew from what the stages measured, and move
-  // blocks between stages while the job runs when that shortens the step by 5% or more
-  // (trainer/rebalance.h). auto: when the cut is balanced by time; on; off.
+  // Pipelined steps: cut the blocks anew from what the stages measured, and move blocks between
+  // stages while the job runs when that shortens the step by 5% or more (trainer/rebalance.h).
+  // auto: when the cut is balanced by time; on; off.
   std::string rebalance = "auto";
-  // After the first epoch, move to this cut whatever it gains (the first block of each stage
-  // after the first, as --partition takes them); empty: none.
+  // The first look at the stages' compute: after this many batches of the first epoch (the
+  // first step, warming up, is not counted), or after the epoch when it has no more; 0: after the
+  // first epoch. Later looks follow epochs.
+  int rebalance_after = 6;
+  // At the first look, move to this cut whatever it gains (the first block of each stage after
+  // the first, as --partition takes them); empty: none.
   std::string rebalance_to;
   double validation_share = 0.2;
   int epochs = 3;

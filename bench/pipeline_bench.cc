@@ -166,18 +166,33 @@ std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& mo
   return configs;
 }
 
+// Every block's forward and backward so far, as the stages time them (empty if one does not).
+std::vector<double> block_seconds(const Model& model) {
+  std::vector<double> out;
+  for (const remote_module::RemoteModule& stage : model.stages) {
+    const std::vector<remote_module::BlockSeconds> blocks = stage.block_seconds();
+    if (blocks.empty()) return {};
+    for (const auto& b : blocks) out.push_back(b.forward_s + b.backward_s);
+  }
+  return out;
+}
+
 // The cut that the last configuration's stages (zero-bubble at the most micro-batches) measured in
 // their latest step calls for (ferry/trainer/rebalance.h), or `plan` when no cut shortens its
-// slowest stage by kMinGain. `record` says what was measured and decided.
+// slowest stage by kMinGain. `blocks`: each block's compute in that step as its stage timed it
+// (the plan's estimates stand in when empty). `record` says what was measured and decided.
 trainer::StagePlan rebalanced(const PipelineBenchSettings& s, const trainer::StagePlan& plan,
-                              Config& last, nlohmann::ordered_json& record) {
+                              Config& last, const std::vector<double>& blocks,
+                              nlohmann::ordered_json& record) {
   const StageFigures measured = stage_figures(last);
   const std::vector<pipeline::Range> current = plan.ranges();
-  const std::vector<double> calibrated =
-      trainer::calibrated_block_s(trainer::block_compute_s(plan, s.batch, last.microbatches, false),
-                                  current, measured.compute_s);
+  const bool timed = blocks.size() == plan.costs.size();
+  const std::vector<double> calibrated = trainer::calibrated_block_s(
+      timed ? blocks : trainer::block_compute_s(plan, s.batch, last.microbatches, false), current,
+      measured.compute_s);
   const trainer::Recut recut = trainer::propose_recut(calibrated, measured.compute_s);
-  record = {{"measured_compute_s", measured.compute_s},
+  record = {{"block_costs", timed ? "measured in the stages" : "estimated"},
+            {"measured_compute_s", measured.compute_s},
             {"predicted_compute_s", recut.predicted_s},
             {"moved", recut.moves(current) && recut.worth_it()}};
   if (!record["moved"].get<bool>()) return plan;
@@ -296,9 +311,17 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   nlohmann::ordered_json rebalance_record;
   for (int round = 0; round < untimed + s.steps; ++round) {
     const bool timed = round >= untimed;
-    if (rebalance && round == s.warmup)
-      configs.back().warm = configs.back().pipe->timeline().report();
-    for (Config& c : configs) pipeline_step(c, model, timed);
+    const bool looks = rebalance && round == s.warmup;
+    if (looks) configs.back().warm = configs.back().pipe->timeline().report();
+    std::vector<double> blocks;
+    for (Config& c : configs) {
+      if (looks && &c == &configs.back()) blocks = block_seconds(model);
+      pipeline_step(c, model, timed);
+    }
+    if (looks) {
+      const std::vector<double> after = block_seconds(model);
+      for (std::size_t k = 0; k < blocks.size() && k < after.size(); ++k) blocks[k] = after[k] - blocks[k];
+    }
     const double whole = local_step_s(model, 1);
     if (timed) local.whole.push_back(whole);
     for (int m : std::set<int>(s.microbatches.begin(), s.microbatches.end())) {
@@ -306,8 +329,8 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
       const double seconds = local_step_s(model, m);
       if (timed) local.microbatched[m].push_back(seconds);
     }
-    if (rebalance && round == s.warmup) {
-      trainer::StagePlan to = rebalanced(s, plan, configs.back(), rebalance_record);
+    if (looks) {
+      trainer::StagePlan to = rebalanced(s, plan, configs.back(), blocks, rebalance_record);
       if (rebalance_record["moved"].get<bool>()) {
         configs.clear();
         plan = std::move(to);

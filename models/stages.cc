@@ -72,6 +72,16 @@ std::unique_ptr<Stage> make_blocks(const StageConfig& config) {
       config_int(config, "in_channels", 3));
   if (config_int(config, "freeze_batchnorm", 0) != 0) net->freeze_batchnorm();
   const bool ends_model = net->last() == count;
+  auto block_times = [net] {
+    std::vector<remote_module::BlockSeconds> out;
+    const std::vector<double> forward = net->block_forward_s();
+    const std::vector<double> backward = net->block_backward_s();
+    for (int64_t k = net->first(); k < net->last(); ++k) {
+      const auto i = static_cast<std::size_t>(k - net->first());
+      out.push_back({net->blocks()[k].name, forward[i], backward[i]});
+    }
+    return out;
+  };
   return std::make_unique<ModuleStage>(net, [net, ends_model](std::vector<c10::IValue>& inputs) {
     std::vector<at::Tensor> carry;
     if (inputs.size() == 1 && inputs[0].isTensor()) {
@@ -88,7 +98,7 @@ std::unique_ptr<Stage> make_blocks(const StageConfig& config) {
     carry = net->forward(std::move(carry));
     if (ends_model) return c10::IValue(carry.back());
     return c10::IValue(c10::List<at::Tensor>(std::move(carry)));
-  });
+  }, block_times);
 }
 
 // "synthetic.mlp": `layers` times Linear(width, width) then ReLU. Stages of equal width and

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "ferry/models/unet.h"
+#include "models/block_clock.h"
 #include "models/blocks.h"
 #include "models/fail.h"
 
@@ -99,6 +100,7 @@ UnetBlocksImpl::UnetBlocksImpl(int64_t depth, int64_t classes, int64_t first, in
   add_encoder(seed, depth);
   add_decoder(seed, depth, in_channels);
   add_head(seed, classes);
+  clock_ = std::make_shared<BlockClock>(runs_.size());
 }
 
 void UnetBlocksImpl::seed_block(int64_t seed, int64_t k) const {
@@ -213,7 +215,7 @@ std::vector<at::Tensor> UnetBlocksImpl::forward(std::vector<at::Tensor> carry) {
                      needed == expected ? "" : fmt::format(", or its top {},", needed), got,
                      got == 1 ? "" : "s"));
   }
-  for (const Run& run : runs_) carry = run(std::move(carry));
+  for (std::size_t k = 0; k < runs_.size(); ++k) carry = clock_->run(k, runs_[k], std::move(carry));
   return carry;
 }
 
@@ -235,6 +237,9 @@ std::vector<at::Tensor> UnetBlocksImpl::block_parameters(int64_t block) const {
   }
   return out;
 }
+
+std::vector<double> UnetBlocksImpl::block_forward_s() const { return clock_->forward_s(); }
+std::vector<double> UnetBlocksImpl::block_backward_s() const { return clock_->backward_s(); }
 
 void UnetBlocksImpl::freeze_batchnorm() {
   batchnorm_frozen_ = true;

@@ -109,6 +109,19 @@ std::vector<rpc::RRefPtr> RemoteModule::remote_parameters() const {
 
 int64_t RemoteModule::parameter_count() const { return stats().parameters; }
 
+std::vector<BlockSeconds> RemoteModule::block_seconds() const {
+  const c10::IValue reply = call("block_seconds", "ferry.stage.block_seconds", {});
+  const auto& parts = reply.toTupleRef().elements();
+  std::vector<BlockSeconds> out;
+  const auto& names = parts.at(0).toListRef();
+  const auto& forward = parts.at(1).toListRef();
+  const auto& backward = parts.at(2).toListRef();
+  for (size_t k = 0; k < names.size(); ++k) {
+    out.push_back({names[k].toStringRef(), forward.at(k).toDouble(), backward.at(k).toDouble()});
+  }
+  return out;
+}
+
 StageStats RemoteModule::stats() const {
   auto info = call("stats", "ferry.stage.info", {}).toGenericDict();
   StageStats stats;

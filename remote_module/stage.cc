@@ -56,8 +56,11 @@ const c10::IValue& field(const StageConfig& config, const std::string& stage,
 
 }  // namespace
 
-ModuleStage::ModuleStage(std::shared_ptr<torch::nn::Module> module, Forward forward)
-    : module_(std::move(module)), forward_(std::move(forward)) {}
+ModuleStage::ModuleStage(std::shared_ptr<torch::nn::Module> module, Forward forward,
+                         BlockTimes block_times)
+    : module_(std::move(module)),
+      forward_(std::move(forward)),
+      block_times_(std::move(block_times)) {}
 
 c10::IValue ModuleStage::forward(std::vector<c10::IValue> inputs) { return forward_(inputs); }
 NamedTensors ModuleStage::named_parameters() { return to_vector(module_->named_parameters()); }
@@ -65,6 +68,9 @@ NamedTensors ModuleStage::named_buffers() { return to_vector(module_->named_buff
 void ModuleStage::train(bool on) { module_->train(on); }
 bool ModuleStage::is_training() { return module_->is_training(); }
 void ModuleStage::to(const c10::Device& device) { module_->to(device); }
+std::vector<BlockSeconds> ModuleStage::block_seconds() {
+  return block_times_ ? block_times_() : std::vector<BlockSeconds>{};
+}
 
 int64_t ModuleStage::take_step_statistics(const SumOverReplicas& sum) {
   int64_t layers = 0;

@@ -333,6 +333,18 @@ void install_inspecting(rpc::FunctionRegistry& registry) {
     info.insert("bytes_sent", static_cast<int64_t>(rpc::agent().bytes_sent()));
     return info;
   });
+  registry.add("ferry.stage.block_seconds", [](rpc::RRefPtr module) {
+    auto holder = holder_of(module);
+    std::lock_guard<std::mutex> lock(holder->mutex);
+    c10::List<std::string> names;
+    c10::List<double> forward, backward;
+    for (const BlockSeconds& b : holder->stage->block_seconds()) {
+      names.push_back(b.name);
+      forward.push_back(b.forward_s);
+      backward.push_back(b.backward_s);
+    }
+    return c10::ivalue::Tuple::create({names, forward, backward});
+  });
   registry.add("ferry.stage.parameter", [](rpc::RRefPtr module, int64_t index) {
     auto holder = holder_of(module);
     std::lock_guard<std::mutex> lock(holder->mutex);

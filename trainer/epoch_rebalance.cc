@@ -43,14 +43,20 @@ std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool 
                                               const StagePlan& plan,
                                               const std::vector<std::string>& places,
                                               const std::vector<double>& measured,
+                                              const std::vector<double>& measured_blocks,
                                               nlohmann::ordered_json& records) {
   const bool forced = !forced_.empty() && checks_ == 0;
   if (!forced && !looks(pipelined)) return std::nullopt;
   if (!forced && checks_ > 0 && imbalance(measured) <= kMaxImbalance) return std::nullopt;
   ++checks_;
   const std::vector<pipeline::Range> current = plan.ranges();
+  // The blocks' own times leave out what their stage spends between them (the engine, the
+  // carries' copies): scaled to the stage's, as estimates are.
+  const bool timed = measured_blocks.size() == plan.costs.size();
   const std::vector<double> calibrated = calibrated_block_s(
-      block_compute_s(plan, s_.plan.batch_size, s_.microbatches, s_.checkpoint_activations),
+      timed ? measured_blocks
+            : block_compute_s(plan, s_.plan.batch_size, s_.microbatches,
+                              s_.checkpoint_activations),
       current, measured);
   const Recut proposal =
       forced ? recut_of(forced_, calibrated, measured) : propose_recut(calibrated, measured);
@@ -61,6 +67,7 @@ std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool 
     record["in_epoch"] = when.epoch;
     record["after_batch"] = when.batch;
   }
+  record["block_costs"] = timed ? "measured in the stages" : "estimated";
   record["measured_slowest_s"] = proposal.slowest_s;
   record["predicted_slowest_s"] = proposal.predicted_slowest_s;
   auto keep = [&](const std::string& why) -> std::optional<StageMove> {

@@ -43,11 +43,14 @@ class EpochRebalance {
   std::size_t first_look_within(bool pipelined, std::size_t batches) const;
 
   // The move to make at `when`, if any, for a job whose stages (at `places`) measured
-  // `measured` compute per batch since the last look (or warm-up). Each decision goes into
-  // `records` (the metrics' "rebalances").
+  // `measured` compute per batch since the last look (or warm-up), and its blocks
+  // `measured_blocks` (empty when the stages do not time their blocks: the plan's estimates
+  // then stand in, scaled to what their stage measured). Each decision goes into `records` (the
+  // metrics' "rebalances").
   std::optional<StageMove> look(const RebalanceMoment& when, bool pipelined,
                                 const StagePlan& plan, const std::vector<std::string>& places,
                                 const std::vector<double>& measured,
+                                const std::vector<double>& measured_blocks,
                                 nlohmann::ordered_json& records);
 
  private:

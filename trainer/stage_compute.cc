@@ -37,11 +37,11 @@ std::vector<double> StageCompute::add_epoch(int epoch, std::size_t batches,
                                             const StageSeconds& before, const StageSeconds& after,
                                             const StagePlan& plan,
                                             const std::vector<std::string>& places) {
-  std::vector<double> per_step;
-  for (std::size_t k = 0; k < after.compute.size(); ++k) {
-    per_step.push_back((after.compute[k] - before.compute[k]) / batches);
-  }
+  const StageSeconds each = per_batch(before, after, batches);
+  const std::vector<double>& per_step = each.compute;
   per_worker_ = after.per_worker;
+  block_seconds_.resize(each.blocks.size());
+  for (std::size_t k = 0; k < each.blocks.size(); ++k) block_seconds_[k] += each.blocks[k] * batches;
   if (show_next_) {
     show_next_ = false;
     std::cerr << fmt::format(
@@ -56,16 +56,25 @@ std::vector<double> StageCompute::add_epoch(int epoch, std::size_t batches,
 
 void StageCompute::restart_on_new_cut() {
   seconds_.clear();
+  block_seconds_.clear();
   batches_ = 0;
   show_next_ = true;
   moved_ = true;
 }
 
 void StageCompute::report(const StagePlan& plan, const std::vector<std::string>& places,
-                          nlohmann::ordered_json& stages) const {
+                          const std::vector<double>& estimated_blocks,
+                          nlohmann::ordered_json& stages, nlohmann::ordered_json& blocks) const {
   const std::vector<double> estimated = estimated_compute_s(plan, places, per_worker_);
+  const auto batches = static_cast<double>(std::max<std::size_t>(batches_, 1));
   std::vector<double> measured;
-  for (double seconds : seconds_) measured.push_back(seconds / std::max<std::size_t>(batches_, 1));
+  for (double seconds : seconds_) measured.push_back(seconds / batches);
+  blocks = nlohmann::ordered_json::array();
+  for (std::size_t k = 0; k < block_seconds_.size() && k < plan.costs.size(); ++k) {
+    blocks.push_back({{"block", plan.costs[k].name},
+                      {"estimated_compute_s", estimated_blocks.at(k)},
+                      {"measured_compute_s", block_seconds_[k] / batches}});
+  }
   for (std::size_t k = 0; k < plan.stages.size(); ++k) {
     stages[k]["estimated_compute_s"] = estimated[k];
     if (k < measured.size()) stages[k]["measured_compute_s"] = measured[k];

@@ -26,12 +26,16 @@ class StageCompute {
   void restart_on_new_cut();
 
   // Each stage's estimated and measured compute per step over the run into `stages` (the
-  // metrics' entries, one per stage of `plan`), and the table of them.
+  // metrics' entries, one per stage of `plan`), and the table of them; each block's, as its
+  // stage timed it, beside `estimated_blocks` into `blocks` (none when the stages do not time
+  // their blocks).
   void report(const StagePlan& plan, const std::vector<std::string>& places,
-              nlohmann::ordered_json& stages) const;
+              const std::vector<double>& estimated_blocks, nlohmann::ordered_json& stages,
+              nlohmann::ordered_json& blocks) const;
 
  private:
-  std::vector<double> seconds_;  // per stage, summed over the run's epochs
+  std::vector<double> seconds_;        // per stage, summed over the run's epochs
+  std::vector<double> block_seconds_;  // per block of the model, the same
   std::size_t batches_ = 0;
   bool per_worker_ = false;  // plain steps: a worker's figures stand for each stage it hosts
   bool show_next_ = true;

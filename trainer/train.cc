@@ -212,13 +212,13 @@ void save_checkpoints(Run& run, bool improved) {
   }
 }
 
-// At `when`: the cut EpochRebalance calls for from `measured`, moved to while the job runs. True
-// if the stages moved.
-bool rebalance(Run& run, const RebalanceMoment& when, const std::vector<double>& measured) {
+// At `when`: the cut EpochRebalance calls for from what the stages and blocks `measured` per
+// batch, moved to while the job runs. True if the stages moved.
+bool rebalance(Run& run, const RebalanceMoment& when, const StageSeconds& measured) {
   nlohmann::ordered_json& records = run.metrics["rebalances"];
   std::optional<StageMove> move =
       run.rebalance->look(when, run.job->replicas.front().pipe != nullptr, run.plan,
-                          first_places(run), measured, records);
+                          first_places(run), measured.compute, measured.blocks, records);
   if (!move) return false;
   run.plan = std::move(move->to);  // a failure while moving goes back to a checkpoint with the new cut
   const std::uint64_t received = rpc::agent().bytes_received();
@@ -232,16 +232,6 @@ bool rebalance(Run& run, const RebalanceMoment& when, const std::vector<double>&
   records.back()["master_received_mib"] = master_mib;
   run.compute.restart_on_new_cut();
   return true;
-}
-
-// Stage compute since `from` (a snapshot `batches` batches into the epoch), per batch.
-std::vector<double> compute_per_batch(const StageSeconds& from, const StageSeconds& to,
-                                      std::size_t batches) {
-  std::vector<double> out;
-  for (std::size_t k = 0; k < to.compute.size(); ++k) {
-    out.push_back((to.compute[k] - from.compute[k]) / std::max<std::size_t>(batches, 1));
-  }
-  return out;
 }
 
 // One epoch: train (with the first re-balance within it, when it is long enough), bring the
@@ -264,8 +254,7 @@ bool run_epoch(Run& run, int epoch) {
     }
     if (done < look_at) return;
     look_at = 0;
-    const std::vector<double> measured =
-        compute_per_batch(warm->first, first_replica(), done - warm->second);
+    const StageSeconds measured = per_batch(warm->first, first_replica(), done - warm->second);
     if (rebalance(run, RebalanceMoment{epoch, done}, measured)) {
       before = first_replica();
       before_batch = done;
@@ -278,15 +267,17 @@ bool run_epoch(Run& run, int epoch) {
   run.train_s += times.train_s;
   align_replicas(job);
   const Validation v = validate(job.replicas, *run.validation_loader, s.loss, !s.via_master);
-  const std::vector<double> compute =
-      record_epoch(run, epoch, times, v, before, after, times.batches - before_batch);
+  const std::size_t batches = times.batches - before_batch;
+  record_epoch(run, epoch, times, v, before, after, batches);
   run.progress.epoch = epoch;
   EpochMonitor::Verdict verdict;
   if (run.progress.monitor) {
     verdict = run.progress.monitor->observe(epoch, v.of(run.progress.monitor->metric()));
   }
   save_checkpoints(run, verdict.improved);
-  if (!verdict.stop && epoch < s.epochs) rebalance(run, RebalanceMoment{epoch, 0}, compute);
+  if (!verdict.stop && epoch < s.epochs) {
+    rebalance(run, RebalanceMoment{epoch, 0}, per_batch(before, after, batches));
+  }
   return verdict.stop;
 }
 
@@ -372,7 +363,10 @@ void report_stages(Run& run, const std::vector<remote_module::StageStats>& measu
                                      {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
                                      {"worker_peak_rss_mib", stats.worker_peak_rss_mib}});
   }
-  run.compute.report(run.plan, first_places(run), run.metrics["stages"]);
+  run.compute.report(run.plan, first_places(run),
+                     block_compute_s(run.plan, run.s.plan.batch_size, run.s.microbatches,
+                                     run.s.checkpoint_activations),
+                     run.metrics["stages"], run.metrics["blocks"]);
 }
 
 // With replicas: how each owner's gradient buckets went, into the metrics JSON.

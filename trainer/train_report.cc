@@ -81,8 +81,41 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
                "RSS are the worker's peaks (tensor memory as its allocator counts it).\n";
 }
 
+namespace {
+
+// Every block's forward and backward so far, stage by stage; empty if a stage does not time its
+// blocks.
+std::vector<double> block_seconds(const Replica& replica) {
+  std::vector<double> out;
+  for (const RemoteUnet::Stage& stage : replica.split.stages()) {
+    const std::vector<remote_module::BlockSeconds> blocks = stage.module.block_seconds();
+    if (blocks.empty()) return {};
+    for (const remote_module::BlockSeconds& b : blocks) out.push_back(b.forward_s + b.backward_s);
+  }
+  return out;
+}
+
+}  // namespace
+
+StageSeconds per_batch(const StageSeconds& from, const StageSeconds& to, std::size_t batches) {
+  const double n = static_cast<double>(std::max<std::size_t>(batches, 1));
+  auto each = [n](const std::vector<double>& a, const std::vector<double>& b) {
+    std::vector<double> out;
+    if (a.size() != b.size()) return out;
+    for (std::size_t k = 0; k < b.size(); ++k) out.push_back((b[k] - a[k]) / n);
+    return out;
+  };
+  StageSeconds out;
+  out.compute = each(from.compute, to.compute);
+  out.busy = each(from.busy, to.busy);
+  out.blocks = each(from.blocks, to.blocks);
+  out.per_worker = to.per_worker;
+  return out;
+}
+
 StageSeconds stage_seconds(const Replica& replica) {
   StageSeconds out;
+  out.blocks = block_seconds(replica);
   if (replica.pipe) {
     for (const pipeline::StageReport& stage : replica.pipe->timeline().report().per_stage) {
       out.compute.push_back(stage.compute_s());

@@ -41,7 +41,12 @@ void print_stage_table(const models::RemoteUnet& split, double train_s, bool dir
 struct StageSeconds {
   std::vector<double> compute, busy;
   bool per_worker = false;  // plain steps: a worker's figures stand for each stage it hosts
+  // Each block of the model, forward and backward, as its stage timed it (Stage::block_seconds);
+  // empty when a stage does not time its blocks.
+  std::vector<double> blocks;
 };
+// What each stage and block computed per batch from `from` to `to`, `batches` batches apart.
+StageSeconds per_batch(const StageSeconds& from, const StageSeconds& to, std::size_t batches);
 StageSeconds stage_seconds(const Replica& replica);
 
 // The end of a run by the monitored metric: which epoch was best, where its checkpoint is (the

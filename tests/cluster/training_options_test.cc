@@ -357,6 +357,12 @@ TEST(Rebalance, AMoveBetweenEpochsOrWithinOneGivesTheLossesOfTheRunThatKeptItsCu
     const auto& record = json["rebalances"][0];
     EXPECT_TRUE(record["moved"].get<bool>());
     EXPECT_EQ(record["handover"], "worker to worker");
+    EXPECT_EQ(record["block_costs"], "measured in the stages");
+    // Every block of the model, as its stage timed it over the run since the move.
+    ASSERT_EQ(json["blocks"].size(), 15u);
+    for (const auto& block : json["blocks"]) {
+      EXPECT_GT(block["measured_compute_s"].get<double>(), 0) << block;
+    }
     // The model's parameters and Adam's moments are about 160 MiB.
     EXPECT_LT(record["master_received_mib"].get<double>(), 1.0);
     EXPECT_EQ(json["stages"][1]["blocks"], "layer3.0..head");

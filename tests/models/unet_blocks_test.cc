@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <map>
+#include <numeric>
 
 #include "ferry/models/compare.h"
 #include "ferry/models/unet.h"
@@ -81,6 +83,54 @@ TEST(UnetBlocks, AnyCutChainsToTheWholeModelWithTheSameWeights) {
     for (const auto& p : whole->named_parameters()) whole_names.push_back(p.key());
     EXPECT_EQ(names, whole_names);
   }
+}
+
+// Blocks time themselves as they run: a forward at its boundaries, a backward as the nodes it
+// recorded, so that the blocks' parts add up to at most what the whole took (and most of it), and
+// a backward run in two passes counts both.
+TEST(UnetBlocks, EachBlockTimesItsForwardAndBackwardAsItRuns) {
+  at::set_num_threads(1);
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
+  const int64_t n = static_cast<int64_t>(unet_blocks(18).size());
+  UnetBlocks part(18, 1, 2, n, /*seed=*/3);
+  torch::manual_seed(5);
+  UnetBlocks head_of_it(18, 1, 0, 2, /*seed=*/3);
+  std::vector<at::Tensor> carry;
+  {
+    torch::NoGradGuard no_grad;
+    carry = head_of_it->forward({torch::randn({4, 3, 64, 64})});
+  }
+  for (at::Tensor& t : carry) t.requires_grad_(true);
+  EXPECT_EQ(sum(part->block_forward_s()), 0.0);
+  auto start = Clock::now();
+  at::Tensor loss = part->forward(carry).back().sum();
+  const double forward = seconds_since(start);
+  start = Clock::now();
+  loss.backward();
+  const double backward = seconds_since(start);
+  const std::vector<double> f = part->block_forward_s(), b = part->block_backward_s();
+  ASSERT_EQ(f.size(), static_cast<std::size_t>(n - 2));
+  ASSERT_EQ(b.size(), f.size());
+  for (std::size_t k = 0; k < f.size(); ++k) {
+    EXPECT_GT(f[k], 0) << "block " << k;
+    EXPECT_GT(b[k], 0) << "block " << k;
+  }
+  EXPECT_LE(sum(f), forward);
+  EXPECT_LE(sum(b), backward);
+  EXPECT_GE(sum(b), 0.5 * backward);
+  // An input pass, then a weight pass over the same graph (a zero-bubble stage's backward).
+  loss = part->forward(carry).back().sum();
+  const double before = sum(part->block_backward_s());
+  start = Clock::now();
+  torch::autograd::grad({loss}, carry, {}, /*retain_graph=*/true);
+  torch::autograd::grad({loss}, part->parameters());
+  const double passes = seconds_since(start);
+  EXPECT_LE(sum(part->block_backward_s()) - before, passes);
+  EXPECT_GE(sum(part->block_backward_s()) - before, 0.5 * passes);
 }
 
 TEST(UnetBlocks, TheWholeListIsTheOnePieceUnetNameForName) {

@@ -30,6 +30,8 @@
 
 namespace ferry::models {
 
+class BlockClock;
+
 enum class BlockKind { Stem, Residual, Decoder, Head };
 
 // One block of the list. Value type.
@@ -67,6 +69,10 @@ class UnetBlocksImpl : public torch::nn::Module {
   std::vector<at::Tensor> forward_block(int64_t block, std::vector<at::Tensor> carry);
   // The parameters of one block of the range.
   std::vector<at::Tensor> block_parameters(int64_t block) const;
+  // Each block's seconds of forward and of backward so far, in forward() (not forward_block):
+  // forwards at the blocks' boundaries, backwards as the autograd nodes each block recorded.
+  std::vector<double> block_forward_s() const;
+  std::vector<double> block_backward_s() const;
 
   int64_t first() const { return first_; }
   int64_t last() const { return last_; }
@@ -95,6 +101,7 @@ class UnetBlocksImpl : public torch::nn::Module {
   int64_t first_, last_;
   std::vector<Run> runs_;  // one per block of the range
   std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> modules_;  // of each block
+  std::shared_ptr<BlockClock> clock_;
   bool batchnorm_frozen_ = false;
 };
 TORCH_MODULE(UnetBlocks);

@@ -71,6 +71,9 @@ class RemoteModule {
   std::vector<rpc::RRefPtr> remote_parameters() const;
   int64_t parameter_count() const;
   StageStats stats() const;
+  // Each of the stage's blocks' compute so far (Stage::block_seconds); empty when it does not
+  // time them.
+  std::vector<BlockSeconds> block_seconds() const;
   int64_t parameter_bytes() const;
   // Parameters and buffers by name, copied here.
   c10::Dict<std::string, at::Tensor> state_dict() const;

@@ -29,6 +29,13 @@ inline StageConfig stage_config() {
 }
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// One block's compute so far in a stage made of blocks that times them as it runs. Value type.
+struct BlockSeconds {
+  std::string name;
+  double forward_s = 0;
+  double backward_s = 0;
+};
+
 class Stage {
  public:
   virtual ~Stage() = default;
@@ -42,13 +49,17 @@ class Stage {
   // Hands `sum` to each of its layers that can take statistics over a whole step
   // (step_statistics.h); returns how many did.
   virtual int64_t take_step_statistics(const SumOverReplicas& /*sum*/) { return 0; }
+  // Each of its blocks' compute so far, in forward order; empty when it does not time them.
+  virtual std::vector<BlockSeconds> block_seconds() { return {}; }
 };
 
 // A stage made of a torch::nn::Module and the function that runs it on IValues.
 class ModuleStage final : public Stage {
  public:
   using Forward = std::function<c10::IValue(std::vector<c10::IValue>&)>;
-  ModuleStage(std::shared_ptr<torch::nn::Module> module, Forward forward);
+  using BlockTimes = std::function<std::vector<BlockSeconds>()>;
+  ModuleStage(std::shared_ptr<torch::nn::Module> module, Forward forward,
+              BlockTimes block_times = {});
 
   c10::IValue forward(std::vector<c10::IValue> inputs) override;
   NamedTensors named_parameters() override;
@@ -57,10 +68,12 @@ class ModuleStage final : public Stage {
   bool is_training() override;
   void to(const c10::Device& device) override;
   int64_t take_step_statistics(const SumOverReplicas& sum) override;
+  std::vector<BlockSeconds> block_seconds() override;
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
   Forward forward_;
+  BlockTimes block_times_;
 };
 
 // A stage exported from Python with torch.jit.script or torch.jit.trace and saved to `path`.

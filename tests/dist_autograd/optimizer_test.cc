@@ -38,9 +38,11 @@ struct TwoStages {
   static remote_module::StageConfig first_config() { return mlp_config(4, 8, 2, 5); }
   static remote_module::StageConfig second_config() { return mlp_config(2, 6, 1, 6); }
 
-  explicit TwoStages(const std::string& first_worker = "a", const std::string& second_worker = "b")
-      : first(remote_module::RemoteModule::create(first_worker, "test.mlp", first_config())),
-        second(remote_module::RemoteModule::create(second_worker, "test.mlp", second_config())) {}
+  explicit TwoStages(const std::string& first_worker = "a", const std::string& second_worker = "b",
+                     const remote_module::StageConfig& first_stage = first_config(),
+                     const remote_module::StageConfig& second_stage = second_config())
+      : first(remote_module::RemoteModule::create(first_worker, "test.mlp", first_stage)),
+        second(remote_module::RemoteModule::create(second_worker, "test.mlp", second_stage)) {}
 
   remote_module::RemoteModule first;
   remote_module::RemoteModule second;
@@ -370,27 +372,11 @@ TEST(DistributedOptimizer, StateOfTheWrongSizeIsRefused) {
               HasSubstr("optimizer state must be a list of"));
 }
 
-// Two wider stages (about 330 KiB of parameters and Adam's moments) on any two workers.
-struct WideStages {
-  WideStages(const std::string& first_worker, const std::string& second_worker)
-      : first(remote_module::RemoteModule::create(first_worker, "test.mlp",
-                                                  mlp_config(4, 512, 32, 7))),
-        second(remote_module::RemoteModule::create(second_worker, "test.mlp",
-                                                   mlp_config(32, 512, 1, 8))) {}
-  remote_module::RemoteModule first;
-  remote_module::RemoteModule second;
-  std::vector<rpc::RRefPtr> parameters() const {
-    auto all = first.remote_parameters();
-    for (auto& p : second.remote_parameters()) all.push_back(p);
-    return all;
-  }
-  void train_step(DistributedOptimizer& optimizer, int step) const {
-    Context context;
-    at::Tensor y = second.forward({first.forward({batch(step)})}).toTensor();
-    backward(context.id(), {(y * y).mean()});
-    optimizer.step(context.id());
-  }
-};
+// Two wider stages (about 430 KiB of parameters and Adam's moments) on any two workers.
+TwoStages wide_stages(const std::string& first_worker, const std::string& second_worker) {
+  return TwoStages(first_worker, second_worker, mlp_config(4, 512, 32, 7),
+                   mlp_config(32, 512, 1, 8));
+}
 
 // Stages moved to other workers mid-run take their parameters and Adam's state straight from
 // where they were: the run goes on as if nothing moved, and what moved did not pass through this
@@ -399,14 +385,14 @@ TEST(DistributedOptimizer, StateHandedOverWorkerToWorkerTrainsOnExactly) {
   LocalWorld::Settings settings;
   settings.peer_names = {"a", "b", "c"};
   LocalWorld world(settings);
-  WideStages straight("a", "b");
+  TwoStages straight = wide_stages("a", "b");
   DistributedOptimizer straight_optimizer(OptimizerSpec::adam(0.01), straight.parameters());
-  for (int step = 0; step < 4; ++step) straight.train_step(straight_optimizer, step);
+  for (int step = 0; step < 4; ++step) straight.train_step(straight_optimizer, batch(step));
 
-  auto before = std::make_unique<WideStages>("a", "b");
+  auto before = std::make_unique<TwoStages>(wide_stages("a", "b"));
   auto optimizer =
       std::make_unique<DistributedOptimizer>(OptimizerSpec::adam(0.01), before->parameters());
-  for (int step = 0; step < 2; ++step) before->train_step(*optimizer, step);
+  for (int step = 0; step < 2; ++step) before->train_step(*optimizer, batch(step));
   const std::uint64_t received = rpc::agent().bytes_received();
   const std::uint64_t sent = rpc::agent().bytes_sent();
   const rpc::RRefPtr first_park = remote_module::park_state(before->first);
@@ -416,7 +402,7 @@ TEST(DistributedOptimizer, StateHandedOverWorkerToWorkerTrainsOnExactly) {
   optimizer.reset();
   before.reset();
   // The first stage goes to c, the second to a, where the first was.
-  WideStages after("c", "a");
+  TwoStages after = wide_stages("c", "a");
   remote_module::load_parked_state(after.first, {first_park});
   remote_module::load_parked_state(after.second, {second_park});
   DistributedOptimizer moved(OptimizerSpec::adam(0.01), after.parameters());
@@ -427,7 +413,7 @@ TEST(DistributedOptimizer, StateHandedOverWorkerToWorkerTrainsOnExactly) {
   ASSERT_GT(moved_bytes, 300u << 10);
   EXPECT_LT(rpc::agent().bytes_received() - received, moved_bytes / 10);
   EXPECT_LT(rpc::agent().bytes_sent() - sent, moved_bytes / 10);
-  for (int step = 2; step < 4; ++step) after.train_step(moved, step);
+  for (int step = 2; step < 4; ++step) after.train_step(moved, batch(step));
   expect_same_parameters(after.first, straight.first, 1e-6);
   expect_same_parameters(after.second, straight.second, 1e-6);
 }

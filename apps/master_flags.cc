@@ -150,8 +150,8 @@ void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--rebalance-after", t.rebalance_after,
                   "the first re-balance looks after this many batches of the first epoch (its "
-                  "first step warms up and is not measured); 0, or an epoch that short: after "
-                  "the first epoch")
+                  "first step warms up and is not measured); below 2, or an epoch that short: "
+                  "after the first epoch")
       ->capture_default_str()
       ->check(in_range(0, kMaxCount));
   cmd->add_option("--rebalance-to", t.rebalance_to,

@@ -320,7 +320,8 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
     }
     if (looks) {
       const std::vector<double> after = block_seconds(model);
-      for (std::size_t k = 0; k < blocks.size() && k < after.size(); ++k) blocks[k] = after[k] - blocks[k];
+      for (std::size_t k = 0; k < blocks.size() && k < after.size(); ++k)
+        blocks[k] = after[k] - blocks[k];
     }
     const double whole = local_step_s(model, 1);
     if (timed) local.whole.push_back(whole);

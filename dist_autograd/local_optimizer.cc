@@ -133,8 +133,8 @@ void join_replicas(const c10::IValue& ref, const std::string& key, std::int64_t 
   for (const at::Tensor& p : local->params) {
     if (p.requires_grad()) training.push_back(p);
   }
-  local->buckets = std::make_shared<GradientBuckets>(std::move(training), std::move(group),
-                                                     bucket_bytes);
+  local->buckets =
+      std::make_shared<GradientBuckets>(std::move(training), std::move(group), bucket_bytes);
   GradientBuckets::attach(local->buckets);
 }
 
@@ -223,9 +223,9 @@ constexpr const char* kTakeParked = "ferry.optim.take_parked";
 rpc::ParkedTensors park(const c10::IValue& ref, const std::vector<std::string>& keys) {
   c10::List<at::Tensor> state = save_state(ref);
   if (state.size() != keys.size()) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("{} keys to park the state of {} parameters", keys.size(),
-                                 state.size()));
+    throw rpc::Error(
+        rpc::ErrorKind::InvalidArgument,
+        fmt::format("{} keys to park the state of {} parameters", keys.size(), state.size()));
   }
   rpc::ParkedTensors out;
   for (size_t i = 0; i < keys.size(); ++i) out.insert(keys[i], state.get(i));
@@ -271,7 +271,7 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
     core::run_on_compute_thread([&] { accumulate(ref, id); });
   });
   registry.add("ferry.optim.join_replicas", [](c10::IValue ref, c10::IValue key, std::int64_t rank,
-                                                std::int64_t size, std::int64_t bucket_bytes) {
+                                               std::int64_t size, std::int64_t bucket_bytes) {
     join_replicas(ref, key.toStringRef(), rank, size, bucket_bytes);
   });
   registry.add("ferry.optim.replica_stats", [](c10::IValue ref) {
@@ -292,9 +292,8 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
   registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
   registry.add("ferry.optim.load_state",
                [](c10::IValue ref, c10::IValue saved) { load_state(ref, saved.toTensorVector()); });
-  registry.add("ferry.optim.park", [](c10::IValue ref, std::vector<std::string> keys) {
-    return park(ref, keys);
-  });
+  registry.add("ferry.optim.park",
+               [](c10::IValue ref, std::vector<std::string> keys) { return park(ref, keys); });
   rpc::install_park_taker(registry, kTakeParked);
   registry.add("ferry.optim.load_parked",
                [](c10::IValue ref, c10::IValue parks, std::vector<std::string> keys) {

@@ -86,8 +86,9 @@ DistributedOptimizer::DistributedOptimizer(OptimizerSpec spec,
 }
 
 std::vector<DistributedOptimizer::BucketStats> DistributedOptimizer::bucket_stats() const {
-  std::vector<c10::IValue> per_owner = on_owners(
-      "bucket_stats", "ferry.optim.replica_stats", [](const Owner&) { return std::vector<c10::IValue>{}; });
+  std::vector<c10::IValue> per_owner =
+      on_owners("bucket_stats", "ferry.optim.replica_stats",
+                [](const Owner&) { return std::vector<c10::IValue>{}; });
   std::vector<BucketStats> out;
   for (size_t o = 0; o < owners_.size(); ++o) {
     auto stats = per_owner.at(o).toGenericDict();
@@ -215,9 +216,9 @@ c10::List<std::string> park_keys(const std::vector<std::size_t>& indices) {
 std::vector<DistributedOptimizer::Parked> DistributedOptimizer::park() const {
   std::vector<Parked> out;
   for (const Owner& owner : owners_) {
-    out.push_back(Parked{owner.replica, rpc::remote(owner.worker, "ferry.optim.park",
-                                                    {rpc::to_ivalue(owner.optimizer),
-                                                     park_keys(owner.indices)})});
+    out.push_back(Parked{owner.replica,
+                         rpc::remote(owner.worker, "ferry.optim.park",
+                                     {rpc::to_ivalue(owner.optimizer), park_keys(owner.indices)})});
   }
   for (const Parked& p : out) {
     try {

@@ -82,23 +82,26 @@ std::unique_ptr<Stage> make_blocks(const StageConfig& config) {
     }
     return out;
   };
-  return std::make_unique<ModuleStage>(net, [net, ends_model](std::vector<c10::IValue>& inputs) {
-    std::vector<at::Tensor> carry;
-    if (inputs.size() == 1 && inputs[0].isTensor()) {
-      carry.push_back(inputs[0].toTensor());
-    } else if (inputs.size() == 1 && inputs[0].isTensorList()) {
-      carry = inputs[0].toTensorVector();
-    } else {
-      throw std::invalid_argument(
-          fmt::format("stage \"unet.blocks\" (blocks {}) takes the image or the "
-                      "carry list of the stage before, not {} value{}",
-                      net->range_name(), inputs.size(),
-                      inputs.size() == 1 ? " of type " + inputs[0].tagKind() : "s"));
-    }
-    carry = net->forward(std::move(carry));
-    if (ends_model) return c10::IValue(carry.back());
-    return c10::IValue(c10::List<at::Tensor>(std::move(carry)));
-  }, block_times);
+  return std::make_unique<ModuleStage>(
+      net,
+      [net, ends_model](std::vector<c10::IValue>& inputs) {
+        std::vector<at::Tensor> carry;
+        if (inputs.size() == 1 && inputs[0].isTensor()) {
+          carry.push_back(inputs[0].toTensor());
+        } else if (inputs.size() == 1 && inputs[0].isTensorList()) {
+          carry = inputs[0].toTensorVector();
+        } else {
+          throw std::invalid_argument(
+              fmt::format("stage \"unet.blocks\" (blocks {}) takes the image or the "
+                          "carry list of the stage before, not {} value{}",
+                          net->range_name(), inputs.size(),
+                          inputs.size() == 1 ? " of type " + inputs[0].tagKind() : "s"));
+        }
+        carry = net->forward(std::move(carry));
+        if (ends_model) return c10::IValue(carry.back());
+        return c10::IValue(c10::List<at::Tensor>(std::move(carry)));
+      },
+      block_times);
 }
 
 // "synthetic.mlp": `layers` times Linear(width, width) then ReLU. Stages of equal width and

@@ -19,7 +19,6 @@ namespace {
 
 namespace nn = torch::nn;
 
-
 constexpr int64_t kDecoderChannels[5] = {256, 128, 64, 32, 16};
 constexpr int64_t kPlanes[4] = {64, 128, 256, 512};
 

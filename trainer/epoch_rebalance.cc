@@ -55,8 +55,7 @@ std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool 
   const bool timed = measured_blocks.size() == plan.costs.size();
   const std::vector<double> calibrated = calibrated_block_s(
       timed ? measured_blocks
-            : block_compute_s(plan, s_.plan.batch_size, s_.microbatches,
-                              s_.checkpoint_activations),
+            : block_compute_s(plan, s_.plan.batch_size, s_.microbatches, s_.checkpoint_activations),
       current, measured);
   const Recut proposal =
       forced ? recut_of(forced_, calibrated, measured) : propose_recut(calibrated, measured);

@@ -23,7 +23,7 @@ namespace ferry::trainer {
 // Where in the run a look happens: after epoch `epoch`, or within it after `batch` batches.
 struct RebalanceMoment {
   int epoch = 0;
-  std::size_t batch = 0;  // 0: after the epoch
+  std::size_t batch = 0;         // 0: after the epoch
   std::string describe() const;  // "after epoch 2", "in epoch 1 after batch 5"
 };
 
@@ -47,8 +47,8 @@ class EpochRebalance {
   // `measured_blocks` (empty when the stages do not time their blocks: the plan's estimates
   // then stand in, scaled to what their stage measured). Each decision goes into `records` (the
   // metrics' "rebalances").
-  std::optional<StageMove> look(const RebalanceMoment& when, bool pipelined,
-                                const StagePlan& plan, const std::vector<std::string>& places,
+  std::optional<StageMove> look(const RebalanceMoment& when, bool pipelined, const StagePlan& plan,
+                                const std::vector<std::string>& places,
                                 const std::vector<double>& measured,
                                 const std::vector<double>& measured_blocks,
                                 nlohmann::ordered_json& records);

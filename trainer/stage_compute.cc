@@ -41,7 +41,8 @@ std::vector<double> StageCompute::add_epoch(int epoch, std::size_t batches,
   const std::vector<double>& per_step = each.compute;
   per_worker_ = after.per_worker;
   block_seconds_.resize(each.blocks.size());
-  for (std::size_t k = 0; k < each.blocks.size(); ++k) block_seconds_[k] += each.blocks[k] * batches;
+  for (std::size_t k = 0; k < each.blocks.size(); ++k)
+    block_seconds_[k] += each.blocks[k] * batches;
   if (show_next_) {
     show_next_ = false;
     std::cerr << fmt::format(

@@ -159,8 +159,7 @@ void move_worker_to_worker(std::unique_ptr<StagesOnWorkers>& job, const TrainSet
       parks[r].push_back(remote_module::park_state(stage.module));
     }
   }
-  const std::vector<dist_autograd::DistributedOptimizer::Parked> optimizer =
-      job->optimizer->park();
+  const std::vector<dist_autograd::DistributedOptimizer::Parked> optimizer = job->optimizer->park();
   job.reset();
   job = build_stages(s, to, workers);
   for (std::size_t r = 0; r < job->replicas.size(); ++r) {

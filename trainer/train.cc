@@ -161,11 +161,10 @@ void start(Run& run) {
   run.metrics["rebalances"] = nlohmann::ordered_json::array();
 }
 
-// An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line. Returns
-// each stage's compute per step over the epoch's last `batches` (those since `before`).
-std::vector<double> record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
-                                 const StageSeconds& before, const StageSeconds& after,
-                                 std::size_t batches) {
+// An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line; its
+// stages' compute per step over its last `batches` (those since `before`).
+void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
+                  const StageSeconds& before, const StageSeconds& after, std::size_t batches) {
   const TrainSettings& s = run.s;
   const double loss = run.job->last_train_loss;
   const double lr = run.job->optimizer->spec().options.at("lr");
@@ -198,7 +197,6 @@ std::vector<double> record_epoch(Run& run, int epoch, const EpochTimes& times, c
       "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, Dice {:.3f}, learning "
       "rate {:.3g}\n",
       epoch, s.epochs, loss, v.loss, v.iou, v.dice, lr);
-  return compute;
 }
 
 // The epoch's checkpoint, and the best one's when it improved.
@@ -220,7 +218,8 @@ bool rebalance(Run& run, const RebalanceMoment& when, const StageSeconds& measur
       run.rebalance->look(when, run.job->replicas.front().pipe != nullptr, run.plan,
                           first_places(run), measured.compute, measured.blocks, records);
   if (!move) return false;
-  run.plan = std::move(move->to);  // a failure while moving goes back to a checkpoint with the new cut
+  // A failure while moving goes back to a checkpoint with the new cut.
+  run.plan = std::move(move->to);
   const std::uint64_t received = rpc::agent().bytes_received();
   const auto start = std::chrono::steady_clock::now();
   move_stages(run.job, run.s, run.plan, run.workers, move->handover);
@@ -243,8 +242,8 @@ bool run_epoch(Run& run, int epoch) {
   // The epoch's stage figures count from its start, or from the last move within it.
   StageSeconds before = first_replica();
   std::size_t before_batch = 0;
-  std::size_t look_at = run.rebalance->first_look_within(
-      run.job->replicas.front().pipe != nullptr, run.train_loader->batches());
+  std::size_t look_at = run.rebalance->first_look_within(run.job->replicas.front().pipe != nullptr,
+                                                         run.train_loader->batches());
   std::optional<std::pair<StageSeconds, std::size_t>> warm;  // after the first step
   auto after_step = [&](std::size_t done) {
     if (look_at == 0) return;

@@ -32,9 +32,8 @@ std::uint64_t bytes_sent_by_job(const StagesOnWorkers& job) {
 }  // namespace
 
 EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job_ptr, data::BatchLoader& loader,
-                       int epoch, const TrainSettings& s,
-                       const dist_autograd::LrSchedule& schedule, std::int64_t& step,
-                       const AfterStep& after_step) {
+                       int epoch, const TrainSettings& s, const dist_autograd::LrSchedule& schedule,
+                       std::int64_t& step, const AfterStep& after_step) {
   // Each batch's loss is a mean over its images; 1/K of it, summed over K batches, is the mean
   // over the K batches, as one step on a K times larger batch.
   const double scale = 1.0 / s.accumulate;

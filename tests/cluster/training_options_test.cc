@@ -377,9 +377,9 @@ TEST(Rebalance, AMoveBetweenEpochsOrWithinOneGivesTheLossesOfTheRunThatKeptItsCu
     EXPECT_LE(largest_relative_difference(kept, read_checkpoint(latest_checkpoint(base + name))),
               1e-5);
   }
-  EXPECT_EQ(nlohmann::json::parse(std::ifstream(base + "-within.json"))["rebalances"][0]
-                ["after_batch"],
-            3);
+  EXPECT_EQ(
+      nlohmann::json::parse(std::ifstream(base + "-within.json"))["rebalances"][0]["after_batch"],
+      3);
   for (const char* suffix : {"-kept", "-between", "-within"}) {
     std::filesystem::remove_all(base + suffix);
     std::remove((base + suffix + ".json").c_str());

@@ -224,10 +224,10 @@ struct ReplicatedAndWhole {
       : replica0("a", "b"),
         replica1("c", "d"),
         whole("e", "f"),
-        replicated(OptimizerSpec::adam(0.01),
-                   std::vector<std::vector<rpc::RRefPtr>>{replica0.parameters(),
-                                                          replica1.parameters()},
-                   bucket_mib),
+        replicated(
+            OptimizerSpec::adam(0.01),
+            std::vector<std::vector<rpc::RRefPtr>>{replica0.parameters(), replica1.parameters()},
+            bucket_mib),
         alone(OptimizerSpec::adam(0.01), whole.parameters()) {}
 
   static LocalWorld::Settings world() {
@@ -407,9 +407,8 @@ TEST(DistributedOptimizer, StateHandedOverWorkerToWorkerTrainsOnExactly) {
   remote_module::load_parked_state(after.second, {second_park});
   DistributedOptimizer moved(OptimizerSpec::adam(0.01), after.parameters());
   moved.load_parked(optimizer_parks);
-  const std::uint64_t moved_bytes =
-      3 * static_cast<std::uint64_t>(after.first.parameter_bytes() +
-                                     after.second.parameter_bytes());
+  const std::uint64_t moved_bytes = 3 * static_cast<std::uint64_t>(after.first.parameter_bytes() +
+                                                                   after.second.parameter_bytes());
   ASSERT_GT(moved_bytes, 300u << 10);
   EXPECT_LT(rpc::agent().bytes_received() - received, moved_bytes / 10);
   EXPECT_LT(rpc::agent().bytes_sent() - sent, moved_bytes / 10);

@@ -166,17 +166,6 @@ std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& mo
   return configs;
 }
 
-// Every block's forward and backward so far, as the stages time them (empty if one does not).
-std::vector<double> block_seconds(const Model& model) {
-  std::vector<double> out;
-  for (const remote_module::RemoteModule& stage : model.stages) {
-    const std::vector<remote_module::BlockSeconds> blocks = stage.block_seconds();
-    if (blocks.empty()) return {};
-    for (const auto& b : blocks) out.push_back(b.forward_s + b.backward_s);
-  }
-  return out;
-}
-
 // The cut that the last configuration's stages (zero-bubble at the most micro-batches) measured in
 // their latest step calls for (ferry/trainer/rebalance.h), or `plan` when no cut shortens its
 // slowest stage by kMinGain. `blocks`: each block's compute in that step as its stage timed it
@@ -315,11 +304,11 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
     if (looks) configs.back().warm = configs.back().pipe->timeline().report();
     std::vector<double> blocks;
     for (Config& c : configs) {
-      if (looks && &c == &configs.back()) blocks = block_seconds(model);
+      if (looks && &c == &configs.back()) blocks = trainer::measured_block_s(model.stages);
       pipeline_step(c, model, timed);
     }
     if (looks) {
-      const std::vector<double> after = block_seconds(model);
+      const std::vector<double> after = trainer::measured_block_s(model.stages);
       for (std::size_t k = 0; k < blocks.size() && k < after.size(); ++k)
         blocks[k] = after[k] - blocks[k];
     }

@@ -70,6 +70,16 @@ std::string over_budget(const StagePlan& plan, const std::vector<std::string>& p
                      budget_mib);
 }
 
+std::vector<double> measured_block_s(const std::vector<remote_module::RemoteModule>& stages) {
+  std::vector<double> out;
+  for (const remote_module::RemoteModule& stage : stages) {
+    const std::vector<remote_module::BlockSeconds> blocks = stage.block_seconds();
+    if (blocks.empty()) return {};
+    for (const remote_module::BlockSeconds& b : blocks) out.push_back(b.forward_s + b.backward_s);
+  }
+  return out;
+}
+
 std::string handover_over_budget(const StagePlan& from, const StagePlan& to,
                                  const std::vector<std::string>& places, double state_copies,
                                  double budget_mib) {

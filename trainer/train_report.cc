@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ferry/dist_autograd/context.h"
+#include "ferry/trainer/rebalance.h"
 
 namespace ferry::trainer {
 namespace {
@@ -81,22 +82,6 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
                "RSS are the worker's peaks (tensor memory as its allocator counts it).\n";
 }
 
-namespace {
-
-// Every block's forward and backward so far, stage by stage; empty if a stage does not time its
-// blocks.
-std::vector<double> block_seconds(const Replica& replica) {
-  std::vector<double> out;
-  for (const RemoteUnet::Stage& stage : replica.split.stages()) {
-    const std::vector<remote_module::BlockSeconds> blocks = stage.module.block_seconds();
-    if (blocks.empty()) return {};
-    for (const remote_module::BlockSeconds& b : blocks) out.push_back(b.forward_s + b.backward_s);
-  }
-  return out;
-}
-
-}  // namespace
-
 StageSeconds per_batch(const StageSeconds& from, const StageSeconds& to, std::size_t batches) {
   const double n = static_cast<double>(std::max<std::size_t>(batches, 1));
   auto each = [n](const std::vector<double>& a, const std::vector<double>& b) {
@@ -115,7 +100,7 @@ StageSeconds per_batch(const StageSeconds& from, const StageSeconds& to, std::si
 
 StageSeconds stage_seconds(const Replica& replica) {
   StageSeconds out;
-  out.blocks = block_seconds(replica);
+  out.blocks = measured_block_s(replica.split.modules());
   if (replica.pipe) {
     for (const pipeline::StageReport& stage : replica.pipe->timeline().report().per_stage) {
       out.compute.push_back(stage.compute_s());

@@ -6,7 +6,8 @@
 // stages are built on the same workers with the new ranges, and every parameter, buffer and
 // optimizer state goes to its new stage by tensor name, as a resume onto another cut restores
 // them, without a checkpoint on disk: worker to worker, or through the master when the handover
-// would not fit the memory budget (move_stages, trainer/stages_on_workers.h). Pure functions.
+// would not fit the memory budget (move_stages, trainer/stages_on_workers.h). Pure functions,
+// but for measured_block_s, which asks the stages.
 #pragma once
 
 #include <string>
@@ -56,6 +57,10 @@ std::string describe_move(const StagePlan& from, const StagePlan& to);
 // the stages whose estimated peak, with the others on their worker, exceeds it.
 std::string over_budget(const StagePlan& plan, const std::vector<std::string>& places,
                         double budget_mib);
+
+// Every block's forward and backward so far as `stages` timed them (RemoteModule::block_seconds),
+// stage by stage: one call to each. Empty if a stage does not time its blocks.
+std::vector<double> measured_block_s(const std::vector<remote_module::RemoteModule>& stages);
 
 // Why handing the state of `from`'s stages to `to`'s worker to worker would not fit a budget of
 // `budget_mib` per process ("" if it would, or no budget). While it runs, a worker holds its old

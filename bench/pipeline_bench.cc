@@ -35,33 +35,52 @@ struct Config {
   std::vector<double> steps;
   std::vector<double> activation_mib;
   std::vector<double> tensor_mib;
-  pipeline::TimelineReport warm;  // the timeline after the untimed steps
+  // The timeline before the steps measured and after each: set at the end of the untimed steps
+  // (and before a re-balancing look's step); each step adds one once it is set.
+  std::vector<pipeline::TimelineReport> marks;
 };
 
-// Per stage over the timed steps (the timeline less its warm-up): compute (forward, backward and
-// deferred weight passes)
-// per step, and the share of the steps' wall time it idled.
+// Per stage, the median over the steps between `marks` (one disturbed step does not move a median,
+// as it does a mean): compute (forward, backward and deferred weight passes) per step, and the
+// share of the step's wall time it idled.
 struct StageFigures {
   std::vector<double> compute_s, idle_share;
   std::vector<double> forward_s, backward_s, weight_s;  // the parts of compute_s
 };
 
 StageFigures stage_figures(const Config& c) {
-  const pipeline::TimelineReport all = c.pipe->timeline().report();
-  const int steps = all.steps - c.warm.steps;
-  const double wall = all.wall_s - c.warm.wall_s;
   StageFigures out;
-  for (size_t k = 0; k < all.per_stage.size(); ++k) {
-    const pipeline::StageReport& now = all.per_stage[k];
-    const pipeline::StageReport& then =
-        c.warm.per_stage.empty() ? pipeline::StageReport{} : c.warm.per_stage[k];
-    auto per_step = [steps](double seconds) { return steps > 0 ? seconds / steps : 0; };
-    out.forward_s.push_back(per_step(now.forward_s - then.forward_s));
-    out.backward_s.push_back(per_step(now.backward_s - then.backward_s));
-    out.weight_s.push_back(per_step(now.weight_s - then.weight_s));
-    out.compute_s.push_back(per_step(now.compute_s() - then.compute_s()));
-    out.idle_share.push_back(wall > 0 ? (now.idle_s - then.idle_s) / wall : 0);
+  if (c.marks.size() < 2) return out;
+  const size_t stages = c.marks.back().per_stage.size();
+  std::vector<std::vector<double>> compute(stages), idle(stages), forward(stages), backward(stages),
+      weight(stages);
+  for (size_t i = 1; i < c.marks.size(); ++i) {
+    const pipeline::TimelineReport& then = c.marks[i - 1];
+    const pipeline::TimelineReport& now = c.marks[i];
+    const int steps = now.steps - then.steps;
+    const double wall = now.wall_s - then.wall_s;
+    if (steps <= 0 || wall <= 0) continue;
+    for (size_t k = 0; k < stages; ++k) {
+      const pipeline::StageReport& a =
+          k < then.per_stage.size() ? then.per_stage[k] : pipeline::StageReport{};
+      const pipeline::StageReport& b = now.per_stage[k];
+      forward[k].push_back((b.forward_s - a.forward_s) / steps);
+      backward[k].push_back((b.backward_s - a.backward_s) / steps);
+      weight[k].push_back((b.weight_s - a.weight_s) / steps);
+      compute[k].push_back((b.compute_s() - a.compute_s()) / steps);
+      idle[k].push_back((b.idle_s - a.idle_s) / wall);
+    }
   }
+  auto medians = [](const std::vector<std::vector<double>>& per_stage) {
+    std::vector<double> m;
+    for (const std::vector<double>& v : per_stage) m.push_back(v.empty() ? 0 : median(v));
+    return m;
+  };
+  out.compute_s = medians(compute);
+  out.idle_share = medians(idle);
+  out.forward_s = medians(forward);
+  out.backward_s = medians(backward);
+  out.weight_s = medians(weight);
   return out;
 }
 
@@ -86,7 +105,7 @@ struct Model {
 };
 
 // The U-Net's plan settings: blocks timed at the most micro-batches' size and four times it,
-// with the stages' one thread.
+// with the stages' one thread, beside the stages that compute at once with each.
 trainer::PlanSettings unet_plan_settings(const PipelineBenchSettings& s) {
   trainer::PlanSettings plan;
   plan.model = fmt::format("unet-resnet{}", s.depth);
@@ -96,6 +115,8 @@ trainer::PlanSettings unet_plan_settings(const PipelineBenchSettings& s) {
   plan.balance = s.balance;
   plan.microbatches = *std::max_element(s.microbatches.begin(), s.microbatches.end());
   plan.threads = 1;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (s.pin && s.stages >= 2 && s.stages <= cores) plan.neighbours = s.stages - 1;
   return plan;
 }
 
@@ -169,21 +190,29 @@ std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& mo
 // The cut that the last configuration's stages (zero-bubble at the most micro-batches) measured in
 // their latest step calls for (ferry/trainer/rebalance.h), or `plan` when no cut shortens its
 // slowest stage by kMinGain. `blocks`: each block's compute in that step as its stage timed it
-// (the plan's estimates stand in when empty). `record` says what was measured and decided.
+// (the plan's estimates stand in when empty). `record` says what was measured (each block's
+// estimated and measured compute beside) and decided.
 trainer::StagePlan rebalanced(const PipelineBenchSettings& s, const trainer::StagePlan& plan,
                               Config& last, const std::vector<double>& blocks,
                               nlohmann::ordered_json& record) {
   const StageFigures measured = stage_figures(last);
   const std::vector<pipeline::Range> current = plan.ranges();
   const bool timed = blocks.size() == plan.costs.size();
-  const std::vector<double> calibrated = trainer::calibrated_block_s(
-      timed ? blocks : trainer::block_compute_s(plan, s.batch, last.microbatches, false), current,
-      measured.compute_s);
+  const std::vector<double> estimated =
+      trainer::block_compute_s(plan, s.batch, last.microbatches, false);
+  const std::vector<double> calibrated =
+      trainer::calibrated_block_s(timed ? blocks : estimated, current, measured.compute_s);
   const trainer::Recut recut = trainer::propose_recut(calibrated, measured.compute_s);
   record = {{"block_costs", timed ? "measured in the stages" : "estimated"},
             {"measured_compute_s", measured.compute_s},
             {"predicted_compute_s", recut.predicted_s},
-            {"moved", recut.moves(current) && recut.worth_it()}};
+            {"moved", recut.moves(current) && recut.worth_it()},
+            {"blocks_s", nlohmann::ordered_json::array()}};
+  for (size_t k = 0; k < estimated.size(); ++k) {
+    record["blocks_s"].push_back({{"name", plan.costs[k].name},
+                                  {"estimated", estimated[k]},
+                                  {"measured", timed ? blocks[k] : 0.0}});
+  }
   if (!record["moved"].get<bool>()) return plan;
   trainer::StagePlan to = trainer::recut(plan, unet_plan_settings(s), recut.ranges,
                                          "re-balanced from measured compute");
@@ -220,6 +249,7 @@ void pipeline_step(Config& c, const Model& model, bool timed) {
     });
   }
   std::vector<pipeline::Pipeline::StageMemory> peaks = c.pipe->memory_peaks();
+  if (!c.marks.empty()) c.marks.push_back(c.pipe->timeline().report());
   if (!timed) return;
   c.steps.push_back(seconds);
   for (size_t k = 0; k < peaks.size(); ++k) {
@@ -301,7 +331,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   for (int round = 0; round < untimed + s.steps; ++round) {
     const bool timed = round >= untimed;
     const bool looks = rebalance && round == s.warmup;
-    if (looks) configs.back().warm = configs.back().pipe->timeline().report();
+    if (looks) configs.back().marks = {configs.back().pipe->timeline().report()};
     std::vector<double> blocks;
     for (Config& c : configs) {
       if (looks && &c == &configs.back()) blocks = trainer::measured_block_s(model.stages);
@@ -329,7 +359,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
       }
     }
     if (round + 1 == untimed) {
-      for (Config& c : configs) c.warm = c.pipe->timeline().report();
+      for (Config& c : configs) c.marks = {c.pipe->timeline().report()};
     }
     std::cerr << fmt::format("round {}: naive {:.3f} s, {} {}: {:.3f} s, one process {:.3f} s\n",
                              round,
@@ -343,7 +373,10 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   out["benchmark"] = "pipeline";
   out["model"] = model.name;
   out["p"] = p;
-  if (s.model == "unet") out["plan"] = trainer::plan_json(plan);
+  if (s.model == "unet") {
+    out["plan"] = trainer::plan_json(plan);
+    out["blocks_timed_beside"] = unet_plan_settings(s).neighbours;
+  }
   if (rebalance) out["rebalance"] = rebalance_record;
   out["batch"] = s.batch;
   out["pinned"] = pinned;

@@ -5,8 +5,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "ferry/core/process_memory.h"
 #include "ferry/models/unet_blocks.h"
@@ -32,14 +36,17 @@ struct PassTimes {
 };
 
 // One pass over the chain, block by block. With `memory`, each block's parameters and bytes go
-// there.
-PassTimes run_pass(const BlockChain& chain, int64_t samples, std::vector<BlockCost>* memory) {
+// there. Ends early, between blocks, once `stop` is set.
+PassTimes run_pass(const BlockChain& chain, int64_t samples, std::vector<BlockCost>* memory,
+                   const std::atomic<bool>* stop = nullptr) {
   const auto count = static_cast<int64_t>(chain.names.size());
   const double n = static_cast<double>(samples);
   PassTimes times;
   std::vector<at::Tensor> carry = chain.input(samples);
   for (int64_t k = 0; k < count; ++k) {
-    std::vector<at::Tensor> inputs = detached_leaves(carry);
+    if (stop != nullptr && *stop) break;
+    // The first block's input is the data, whose gradient no stage computes.
+    std::vector<at::Tensor> inputs = k == 0 ? carry : detached_leaves(carry);
     const std::int64_t before = core::tensor_memory().live_bytes;
     auto start = Clock::now();
     std::vector<at::Tensor> outputs = chain.forward(k, inputs);
@@ -68,19 +75,10 @@ PassTimes run_pass(const BlockChain& chain, int64_t samples, std::vector<BlockCo
   return times;
 }
 
-// Each block's fastest forward and backward at `samples`, after an untimed pass.
-PassTimes fastest_times(const BlockChain& chain, int64_t samples, int timed_passes,
-                        std::vector<BlockCost>* memory) {
-  run_pass(chain, samples, nullptr);
-  PassTimes best = run_pass(chain, samples, memory);
-  for (int pass = 1; pass < timed_passes; ++pass) {
-    PassTimes next = run_pass(chain, samples, nullptr);
-    for (size_t k = 0; k < best.forward_s.size(); ++k) {
-      best.forward_s[k] = std::min(best.forward_s[k], next.forward_s[k]);
-      best.backward_s[k] = std::min(best.backward_s[k], next.backward_s[k]);
-    }
-  }
-  return best;
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
 // Sets this thread's intra-op threads for its lifetime; 0 leaves them.
@@ -96,6 +94,103 @@ class ThreadsScope {
  private:
   int previous_;
 };
+
+// The stages beside the one being timed: one thread per copy of the chain, each running passes of
+// its copy at one size, one intra-op thread each, until stopped. stop() rethrows what a
+// neighbour failed with.
+class Neighbours {
+ public:
+  Neighbours(const std::vector<BlockChain>& copies, int64_t samples) {
+    try {
+      for (const BlockChain& copy : copies) {
+        threads_.emplace_back([this, &copy, samples] { run(copy, samples); });
+      }
+    } catch (...) {
+      join();
+      throw;
+    }
+  }
+  ~Neighbours() { join(); }
+  Neighbours(const Neighbours&) = delete;
+  Neighbours& operator=(const Neighbours&) = delete;
+
+  void stop() {
+    join();
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  void run(const BlockChain& copy, int64_t samples) {
+    ThreadsScope one(1);
+    try {
+      while (!stop_) run_pass(copy, samples, nullptr, &stop_);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_) failure_ = std::current_exception();
+    }
+  }
+
+  void join() {
+    stop_ = true;
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::exception_ptr failure_;
+  std::vector<std::thread> threads_;
+};
+
+// Each block's median forward and backward at `samples` over `timed_passes` passes, with
+// `neighbours` running beside them, after an untimed pass. With `memory`, a pass counts each
+// block's bytes, alone (the neighbours' tensors would blur them); its times count only when
+// there are no neighbours.
+PassTimes median_times(const BlockChain& chain, int64_t samples, int timed_passes,
+                       const std::vector<BlockChain>& neighbours, std::vector<BlockCost>* memory) {
+  run_pass(chain, samples, nullptr);
+  std::vector<PassTimes> passes;
+  if (memory != nullptr) {
+    PassTimes counted = run_pass(chain, samples, memory);
+    if (neighbours.empty()) passes.push_back(std::move(counted));
+  }
+  Neighbours beside(neighbours, samples);
+  while (static_cast<int>(passes.size()) < timed_passes) {
+    passes.push_back(run_pass(chain, samples, nullptr));
+  }
+  beside.stop();
+  PassTimes out;
+  for (size_t k = 0; k < passes.front().forward_s.size(); ++k) {
+    std::vector<double> forward, backward;
+    for (const PassTimes& p : passes) {
+      forward.push_back(p.forward_s[k]);
+      backward.push_back(p.backward_s[k]);
+    }
+    out.forward_s.push_back(median_of(std::move(forward)));
+    out.backward_s.push_back(median_of(std::move(backward)));
+  }
+  return out;
+}
+
+// The blocks of a U-Net-ResNet-`depth` in training mode, on random images of `image_size`; its
+// copies are new networks.
+BlockChain unet_chain(int64_t depth, int64_t classes, int64_t image_size, int64_t seed) {
+  const auto count = static_cast<int64_t>(unet_blocks(depth).size());
+  UnetBlocks net(depth, classes, 0, count, seed);
+  net->train(true);
+  BlockChain chain;
+  for (const UnetBlock& block : net->blocks()) chain.names.push_back(block.name);
+  chain.forward = [net](int64_t k, std::vector<at::Tensor> carry) mutable {
+    return net->forward_block(k, std::move(carry));
+  };
+  chain.parameters = [net](int64_t k) mutable { return net->block_parameters(k); };
+  chain.input = [image_size](int64_t samples) {
+    return std::vector<at::Tensor>{torch::randn({samples, 3, image_size, image_size})};
+  };
+  chain.copy = [=] { return unet_chain(depth, classes, image_size, seed + 1); };
+  return chain;
+}
 
 }  // namespace
 
@@ -116,13 +211,19 @@ std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSamplin
     throw std::invalid_argument(fmt::format("blocks are timed on at least one sample, not {}",
                                             std::min(sampling.samples, second)));
   }
+  if (sampling.neighbours > 0 && (sampling.threads != 1 || !chain.copy)) {
+    throw std::invalid_argument(
+        "blocks timed beside neighbouring stages need one thread each and a copy of the chain");
+  }
   core::count_tensor_memory();
   ThreadsScope threads(sampling.threads);
   const int timed = std::max(sampling.timed_passes, 1);
   std::vector<BlockCost> costs(chain.names.size());
   for (size_t k = 0; k < costs.size(); ++k) costs[k].name = chain.names[k];
-  const PassTimes at_run = fastest_times(chain, sampling.samples, timed, &costs);
-  const PassTimes at_second = fastest_times(chain, second, timed, nullptr);
+  std::vector<BlockChain> neighbours;
+  for (int i = 0; i < sampling.neighbours; ++i) neighbours.push_back(chain.copy());
+  const PassTimes at_run = median_times(chain, sampling.samples, timed, neighbours, &costs);
+  const PassTimes at_second = median_times(chain, second, timed, neighbours, nullptr);
   for (size_t k = 0; k < costs.size(); ++k) {
     costs[k].forward =
         fit_pass_cost(sampling.samples, at_run.forward_s[k], second, at_second.forward_s[k]);
@@ -140,19 +241,7 @@ std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64
                     "halves it five times)",
                     image_size));
   }
-  const auto count = static_cast<int64_t>(unet_blocks(depth).size());
-  UnetBlocks net(depth, classes, 0, count, seed);
-  net->train(true);
-  BlockChain chain;
-  for (const UnetBlock& block : net->blocks()) chain.names.push_back(block.name);
-  chain.forward = [&](int64_t k, std::vector<at::Tensor> carry) {
-    return net->forward_block(k, std::move(carry));
-  };
-  chain.parameters = [&](int64_t k) { return net->block_parameters(k); };
-  chain.input = [&](int64_t samples) {
-    return std::vector<at::Tensor>{torch::randn({samples, 3, image_size, image_size})};
-  };
-  return measure_blocks(chain, sampling);
+  return measure_blocks(unet_chain(depth, classes, image_size, seed), sampling);
 }
 
 }  // namespace ferry::models

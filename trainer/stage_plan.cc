@@ -289,10 +289,19 @@ StagePlan plan_stages(const PlanSettings& s) {
   if (s.microbatches < 1) {
     fail(fmt::format("--microbatches {} is not a number of micro-batches", s.microbatches));
   }
+  if (s.neighbours < 0)
+    fail(fmt::format("--neighbours {} is not a number of stages", s.neighbours));
+  if (s.neighbours > 0 && s.threads != 1) {
+    fail(
+        fmt::format("--neighbours {} needs --threads 1: the stages beside each other compute "
+                    "on one core each, and so does the one timed beside them",
+                    s.neighbours));
+  }
   models::CostSampling sampling = cost_sampling(s.batch_size, s.microbatches, s.threads);
-  // A balance by time needs the steadier figure of two timed passes; otherwise time is only
+  sampling.neighbours = s.neighbours;
+  // A balance by time needs the steadier figure of three timed passes; otherwise time is only
   // shown, and one pass saves start-up.
-  sampling.timed_passes = s.balance == "time" && s.stages > 0 ? 2 : 1;
+  sampling.timed_passes = s.balance == "time" && s.stages > 0 ? 3 : 1;
   plan.costs = models::measure_unet_blocks(plan.depth, s.classes, s.image_size, sampling);
   const int64_t samples = s.in_flight_samples > 0 ? s.in_flight_samples : s.batch_size;
   const std::vector<double> memory = memory_costs(plan.costs, state_factor(s.optimizer), samples);

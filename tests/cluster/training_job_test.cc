@@ -330,6 +330,10 @@ TEST(TrainingJob, BadStageSettingsAreClearErrors) {
       budget.output,
       HasSubstr("FERRY_MEMORY_BUDGET_MIB=\"12x\" is not a whole, non-negative number of MiB"))
       << budget.output;
+  CommandResult beside = run(std::string(FERRY_MASTER) +
+                             " describe --model unet-resnet18 --image-size 64 --neighbours 1");
+  EXPECT_NE(beside.status, 0);
+  EXPECT_THAT(beside.output, HasSubstr("--neighbours 1 needs --threads 1")) << beside.output;
 }
 
 // A budget of B MiB per process stands for a device of B MiB: the whole model on one worker does

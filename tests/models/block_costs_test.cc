@@ -1,5 +1,5 @@
-// Block costs: the line fitted through two timings, a fitted cost against a third size, and every
-// block of a U-Net measured.
+// Block costs: the line fitted through two timings, a fitted cost against a third size, blocks
+// timed beside neighbours, and every block of a U-Net measured.
 #include "ferry/models/block_costs.h"
 
 #include <gmock/gmock.h>
@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "ferry/models/unet.h"
@@ -125,6 +126,42 @@ TEST(BlockCosts, ASizeBelowOneIsRefused) {
   sampling.samples = 0;
   EXPECT_THAT(error_of([&] { measure_blocks(synthetic_chain(layers), sampling); }),
               HasSubstr("blocks are timed on at least one sample, not 0"));
+}
+
+TEST(BlockCosts, NeighboursRunTheBlocksWhileTheyAreTimedAndLeaveTheirBytesAlone) {
+  std::vector<torch::nn::Linear> layers, copied;
+  BlockChain chain = synthetic_chain(layers);
+  std::atomic<int> neighbour_blocks{0};
+  chain.copy = [&copied, &neighbour_blocks] {
+    BlockChain copy = synthetic_chain(copied);
+    copy.forward = [forward = copy.forward, &neighbour_blocks](int64_t k,
+                                                               std::vector<at::Tensor> carry) {
+      ++neighbour_blocks;
+      return forward(k, std::move(carry));
+    };
+    return copy;
+  };
+  CostSampling sampling;
+  sampling.samples = 64;
+  sampling.second_samples = 16;
+  sampling.threads = 1;
+  const std::vector<BlockCost> alone = measure_blocks(chain, sampling);
+  EXPECT_EQ(neighbour_blocks.load(), 0);
+  sampling.neighbours = 1;
+  const std::vector<BlockCost> beside = measure_blocks(chain, sampling);
+  EXPECT_GT(neighbour_blocks.load(), 0);
+  ASSERT_EQ(beside.size(), alone.size());
+  // A neighbour's tensors are a whole block's (4 KiB a sample and more); the count may move by a
+  // few bytes of the engine's own.
+  for (size_t k = 0; k < alone.size(); ++k) {
+    EXPECT_THAT(beside[k].activation_bytes_per_sample,
+                DoubleNear(alone[k].activation_bytes_per_sample, 8))
+        << beside[k].name;
+    EXPECT_GT(beside[k].train_s(64), 0) << beside[k].name;
+  }
+  sampling.threads = 0;
+  EXPECT_THAT(error_of([&] { measure_blocks(chain, sampling); }),
+              HasSubstr("need one thread each"));
 }
 
 TEST(BlockCosts, EveryUnetBlockIsMeasuredAndTheParametersAddUp) {

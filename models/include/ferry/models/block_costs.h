@@ -52,9 +52,15 @@ struct CostSampling {
   int64_t second_samples = 0;  // 0: half of `samples` (2 when `samples` is 1)
   int threads = 0;             // the intra-op threads a stage will have; 0: this process's
   // Passes timed at each size after one that is not (it pays for fresh pages and each kernel's
-  // first call on the size's shapes); each block keeps its fastest, which the machine's other
-  // work disturbs least.
-  int timed_passes = 2;
+  // first call on the size's shapes). Each block keeps its median pass: a run's stage compute is
+  // what its passes take while the machine does its other work too, which the fastest pass leaves
+  // out, and one disturbed pass does not move the median of three.
+  int timed_passes = 3;
+  // Stages that compute beside this one on the same machine while the run trains, each on its own
+  // core. While blocks are timed, as many threads run passes of a copy of the chain (one thread
+  // each, so `threads` must be 1), so that each block's time carries the memory and cache traffic
+  // of the stages beside it, as the run's will.
+  int neighbours = 0;
 
   int64_t second_size() const {
     if (second_samples > 0) return second_samples;
@@ -69,11 +75,14 @@ struct BlockChain {
   std::function<std::vector<at::Tensor>(int64_t block, std::vector<at::Tensor> carry)> forward;
   std::function<std::vector<at::Tensor>(int64_t block)> parameters;
   std::function<std::vector<at::Tensor>(int64_t samples)> input;
+  // Another chain of the same blocks, for a neighbour's passes (CostSampling::neighbours).
+  std::function<BlockChain()> copy;
 };
 
 // Runs every block of `chain` forward and backward, one at a time (training mode is the
 // chain's), at both sizes of `sampling`. Installs the counting allocator
-// (core::count_tensor_memory) if nothing has. Throws std::invalid_argument for sizes below 1.
+// (core::count_tensor_memory) if nothing has. Throws std::invalid_argument for sizes below 1,
+// and for neighbours without one thread each or without `chain.copy`.
 std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSampling& sampling);
 
 // measure_blocks over the blocks of a U-Net-ResNet-`depth` on random images of `image_size`.

@@ -32,6 +32,9 @@ struct PlanSettings {
   int microbatches = 1;           // a step's forwards and backwards per stage
   bool recompute = false;         // every stage runs its forward again in backward
   int threads = 0;                // each stage's intra-op threads; 0: this process's
+  // Stages computing beside each one on its machine (models::CostSampling::neighbours); needs
+  // `threads` 1.
+  int neighbours = 0;
 };
 
 // The sizes blocks are timed at for a batch of `batch_size` in `microbatches`: the micro-batch

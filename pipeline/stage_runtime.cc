@@ -234,7 +234,11 @@ std::exception_ptr failure_in(const Slot& slot, const char* what, std::int64_t m
 }
 
 bool has_place(const Slot& slot) {
-  return slot.in_flight + static_cast<std::int64_t>(slot.deferred.size()) < slot.limit;
+  auto waiting = static_cast<std::int64_t>(slot.deferred.size());
+  // The last stage's place is one micro-batch: were its waiting weight pass to take it, the next
+  // forward and input pass would wait for that pass, and the stage before for them.
+  if (slot.index + 1 == slot.count && waiting > 0) --waiting;
+  return slot.in_flight + waiting < slot.limit;
 }
 
 // Parked forwards are posted under the slot's mutex, so that no forward admitted meanwhile

@@ -148,7 +148,8 @@ SplitBackward::Deliver into_context(std::int64_t context);
 // slot's mutex; fail the returned futures outside it).
 std::vector<rpc::FuturePtr> drop_deferred_weights(Slot& slot);
 // Whether one more forward may start on the slot: fewer than `limit` micro-batches between their
-// forward and backward, or whose weight pass waits (zero-bubble schedule). Under the slot's mutex.
+// forward and backward, or whose weight pass waits (zero-bubble schedule; on the last stage, one
+// waiting weight pass takes no place). Under the slot's mutex.
 bool has_place(const Slot& slot);
 // Under the slot's mutex: the parked forwards that have a place now go to the compute thread.
 void admit_parked(Slot& slot);

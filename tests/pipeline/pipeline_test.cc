@@ -330,8 +330,9 @@ int most_held_to_weight_pass(const Timeline& timeline, int s) {
 }
 
 // Under 1F1B stage s holds at most p - s micro-batches; under zb too, those whose weight pass waits
-// counted (from the timeline: what a micro-batch holds in bytes is the allocator's difference over
-// its forward, which other threads' allocations move by a tensor or so).
+// counted, but for one on the last stage (from the timeline: what a micro-batch holds in bytes is
+// the allocator's difference over its forward, which other threads' allocations move by a tensor or
+// so).
 TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipeAndZeroBubbleNoMore) {
   LocalWorld world(three_workers());
   // Many samples through small layers, so that activations (512 x 128 floats a tensor per
@@ -368,7 +369,8 @@ TEST(Pipeline, OneFOneBKeepsFewerActivationsThanGPipeAndZeroBubbleNoMore) {
         EXPECT_EQ(most, 3 - s);
         EXPECT_EQ(order.substr(0, 3 - s), std::string(3 - s, 'F'));
       } else {
-        EXPECT_LE(most_held_to_weight_pass(pipe.timeline(), s), 3 - s);
+        // The last stage's one place, and one micro-batch whose weight pass waits.
+        EXPECT_LE(most_held_to_weight_pass(pipe.timeline(), s), s == 2 ? 2 : 3 - s);
       }
     }
   }

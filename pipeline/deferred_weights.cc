@@ -5,8 +5,8 @@
 // that arrived meanwhile runs first: the weight passes fill the time the stage would otherwise
 // wait. A forward waits while the stage holds its limit of micro-batches, those whose weight pass
 // waits counted but for one on the last stage (has_place), which bounds what the deferred passes
-// hold. The master asks for a
-// step's weight passes ("ferry.pipeline.weights") before the optimizer's step.
+// hold. The master asks for a step's weight passes ("ferry.pipeline.weights") before the
+// optimizer's step.
 //
 // Thread rules: weight passes run on the compute thread; the slot's queue and waiters are guarded
 // by its mutex; "ferry.pipeline.weights" runs on a pool thread and does not wait there.

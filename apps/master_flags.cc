@@ -209,7 +209,8 @@ void add_describe(MasterCommandLine& l) {
   l.describe_cmd
       ->add_option("--neighbours", l.describe.neighbours,
                    "stages that will compute beside each on its machine, one core each: blocks "
-                   "are timed while as many threads run them too (needs --threads 1)")
+                   "are timed while as many threads run blocks too, with --balance time those of "
+                   "the other stages of a first cut (needs --threads 1)")
       ->capture_default_str()
       ->check(in_range(0, 1024));
   l.describe_cmd->add_flag("--blocks", l.blocks, "also every block's measured costs");

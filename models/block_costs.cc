@@ -2,16 +2,15 @@
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <exception>
-#include <mutex>
 #include <stdexcept>
-#include <thread>
 
+#include "ferry/core/neighbours.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/models/unet_blocks.h"
 
@@ -35,15 +34,16 @@ struct PassTimes {
   std::vector<double> forward_s, backward_s;
 };
 
-// One pass over the chain, block by block. With `memory`, each block's parameters and bytes go
-// there. Ends early, between blocks, once `stop` is set.
-PassTimes run_pass(const BlockChain& chain, int64_t samples, std::vector<BlockCost>* memory,
-                   const std::atomic<bool>* stop = nullptr) {
-  const auto count = static_cast<int64_t>(chain.names.size());
+// Blocks [first, last) of one pass over the chain, one at a time, from `carry` (what block
+// `first` takes). With `memory`, each block's parameters and bytes go there, at its index in the
+// chain. Ends early, between blocks, once `stop` is set. The times are of the blocks run, from
+// `first` on.
+PassTimes run_blocks(const BlockChain& chain, int64_t first, int64_t last,
+                     std::vector<at::Tensor> carry, int64_t samples, std::vector<BlockCost>* memory,
+                     const std::atomic<bool>* stop = nullptr) {
   const double n = static_cast<double>(samples);
   PassTimes times;
-  std::vector<at::Tensor> carry = chain.input(samples);
-  for (int64_t k = 0; k < count; ++k) {
+  for (int64_t k = first; k < last; ++k) {
     if (stop != nullptr && *stop) break;
     // The first block's input is the data, whose gradient no stage computes.
     std::vector<at::Tensor> inputs = k == 0 ? carry : detached_leaves(carry);
@@ -75,6 +75,45 @@ PassTimes run_pass(const BlockChain& chain, int64_t samples, std::vector<BlockCo
   return times;
 }
 
+// One pass over every block of the chain.
+PassTimes run_pass(const BlockChain& chain, int64_t samples, std::vector<BlockCost>* memory,
+                   const std::atomic<bool>* stop = nullptr) {
+  return run_blocks(chain, 0, static_cast<int64_t>(chain.names.size()), chain.input(samples),
+                    samples, memory, stop);
+}
+
+// What block `first` takes in a pass over `samples` samples: the blocks before it run forward,
+// without autograd.
+std::vector<at::Tensor> carry_at(const BlockChain& chain, int64_t first, int64_t samples) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> carry = chain.input(samples);
+  for (int64_t k = 0; k < first; ++k) carry = chain.forward(k, std::move(carry));
+  return carry;
+}
+
+// Blocks [first, last) of a chain.
+struct Stretch {
+  int64_t first, last;
+};
+
+// The stages of a chain of `count` blocks cut before each block of `cut`.
+std::vector<Stretch> stretches_of(const std::vector<int64_t>& cut, int64_t count) {
+  std::vector<Stretch> out;
+  int64_t first = 0;
+  for (int64_t at : cut) {
+    if (at <= first || at >= count) {
+      throw std::invalid_argument(fmt::format(
+          "blocks are timed beside the stages of a cut before blocks {}, which does not cut a "
+          "chain of {} blocks into stages in order",
+          fmt::join(cut, ", "), count));
+    }
+    out.push_back({first, at});
+    first = at;
+  }
+  out.push_back({first, count});
+  return out;
+}
+
 double median_of(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t mid = values.size() / 2;
@@ -95,71 +134,8 @@ class ThreadsScope {
   int previous_;
 };
 
-// The stages beside the one being timed: one thread per copy of the chain, each running passes of
-// its copy at one size, one intra-op thread each, until stopped. stop() rethrows what a
-// neighbour failed with.
-class Neighbours {
- public:
-  Neighbours(const std::vector<BlockChain>& copies, int64_t samples) {
-    try {
-      for (const BlockChain& copy : copies) {
-        threads_.emplace_back([this, &copy, samples] { run(copy, samples); });
-      }
-    } catch (...) {
-      join();
-      throw;
-    }
-  }
-  ~Neighbours() { join(); }
-  Neighbours(const Neighbours&) = delete;
-  Neighbours& operator=(const Neighbours&) = delete;
-
-  void stop() {
-    join();
-    if (failure_) std::rethrow_exception(failure_);
-  }
-
- private:
-  void run(const BlockChain& copy, int64_t samples) {
-    ThreadsScope one(1);
-    try {
-      while (!stop_) run_pass(copy, samples, nullptr, &stop_);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!failure_) failure_ = std::current_exception();
-    }
-  }
-
-  void join() {
-    stop_ = true;
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-
-  std::atomic<bool> stop_{false};
-  std::mutex mutex_;
-  std::exception_ptr failure_;
-  std::vector<std::thread> threads_;
-};
-
-// Each block's median forward and backward at `samples` over `timed_passes` passes, with
-// `neighbours` running beside them, after an untimed pass. With `memory`, a pass counts each
-// block's bytes, alone (the neighbours' tensors would blur them); its times count only when
-// there are no neighbours.
-PassTimes median_times(const BlockChain& chain, int64_t samples, int timed_passes,
-                       const std::vector<BlockChain>& neighbours, std::vector<BlockCost>* memory) {
-  run_pass(chain, samples, nullptr);
-  std::vector<PassTimes> passes;
-  if (memory != nullptr) {
-    PassTimes counted = run_pass(chain, samples, memory);
-    if (neighbours.empty()) passes.push_back(std::move(counted));
-  }
-  Neighbours beside(neighbours, samples);
-  while (static_cast<int>(passes.size()) < timed_passes) {
-    passes.push_back(run_pass(chain, samples, nullptr));
-  }
-  beside.stop();
+// Each block's median forward and backward over `passes` (each over the same blocks).
+PassTimes medians_of(const std::vector<PassTimes>& passes) {
   PassTimes out;
   for (size_t k = 0; k < passes.front().forward_s.size(); ++k) {
     std::vector<double> forward, backward;
@@ -171,6 +147,63 @@ PassTimes median_times(const BlockChain& chain, int64_t samples, int timed_passe
     out.backward_s.push_back(median_of(std::move(backward)));
   }
   return out;
+}
+
+// Each block's median over `timed_passes` passes while `neighbours` run beside it what the stages
+// beside its own will run: the other stages of `cut`, one each in turn; without a cut, the whole
+// chain.
+PassTimes times_beside(const BlockChain& chain, int64_t samples, int timed_passes,
+                       const std::vector<BlockChain>& neighbours, const std::vector<int64_t>& cut) {
+  const auto count = static_cast<int64_t>(chain.names.size());
+  const std::vector<Stretch> stages =
+      cut.empty() ? std::vector<Stretch>{{0, count}} : stretches_of(cut, count);
+  PassTimes out;
+  for (const Stretch& stage : stages) {
+    std::vector<Stretch> others;
+    for (const Stretch& other : stages) {
+      if (other.first != stage.first) others.push_back(other);
+    }
+    if (others.empty()) others.push_back(stage);
+    std::vector<std::vector<at::Tensor>> carries;
+    for (size_t i = 0; i < neighbours.size(); ++i) {
+      carries.push_back(carry_at(neighbours[i], others[i % others.size()].first, samples));
+    }
+    const std::vector<at::Tensor> carry = carry_at(chain, stage.first, samples);
+    core::Neighbours beside(
+        static_cast<int>(neighbours.size()), [&](int i, const std::atomic<bool>& stop) {
+          const Stretch& other = others[i % others.size()];
+          run_blocks(neighbours[i], other.first, other.last, carries[i], samples, nullptr, &stop);
+        });
+    std::vector<PassTimes> passes;
+    while (static_cast<int>(passes.size()) < timed_passes) {
+      passes.push_back(run_blocks(chain, stage.first, stage.last, carry, samples, nullptr));
+    }
+    beside.stop();
+    const PassTimes times = medians_of(passes);
+    out.forward_s.insert(out.forward_s.end(), times.forward_s.begin(), times.forward_s.end());
+    out.backward_s.insert(out.backward_s.end(), times.backward_s.begin(), times.backward_s.end());
+  }
+  return out;
+}
+
+// Each block's median forward and backward at `samples` over `timed_passes` passes, after an
+// untimed pass, with `neighbours` beside it (times_beside). With `memory`, a pass counts each
+// block's bytes, alone (the neighbours' tensors would blur them); its times count only when
+// there are no neighbours.
+PassTimes median_times(const BlockChain& chain, int64_t samples, int timed_passes,
+                       const std::vector<BlockChain>& neighbours, const std::vector<int64_t>& cut,
+                       std::vector<BlockCost>* memory) {
+  run_pass(chain, samples, nullptr);
+  if (neighbours.empty()) {
+    std::vector<PassTimes> passes;
+    if (memory != nullptr) passes.push_back(run_pass(chain, samples, memory));
+    while (static_cast<int>(passes.size()) < timed_passes) {
+      passes.push_back(run_pass(chain, samples, nullptr));
+    }
+    return medians_of(passes);
+  }
+  if (memory != nullptr) run_pass(chain, samples, memory);
+  return times_beside(chain, samples, timed_passes, neighbours, cut);
 }
 
 // The blocks of a U-Net-ResNet-`depth` in training mode, on random images of `image_size`; its
@@ -215,6 +248,7 @@ std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSamplin
     throw std::invalid_argument(
         "blocks timed beside neighbouring stages need one thread each and a copy of the chain");
   }
+  if (!sampling.cut.empty()) stretches_of(sampling.cut, static_cast<int64_t>(chain.names.size()));
   core::count_tensor_memory();
   ThreadsScope threads(sampling.threads);
   const int timed = std::max(sampling.timed_passes, 1);
@@ -222,8 +256,9 @@ std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSamplin
   for (size_t k = 0; k < costs.size(); ++k) costs[k].name = chain.names[k];
   std::vector<BlockChain> neighbours;
   for (int i = 0; i < sampling.neighbours; ++i) neighbours.push_back(chain.copy());
-  const PassTimes at_run = median_times(chain, sampling.samples, timed, neighbours, &costs);
-  const PassTimes at_second = median_times(chain, second, timed, neighbours, nullptr);
+  const PassTimes at_run =
+      median_times(chain, sampling.samples, timed, neighbours, sampling.cut, &costs);
+  const PassTimes at_second = median_times(chain, second, timed, neighbours, sampling.cut, nullptr);
   for (size_t k = 0; k < costs.size(); ++k) {
     costs[k].forward =
         fit_pass_cost(sampling.samples, at_run.forward_s[k], second, at_second.forward_s[k]);

@@ -302,12 +302,24 @@ StagePlan plan_stages(const PlanSettings& s) {
   // A balance by time needs the steadier figure of three timed passes; otherwise time is only
   // shown, and one pass saves start-up.
   sampling.timed_passes = s.balance == "time" && s.stages > 0 ? 3 : 1;
-  plan.costs = models::measure_unet_blocks(plan.depth, s.classes, s.image_size, sampling);
   const int64_t samples = s.in_flight_samples > 0 ? s.in_flight_samples : s.batch_size;
-  const std::vector<double> memory = memory_costs(plan.costs, state_factor(s.optimizer), samples);
-  const std::vector<double> time =
-      time_costs(plan.costs, s.batch_size, s.microbatches, s.recompute);
-  fill_stages(plan, s, cut(s, plan.costs, memory, time, plan.method), {});
+  auto cut_of = [&](const std::vector<models::BlockCost>& costs) {
+    const std::vector<double> memory = memory_costs(costs, state_factor(s.optimizer), samples);
+    const std::vector<double> time = time_costs(costs, s.batch_size, s.microbatches, s.recompute);
+    return cut(s, costs, memory, time, plan.method);
+  };
+  if (sampling.neighbours > 0 && s.balance == "time" && s.stages > 1) {
+    // Each stage's blocks are timed beside the other stages' (CostSampling::cut), which a first
+    // cut from one pass of each block alone names.
+    models::CostSampling rough = sampling;
+    rough.neighbours = 0;
+    rough.timed_passes = 1;
+    const std::vector<pipeline::Range> first =
+        cut_of(models::measure_unet_blocks(plan.depth, s.classes, s.image_size, rough));
+    for (size_t k = 1; k < first.size(); ++k) sampling.cut.push_back(first[k].begin);
+  }
+  plan.costs = models::measure_unet_blocks(plan.depth, s.classes, s.image_size, sampling);
+  fill_stages(plan, s, cut_of(plan.costs), {});
   return plan;
 }
 

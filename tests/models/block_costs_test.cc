@@ -1,5 +1,6 @@
 // Block costs: the line fitted through two timings, a fitted cost against a third size, blocks
-// timed beside neighbours, and every block of a U-Net measured.
+// timed beside neighbours (the whole chain's, or the other stages' of a cut), and every block of a
+// U-Net measured.
 #include "ferry/models/block_costs.h"
 
 #include <gmock/gmock.h>
@@ -8,7 +9,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
@@ -162,6 +165,51 @@ TEST(BlockCosts, NeighboursRunTheBlocksWhileTheyAreTimedAndLeaveTheirBytesAlone)
   sampling.threads = 0;
   EXPECT_THAT(error_of([&] { measure_blocks(chain, sampling); }),
               HasSubstr("need one thread each"));
+}
+
+TEST(BlockCosts, WithACutEachStageIsTimedBesideTheOtherStagesBlocks) {
+  std::vector<torch::nn::Linear> layers, copied;
+  BlockChain chain = synthetic_chain(layers);
+  auto stage_of = [](int64_t k) { return k < 2 ? 0 : 1; };  // fc0 fc1 | fc2
+  std::atomic<int> timing{-1};  // the stage of the block this thread's chain runs forward
+  // Each forward sleeps, so that a stage's timed passes last long enough for its neighbour to run.
+  chain.forward = [forward = chain.forward, &timing, stage_of](int64_t k,
+                                                               std::vector<at::Tensor> carry) {
+    timing = stage_of(k);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::vector<at::Tensor> out = forward(k, std::move(carry));
+    timing = -1;
+    return out;
+  };
+  const std::thread::id timed_thread = std::this_thread::get_id();
+  std::atomic<int> beside_own_stage{0};
+  std::atomic<int> ran_stage0{0}, ran_stage1{0};
+  chain.copy = [&] {
+    BlockChain copy = synthetic_chain(copied);
+    copy.forward = [&, forward = copy.forward](int64_t k, std::vector<at::Tensor> carry) {
+      if (std::this_thread::get_id() != timed_thread) {
+        ++(stage_of(k) == 0 ? ran_stage0 : ran_stage1);
+        if (timing == stage_of(k)) ++beside_own_stage;
+      }
+      return forward(k, std::move(carry));
+    };
+    return copy;
+  };
+  CostSampling sampling;
+  sampling.samples = 64;
+  sampling.second_samples = 16;
+  sampling.threads = 1;
+  sampling.neighbours = 1;
+  sampling.cut = {2};
+  const std::vector<BlockCost> costs = measure_blocks(chain, sampling);
+  ASSERT_EQ(costs.size(), 3u);
+  for (const BlockCost& c : costs) EXPECT_GT(c.train_s(64), 0) << c.name;
+  EXPECT_EQ(beside_own_stage.load(), 0);
+  EXPECT_GT(ran_stage0.load(), 0);
+  EXPECT_GT(ran_stage1.load(), 0);
+  sampling.cut = {2, 2};
+  EXPECT_THAT(error_of([&] { measure_blocks(chain, sampling); }),
+              HasSubstr("a cut before blocks 2, 2, which does not cut a chain of 3 blocks"));
 }
 
 TEST(BlockCosts, EveryUnetBlockIsMeasuredAndTheParametersAddUp) {

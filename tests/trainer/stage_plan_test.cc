@@ -1,9 +1,12 @@
 // The plan's arithmetic on blocks' costs, without measuring any: the sizes blocks are timed at,
-// and each stage's compute per step for a number of micro-batches.
+// and each stage's compute per step for a number of micro-batches. And one small plan measured
+// beside a neighbour.
 #include "ferry/trainer/stage_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "ferry/models/unet_blocks.h"
 
 namespace ferry::trainer {
 namespace {
@@ -71,6 +74,29 @@ TEST(StageCompute, RecomputationRunsEveryForwardTwice) {
   EXPECT_THAT(stage_compute_s(plan, 16, 1, true),
               ElementsAre(DoubleNear(0.030 + 0.048 + 0.192 + 0.010 + 0.016 + 0.064, 1e-12),
                           DoubleNear(0.400, 1e-12)));
+}
+
+// A balance by time beside a neighbour cuts once from each block timed alone, then times each
+// stage's blocks beside the other stage's (models::CostSampling::cut) and cuts again.
+TEST(PlanStages, ABalanceByTimeBesideANeighbourCutsFromEveryBlocksCost) {
+  PlanSettings s;
+  s.model = "unet-resnet18";
+  s.image_size = 64;
+  s.batch_size = 4;
+  s.microbatches = 2;
+  s.stages = 2;
+  s.balance = "time";
+  s.threads = 1;
+  s.neighbours = 1;
+  const StagePlan plan = plan_stages(s);
+  ASSERT_EQ(plan.stages.size(), 2u);
+  EXPECT_EQ(plan.stages[0].first, 0);
+  EXPECT_EQ(plan.stages[0].last, plan.stages[1].first);
+  EXPECT_EQ(plan.stages[1].last, static_cast<int64_t>(models::unet_blocks(18).size()));
+  ASSERT_EQ(plan.costs.size(), models::unet_blocks(18).size());
+  for (const models::BlockCost& c : plan.costs) EXPECT_GT(c.train_s(2), 0) << c.name;
+  EXPECT_GT(plan.stages[0].compute_s, 0);
+  EXPECT_GT(plan.stages[1].compute_s, 0);
 }
 
 }  // namespace

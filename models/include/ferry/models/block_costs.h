@@ -61,6 +61,11 @@ struct CostSampling {
   // each, so `threads` must be 1), so that each block's time carries the memory and cache traffic
   // of the stages beside it, as the run's will.
   int neighbours = 0;
+  // Where the run will cut the chain, when known: the first block of each stage but the first.
+  // Each stage's blocks are then timed while the neighbours run the other stages' blocks (one
+  // stage each, in turn), as they will in the run. A neighbour running the whole chain slows the
+  // deepest, weight-bound blocks more than the stages beside them in the run do.
+  std::vector<int64_t> cut;
 
   int64_t second_size() const {
     if (second_samples > 0) return second_samples;
@@ -82,7 +87,8 @@ struct BlockChain {
 // Runs every block of `chain` forward and backward, one at a time (training mode is the
 // chain's), at both sizes of `sampling`. Installs the counting allocator
 // (core::count_tensor_memory) if nothing has. Throws std::invalid_argument for sizes below 1,
-// and for neighbours without one thread each or without `chain.copy`.
+// for neighbours without one thread each or without `chain.copy`, and for a cut that does not
+// cut the chain into stages in order.
 std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSampling& sampling);
 
 // measure_blocks over the blocks of a U-Net-ResNet-`depth` on random images of `image_size`.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "bench/processes.h"
 #include "bench/stats.h"
 #include "ferry/core/local_world.h"
+#include "ferry/core/neighbours.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/remote_unet.h"
@@ -92,12 +94,27 @@ remote_module::StageConfig synthetic_config(const PipelineBenchSettings& s, int 
   return config;
 }
 
+// How many stages compute beside each of `p` when each is pinned to a core of its own: p - 1,
+// or none when they are not pinned.
+int neighbours(const PipelineBenchSettings& s, int p) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return s.pin && p >= 2 && p <= cores ? p - 1 : 0;
+}
+
+// The whole model in this process.
+struct LocalModel {
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::vector<at::Tensor> parameters;
+};
+
 // The stages on worker1..p, and the same model in this process for the one-process baseline.
 struct Model {
   std::vector<remote_module::RemoteModule> stages;
   remote_module::Routes routes;  // the U-Net's skips go straight to the stage that uses them
-  std::function<at::Tensor(const at::Tensor&)> local_forward;
-  std::vector<at::Tensor> local_parameters;
+  LocalModel local;
+  // More copies of it, which compute beside the baseline as the pinned stages compute beside
+  // each other (neighbours() of them).
+  std::vector<LocalModel> neighbours;
   at::Tensor input, target;
   std::string loss_name;  // registered (ferry/remote_module/loss.h)
   pipeline::Pipeline::Loss loss;
@@ -115,8 +132,7 @@ trainer::PlanSettings unet_plan_settings(const PipelineBenchSettings& s) {
   plan.balance = s.balance;
   plan.microbatches = *std::max_element(s.microbatches.begin(), s.microbatches.end());
   plan.threads = 1;
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (s.pin && s.stages >= 2 && s.stages <= cores) plan.neighbours = s.stages - 1;
+  plan.neighbours = neighbours(s, s.stages);
   return plan;
 }
 
@@ -134,9 +150,13 @@ Model build(const PipelineBenchSettings& s, int p, const trainer::StagePlan& pla
         models::RemoteUnet::create(s.depth, 1, plan.on(worker_names(p))));
     for (const auto& stage : split->stages()) m.stages.push_back(stage.module);
     m.routes = split->routes();
-    auto local = std::make_shared<models::Unet>(split->local_copy());
-    m.local_forward = [local](const at::Tensor& x) { return (*local)->forward(x); };
-    m.local_parameters = (*local)->parameters();
+    auto local_unet = [&split] {
+      auto net = std::make_shared<models::Unet>(split->local_copy());
+      return LocalModel{[net](const at::Tensor& x) { return (*net)->forward(x); },
+                        (*net)->parameters()};
+    };
+    m.local = local_unet();
+    for (int k = 0; k < neighbours(s, p); ++k) m.neighbours.push_back(local_unet());
     m.input = torch::randn({s.batch, 3, s.image_size, s.image_size});
     m.target = (torch::rand({s.batch, 1, s.image_size, s.image_size}) > 0.5).to(torch::kFloat);
     m.loss_name = "bce";
@@ -144,18 +164,26 @@ Model build(const PipelineBenchSettings& s, int p, const trainer::StagePlan& pla
     m.name = fmt::format("unet-resnet{} ({})", s.depth, plan.method);
     return m;
   }
-  std::vector<std::shared_ptr<remote_module::Stage>> local;
   for (int k = 0; k < p; ++k) {
     m.stages.push_back(remote_module::RemoteModule::create(
         fmt::format("worker{}", k + 1), "synthetic.mlp", synthetic_config(s, k)));
-    local.push_back(remote_module::make_stage("synthetic.mlp", synthetic_config(s, k)));
-    for (auto& [name, t] : local.back()->named_parameters()) m.local_parameters.push_back(t);
   }
-  m.local_forward = [local](const at::Tensor& x) {
-    c10::IValue h = x;
-    for (auto& stage : local) h = stage->forward({h});
-    return h.toTensor();
+  auto local_mlp = [&s, p] {
+    std::vector<std::shared_ptr<remote_module::Stage>> stages;
+    LocalModel local;
+    for (int k = 0; k < p; ++k) {
+      stages.push_back(remote_module::make_stage("synthetic.mlp", synthetic_config(s, k)));
+      for (auto& [name, t] : stages.back()->named_parameters()) local.parameters.push_back(t);
+    }
+    local.forward = [stages](const at::Tensor& x) {
+      c10::IValue h = x;
+      for (auto& stage : stages) h = stage->forward({h});
+      return h.toTensor();
+    };
+    return local;
   };
+  m.local = local_mlp();
+  for (int k = 0; k < neighbours(s, p); ++k) m.neighbours.push_back(local_mlp());
   m.input = torch::randn({s.batch, s.width});
   m.target = torch::randn({s.batch, s.width});
   m.loss_name = "mse";
@@ -221,17 +249,30 @@ trainer::StagePlan rebalanced(const PipelineBenchSettings& s, const trainer::Sta
   return to;
 }
 
-// The whole model in this process, one micro-batch after another: what micro-batching itself
-// costs the same blocks, without any stage boundary.
-double local_step_s(Model& model, int microbatches) {
-  return seconds_of([&] {
-    for (auto& t : model.local_parameters) t.mutable_grad() = at::Tensor();
-    std::vector<at::Tensor> inputs = model.input.tensor_split(microbatches);
-    std::vector<at::Tensor> targets = model.target.tensor_split(microbatches);
-    for (size_t m = 0; m < inputs.size(); ++m) {
-      model.loss(model.local_forward(inputs[m]), targets[m]).backward();
-    }
-  });
+// One step of `local` over the model's batch, one micro-batch after another: what micro-batching
+// itself costs the same blocks, without any stage boundary. Ends early, between micro-batches,
+// once `stop` is set.
+void local_pass(const Model& model, LocalModel& local, int microbatches,
+                const std::atomic<bool>* stop = nullptr) {
+  for (auto& t : local.parameters) t.mutable_grad() = at::Tensor();
+  std::vector<at::Tensor> inputs = model.input.tensor_split(microbatches);
+  std::vector<at::Tensor> targets = model.target.tensor_split(microbatches);
+  for (size_t m = 0; m < inputs.size(); ++m) {
+    if (stop != nullptr && *stop) return;
+    model.loss(local.forward(inputs[m]), targets[m]).backward();
+  }
+}
+
+// Seconds of one step of the model in this process; `beside`: while its neighbours run steps of
+// their copies, as the stages compute beside each other.
+double local_step_s(Model& model, int microbatches, bool beside) {
+  core::Neighbours others(beside ? static_cast<int>(model.neighbours.size()) : 0,
+                          [&](int k, const std::atomic<bool>& stop) {
+                            local_pass(model, model.neighbours[k], microbatches, &stop);
+                          });
+  const double seconds = seconds_of([&] { local_pass(model, model.local, microbatches); });
+  others.stop();
+  return seconds;
 }
 
 // One step of `c`'s pipeline; a timed one adds its time and the stages' memory peaks.
@@ -259,16 +300,30 @@ void pipeline_step(Config& c, const Model& model, bool timed) {
 }
 
 // One process's step times, whole and at each count of micro-batches, measured beside the
-// pipelines.
+// pipelines' steps, in turns with them.
 struct LocalSteps {
   std::vector<double> whole;
   std::map<int, std::vector<double>> microbatched;
+  // At the most micro-batches, while the model's neighbours compute beside it: the baseline of
+  // pinned stages, which compute beside each other.
+  std::map<int, std::vector<double>> microbatched_beside;
+  double whole_at_plan = 0;  // a warm step just after the blocks were timed for the plan
+  double whole_at_look = 0;  // the step beside the re-balancing look
 };
 
+// The machine's own drift since `then` (a one-process step measured when an estimate was made):
+// the one-process step's median over the timed steps against it. A stage's compute drifts with
+// it, which no estimate made then can know; 0 when nothing was measured then.
+double drift_since(const LocalSteps& local, double then) {
+  return then > 0 ? median(local.whole) / then : 0;
+}
+
 // One configuration's figures over the timed steps; `naive` is the naive split's median step.
+// `predicted`: each stage's compute as the re-balancing look predicted it for the cut that runs,
+// when `c` is the configuration it measured; else empty.
 nlohmann::ordered_json result_of(const PipelineBenchSettings& s, int p,
                                  const trainer::StagePlan& plan, const Config& c, double naive,
-                                 const LocalSteps& local) {
+                                 const LocalSteps& local, const std::vector<double>& predicted) {
   const double step = median(c.steps);
   const double local_s = median(local.whole);
   const double ideal = static_cast<double>(p) * c.microbatches / (c.microbatches + p - 1);
@@ -305,15 +360,38 @@ nlohmann::ordered_json result_of(const PipelineBenchSettings& s, int p,
                                 {"summed_compute_over_local_microbatched", summed / local_at_m},
                                 {"peak_activation_mib", c.activation_mib},
                                 {"peak_tensor_mib", c.tensor_mib}};
+  auto beside = local.microbatched_beside.find(c.microbatches);
+  if (beside != local.microbatched_beside.end()) {
+    const double local_beside = median(beside->second);
+    result["local_microbatched_beside_s"] = local_beside;
+    result["beside_over_alone"] = local_beside / local_at_m;
+    result["summed_compute_over_local_microbatched_beside"] = summed / local_beside;
+  }
+  // Each stage's measured compute over what was expected of it, and the same over the machine's
+  // drift since then.
+  auto measured_over = [&stages](const std::vector<double>& expected, double drift) {
+    std::vector<double> ratio, without_drift;
+    for (size_t k = 0; k < expected.size() && k < stages.compute_s.size(); ++k) {
+      ratio.push_back(expected[k] > 0 ? stages.compute_s[k] / expected[k] : 0);
+      without_drift.push_back(drift > 0 ? ratio.back() / drift : 0);
+    }
+    return std::make_pair(ratio, without_drift);
+  };
   if (s.model == "unet") {
     const std::vector<double> estimated =
         trainer::stage_compute_s(plan, s.batch, c.microbatches, false);
-    std::vector<double> ratio;
-    for (size_t k = 0; k < estimated.size(); ++k) {
-      ratio.push_back(estimated[k] > 0 ? stages.compute_s[k] / estimated[k] : 0);
-    }
+    const auto [ratio, without_drift] =
+        measured_over(estimated, drift_since(local, local.whole_at_plan));
     result["estimated_compute_s"] = estimated;
     result["measured_over_estimated"] = ratio;
+    result["measured_over_estimated_without_drift"] = without_drift;
+  }
+  if (!predicted.empty()) {
+    const auto [ratio, without_drift] =
+        measured_over(predicted, drift_since(local, local.whole_at_look));
+    result["predicted_compute_s"] = predicted;
+    result["measured_over_predicted"] = ratio;
+    result["measured_over_predicted_without_drift"] = without_drift;
   }
   return result;
 }
@@ -327,6 +405,13 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   // the new stages up again.
   const bool rebalance = s.rebalance && s.model == "unet" && p > 1;
   const int untimed = rebalance ? 2 * s.warmup + 1 : s.warmup;
+  const int most = *std::max_element(s.microbatches.begin(), s.microbatches.end());
+  if (s.model == "unet") {
+    // The machine's speed when the blocks were timed, a few seconds ago: a warm one-process step
+    // (the first pays for fresh pages).
+    local_step_s(model, 1, false);
+    local.whole_at_plan = local_step_s(model, 1, false);
+  }
   nlohmann::ordered_json rebalance_record;
   for (int round = 0; round < untimed + s.steps; ++round) {
     const bool timed = round >= untimed;
@@ -342,12 +427,17 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
       for (std::size_t k = 0; k < blocks.size() && k < after.size(); ++k)
         blocks[k] = after[k] - blocks[k];
     }
-    const double whole = local_step_s(model, 1);
+    const double whole = local_step_s(model, 1, false);
     if (timed) local.whole.push_back(whole);
+    if (looks) local.whole_at_look = whole;
     for (int m : std::set<int>(s.microbatches.begin(), s.microbatches.end())) {
       if (m <= 1) continue;
-      const double seconds = local_step_s(model, m);
+      const double seconds = local_step_s(model, m, false);
       if (timed) local.microbatched[m].push_back(seconds);
+    }
+    if (!model.neighbours.empty() && most > 1) {
+      const double seconds = local_step_s(model, most, true);
+      if (timed) local.microbatched_beside[most].push_back(seconds);
     }
     if (looks) {
       trainer::StagePlan to = rebalanced(s, plan, configs.back(), blocks, rebalance_record);
@@ -377,7 +467,11 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
     out["plan"] = trainer::plan_json(plan);
     out["blocks_timed_beside"] = unet_plan_settings(s).neighbours;
   }
-  if (rebalance) out["rebalance"] = rebalance_record;
+  if (rebalance) {
+    out["rebalance"] = rebalance_record;
+    out["drift_since_look"] = drift_since(local, local.whole_at_look);
+  }
+  if (s.model == "unet") out["drift_since_plan"] = drift_since(local, local.whole_at_plan);
   out["batch"] = s.batch;
   out["pinned"] = pinned;
   out["threads_per_process"] = 1;
@@ -387,7 +481,13 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   out["local_step_s"] = median(local.whole);
   out["naive_over_local"] = naive / median(local.whole);
   out["results"] = nlohmann::ordered_json::array();
-  for (const Config& c : configs) out["results"].push_back(result_of(s, p, plan, c, naive, local));
+  const std::vector<double> none;
+  std::vector<double> predicted;
+  if (rebalance) predicted = rebalance_record["predicted_compute_s"].get<std::vector<double>>();
+  for (const Config& c : configs) {
+    out["results"].push_back(
+        result_of(s, p, plan, c, naive, local, &c == &configs.back() ? predicted : none));
+  }
   return out;
 }
 

@@ -131,6 +131,15 @@ TEST(BlockCosts, ASizeBelowOneIsRefused) {
               HasSubstr("blocks are timed on at least one sample, not 0"));
 }
 
+// Blocks timed at 64 and 16 samples with one thread, as a stage beside neighbours is.
+CostSampling one_thread_at_64_and_16() {
+  CostSampling sampling;
+  sampling.samples = 64;
+  sampling.second_samples = 16;
+  sampling.threads = 1;
+  return sampling;
+}
+
 TEST(BlockCosts, NeighboursRunTheBlocksWhileTheyAreTimedAndLeaveTheirBytesAlone) {
   std::vector<torch::nn::Linear> layers, copied;
   BlockChain chain = synthetic_chain(layers);
@@ -144,10 +153,7 @@ TEST(BlockCosts, NeighboursRunTheBlocksWhileTheyAreTimedAndLeaveTheirBytesAlone)
     };
     return copy;
   };
-  CostSampling sampling;
-  sampling.samples = 64;
-  sampling.second_samples = 16;
-  sampling.threads = 1;
+  CostSampling sampling = one_thread_at_64_and_16();
   const std::vector<BlockCost> alone = measure_blocks(chain, sampling);
   EXPECT_EQ(neighbour_blocks.load(), 0);
   sampling.neighbours = 1;
@@ -195,10 +201,7 @@ TEST(BlockCosts, WithACutEachStageIsTimedBesideTheOtherStagesBlocks) {
     };
     return copy;
   };
-  CostSampling sampling;
-  sampling.samples = 64;
-  sampling.second_samples = 16;
-  sampling.threads = 1;
+  CostSampling sampling = one_thread_at_64_and_16();
   sampling.neighbours = 1;
   sampling.cut = {2};
   const std::vector<BlockCost> costs = measure_blocks(chain, sampling);

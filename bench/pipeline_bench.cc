@@ -304,8 +304,11 @@ void pipeline_step(Config& c, const Model& model, bool timed) {
 struct LocalSteps {
   std::vector<double> whole;
   std::map<int, std::vector<double>> microbatched;
-  // At the most micro-batches, while the model's neighbours compute beside it: the baseline of
-  // pinned stages, which compute beside each other.
+  // At the most micro-batches, while the model's neighbours step their copies beside it, as
+  // pinned stages compute beside each other. A copy of the whole model slows it more than the
+  // run's stages slow each other (each copy's deepest blocks share the cache with the other's),
+  // so this bounds the cost of computing side by side from above, as the step alone does from
+  // below.
   std::map<int, std::vector<double>> microbatched_beside;
   double whole_at_plan = 0;  // a warm step just after the blocks were timed for the plan
   double whole_at_look = 0;  // the step beside the re-balancing look
@@ -316,6 +319,24 @@ struct LocalSteps {
 // it, which no estimate made then can know; 0 when nothing was measured then.
 double drift_since(const LocalSteps& local, double then) {
   return then > 0 ? median(local.whole) / then : 0;
+}
+
+// A round's one-process steps: whole, at each count of micro-batches, and at the most beside the
+// model's neighbours; a timed round's go into `local`. Returns the whole step's seconds.
+double local_round(const PipelineBenchSettings& s, Model& model, bool timed, LocalSteps& local) {
+  const double whole = local_step_s(model, 1, false);
+  if (timed) local.whole.push_back(whole);
+  for (int m : std::set<int>(s.microbatches.begin(), s.microbatches.end())) {
+    if (m <= 1) continue;
+    const double seconds = local_step_s(model, m, false);
+    if (timed) local.microbatched[m].push_back(seconds);
+  }
+  const int most = *std::max_element(s.microbatches.begin(), s.microbatches.end());
+  if (!model.neighbours.empty() && most > 1) {
+    const double seconds = local_step_s(model, most, true);
+    if (timed) local.microbatched_beside[most].push_back(seconds);
+  }
+  return whole;
 }
 
 // One configuration's figures over the timed steps; `naive` is the naive split's median step.
@@ -396,6 +417,49 @@ nlohmann::ordered_json result_of(const PipelineBenchSettings& s, int p,
   return result;
 }
 
+// The benchmark's JSON: the run, and each configuration's figures. `rebalance`: what the
+// re-balancing look measured and decided, when it looked.
+nlohmann::ordered_json report(const PipelineBenchSettings& s, int p, bool pinned,
+                              const trainer::StagePlan& plan, const Model& model,
+                              const std::vector<Config>& configs, const LocalSteps& local,
+                              const nlohmann::ordered_json* rebalance) {
+  const double naive = median(configs.front().steps);
+  nlohmann::ordered_json out;
+  out["benchmark"] = "pipeline";
+  out["model"] = model.name;
+  out["p"] = p;
+  if (s.model == "unet") {
+    out["plan"] = trainer::plan_json(plan);
+    out["blocks_timed_beside"] = unet_plan_settings(s).neighbours;
+  }
+  if (rebalance != nullptr) {
+    out["rebalance"] = *rebalance;
+    out["drift_since_look"] = drift_since(local, local.whole_at_look);
+  }
+  if (s.model == "unet") out["drift_since_plan"] = drift_since(local, local.whole_at_plan);
+  out["batch"] = s.batch;
+  out["pinned"] = pinned;
+  out["threads_per_process"] = 1;
+  out["steps"] = s.steps;
+  out["loss_on"] = s.loss_on;
+  out["timed"] = "Pipeline::step: forward and backward of one batch, medians";
+  out["local_step_s"] = median(local.whole);
+  out["naive_over_local"] = naive / median(local.whole);
+  out["results"] = nlohmann::ordered_json::array();
+  const std::vector<double> none;
+  std::vector<double> predicted;
+  if (rebalance != nullptr) {
+    predicted = rebalance->at("predicted_compute_s").get<std::vector<double>>();
+  }
+  for (const Config& c : configs) {
+    out["results"].push_back(
+        result_of(s, p, plan, c, naive, local, &c == &configs.back() ? predicted : none));
+  }
+  return out;
+}
+
+// Steps every configuration in turns with the one-process baselines, re-balances once after the
+// warm-up (a U-Net cut by time), and reports the timed steps.
 nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinned,
                                trainer::StagePlan plan) {
   Model model = build(s, p, plan);
@@ -405,7 +469,6 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
   // the new stages up again.
   const bool rebalance = s.rebalance && s.model == "unet" && p > 1;
   const int untimed = rebalance ? 2 * s.warmup + 1 : s.warmup;
-  const int most = *std::max_element(s.microbatches.begin(), s.microbatches.end());
   if (s.model == "unet") {
     // The machine's speed when the blocks were timed, a few seconds ago: a warm one-process step
     // (the first pays for fresh pages).
@@ -427,19 +490,9 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
       for (std::size_t k = 0; k < blocks.size() && k < after.size(); ++k)
         blocks[k] = after[k] - blocks[k];
     }
-    const double whole = local_step_s(model, 1, false);
-    if (timed) local.whole.push_back(whole);
-    if (looks) local.whole_at_look = whole;
-    for (int m : std::set<int>(s.microbatches.begin(), s.microbatches.end())) {
-      if (m <= 1) continue;
-      const double seconds = local_step_s(model, m, false);
-      if (timed) local.microbatched[m].push_back(seconds);
-    }
-    if (!model.neighbours.empty() && most > 1) {
-      const double seconds = local_step_s(model, most, true);
-      if (timed) local.microbatched_beside[most].push_back(seconds);
-    }
+    const double whole = local_round(s, model, timed, local);
     if (looks) {
+      local.whole_at_look = whole;
       trainer::StagePlan to = rebalanced(s, plan, configs.back(), blocks, rebalance_record);
       if (rebalance_record["moved"].get<bool>()) {
         configs.clear();
@@ -458,37 +511,7 @@ nlohmann::ordered_json measure(const PipelineBenchSettings& s, int p, bool pinne
                              configs.back().steps.empty() ? 0 : configs.back().steps.back(), whole);
   }
   if (!s.trace_file.empty()) configs.back().pipe->timeline().write_chrome_trace(s.trace_file);
-  const double naive = median(configs.front().steps);
-  nlohmann::ordered_json out;
-  out["benchmark"] = "pipeline";
-  out["model"] = model.name;
-  out["p"] = p;
-  if (s.model == "unet") {
-    out["plan"] = trainer::plan_json(plan);
-    out["blocks_timed_beside"] = unet_plan_settings(s).neighbours;
-  }
-  if (rebalance) {
-    out["rebalance"] = rebalance_record;
-    out["drift_since_look"] = drift_since(local, local.whole_at_look);
-  }
-  if (s.model == "unet") out["drift_since_plan"] = drift_since(local, local.whole_at_plan);
-  out["batch"] = s.batch;
-  out["pinned"] = pinned;
-  out["threads_per_process"] = 1;
-  out["steps"] = s.steps;
-  out["loss_on"] = s.loss_on;
-  out["timed"] = "Pipeline::step: forward and backward of one batch, medians";
-  out["local_step_s"] = median(local.whole);
-  out["naive_over_local"] = naive / median(local.whole);
-  out["results"] = nlohmann::ordered_json::array();
-  const std::vector<double> none;
-  std::vector<double> predicted;
-  if (rebalance) predicted = rebalance_record["predicted_compute_s"].get<std::vector<double>>();
-  for (const Config& c : configs) {
-    out["results"].push_back(
-        result_of(s, p, plan, c, naive, local, &c == &configs.back() ? predicted : none));
-  }
-  return out;
+  return report(s, p, pinned, plan, model, configs, local, rebalance ? &rebalance_record : nullptr);
 }
 
 }  // namespace

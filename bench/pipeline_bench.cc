@@ -5,17 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <thread>
 
+#include "bench/pipeline_model.h"
 #include "bench/processes.h"
 #include "bench/stats.h"
 #include "ferry/core/local_world.h"
-#include "ferry/core/neighbours.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/remote_unet.h"
@@ -86,112 +84,6 @@ StageFigures stage_figures(const Config& c) {
   return out;
 }
 
-remote_module::StageConfig synthetic_config(const PipelineBenchSettings& s, int index) {
-  remote_module::StageConfig config = remote_module::stage_config();
-  config.insert("width", static_cast<int64_t>(s.width));
-  config.insert("layers", static_cast<int64_t>(s.layers));
-  config.insert("seed", static_cast<int64_t>(index));
-  return config;
-}
-
-// How many stages compute beside each of `p` when each is pinned to a core of its own: p - 1,
-// or none when they are not pinned.
-int neighbours(const PipelineBenchSettings& s, int p) {
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return s.pin && p >= 2 && p <= cores ? p - 1 : 0;
-}
-
-// The whole model in this process.
-struct LocalModel {
-  std::function<at::Tensor(const at::Tensor&)> forward;
-  std::vector<at::Tensor> parameters;
-};
-
-// The stages on worker1..p, and the same model in this process for the one-process baseline.
-struct Model {
-  std::vector<remote_module::RemoteModule> stages;
-  remote_module::Routes routes;  // the U-Net's skips go straight to the stage that uses them
-  LocalModel local;
-  // More copies of it, which compute beside the baseline as the pinned stages compute beside
-  // each other (neighbours() of them).
-  std::vector<LocalModel> neighbours;
-  at::Tensor input, target;
-  std::string loss_name;  // registered (ferry/remote_module/loss.h)
-  pipeline::Pipeline::Loss loss;
-  std::string name;
-};
-
-// The U-Net's plan settings: blocks timed at the most micro-batches' size and four times it,
-// with the stages' one thread, beside the stages that compute at once with each.
-trainer::PlanSettings unet_plan_settings(const PipelineBenchSettings& s) {
-  trainer::PlanSettings plan;
-  plan.model = fmt::format("unet-resnet{}", s.depth);
-  plan.image_size = s.image_size;
-  plan.batch_size = s.batch;
-  plan.stages = s.stages;
-  plan.balance = s.balance;
-  plan.microbatches = *std::max_element(s.microbatches.begin(), s.microbatches.end());
-  plan.threads = 1;
-  plan.neighbours = neighbours(s, s.stages);
-  return plan;
-}
-
-std::vector<std::string> worker_names(int p) {
-  std::vector<std::string> out;
-  for (int k = 1; k <= p; ++k) out.push_back(fmt::format("worker{}", k));
-  return out;
-}
-
-Model build(const PipelineBenchSettings& s, int p, const trainer::StagePlan& plan) {
-  Model m;
-  torch::manual_seed(0);
-  if (s.model == "unet") {
-    auto split = std::make_shared<models::RemoteUnet>(
-        models::RemoteUnet::create(s.depth, 1, plan.on(worker_names(p))));
-    for (const auto& stage : split->stages()) m.stages.push_back(stage.module);
-    m.routes = split->routes();
-    auto local_unet = [&split] {
-      auto net = std::make_shared<models::Unet>(split->local_copy());
-      return LocalModel{[net](const at::Tensor& x) { return (*net)->forward(x); },
-                        (*net)->parameters()};
-    };
-    m.local = local_unet();
-    for (int k = 0; k < neighbours(s, p); ++k) m.neighbours.push_back(local_unet());
-    m.input = torch::randn({s.batch, 3, s.image_size, s.image_size});
-    m.target = (torch::rand({s.batch, 1, s.image_size, s.image_size}) > 0.5).to(torch::kFloat);
-    m.loss_name = "bce";
-    m.loss = remote_module::loss_function(m.loss_name);
-    m.name = fmt::format("unet-resnet{} ({})", s.depth, plan.method);
-    return m;
-  }
-  for (int k = 0; k < p; ++k) {
-    m.stages.push_back(remote_module::RemoteModule::create(
-        fmt::format("worker{}", k + 1), "synthetic.mlp", synthetic_config(s, k)));
-  }
-  auto local_mlp = [&s, p] {
-    std::vector<std::shared_ptr<remote_module::Stage>> stages;
-    LocalModel local;
-    for (int k = 0; k < p; ++k) {
-      stages.push_back(remote_module::make_stage("synthetic.mlp", synthetic_config(s, k)));
-      for (auto& [name, t] : stages.back()->named_parameters()) local.parameters.push_back(t);
-    }
-    local.forward = [stages](const at::Tensor& x) {
-      c10::IValue h = x;
-      for (auto& stage : stages) h = stage->forward({h});
-      return h.toTensor();
-    };
-    return local;
-  };
-  m.local = local_mlp();
-  for (int k = 0; k < neighbours(s, p); ++k) m.neighbours.push_back(local_mlp());
-  m.input = torch::randn({s.batch, s.width});
-  m.target = torch::randn({s.batch, s.width});
-  m.loss_name = "mse";
-  m.loss = remote_module::loss_function(m.loss_name);
-  m.name = fmt::format("synthetic.mlp ({} layers of {} features per stage)", s.layers, s.width);
-  return m;
-}
-
 // A pipeline per configuration over `model`'s stages: naive, then GPipe, 1F1B and zero-bubble at
 // each M.
 std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& model) {
@@ -249,32 +141,6 @@ trainer::StagePlan rebalanced(const PipelineBenchSettings& s, const trainer::Sta
   return to;
 }
 
-// One step of `local` over the model's batch, one micro-batch after another: what micro-batching
-// itself costs the same blocks, without any stage boundary. Ends early, between micro-batches,
-// once `stop` is set.
-void local_pass(const Model& model, LocalModel& local, int microbatches,
-                const std::atomic<bool>* stop = nullptr) {
-  for (auto& t : local.parameters) t.mutable_grad() = at::Tensor();
-  std::vector<at::Tensor> inputs = model.input.tensor_split(microbatches);
-  std::vector<at::Tensor> targets = model.target.tensor_split(microbatches);
-  for (size_t m = 0; m < inputs.size(); ++m) {
-    if (stop != nullptr && *stop) return;
-    model.loss(local.forward(inputs[m]), targets[m]).backward();
-  }
-}
-
-// Seconds of one step of the model in this process; `beside`: while its neighbours run steps of
-// their copies, as the stages compute beside each other.
-double local_step_s(Model& model, int microbatches, bool beside) {
-  core::Neighbours others(beside ? static_cast<int>(model.neighbours.size()) : 0,
-                          [&](int k, const std::atomic<bool>& stop) {
-                            local_pass(model, model.neighbours[k], microbatches, &stop);
-                          });
-  const double seconds = seconds_of([&] { local_pass(model, model.local, microbatches); });
-  others.stop();
-  return seconds;
-}
-
 // One step of `c`'s pipeline; a timed one adds its time and the stages' memory peaks.
 void pipeline_step(Config& c, const Model& model, bool timed) {
   c.pipe->memory_peaks();  // starts this step's peaks
@@ -297,46 +163,6 @@ void pipeline_step(Config& c, const Model& model, bool timed) {
     c.activation_mib[k] = std::max(c.activation_mib[k], peaks[k].activation_mib);
     c.tensor_mib[k] = std::max(c.tensor_mib[k], peaks[k].tensor_mib);
   }
-}
-
-// One process's step times, whole and at each count of micro-batches, measured beside the
-// pipelines' steps, in turns with them.
-struct LocalSteps {
-  std::vector<double> whole;
-  std::map<int, std::vector<double>> microbatched;
-  // At the most micro-batches, while the model's neighbours step their copies beside it, as
-  // pinned stages compute beside each other. A copy of the whole model slows it more than the
-  // run's stages slow each other (each copy's deepest blocks share the cache with the other's),
-  // so this bounds the cost of computing side by side from above, as the step alone does from
-  // below.
-  std::map<int, std::vector<double>> microbatched_beside;
-  double whole_at_plan = 0;  // a warm step just after the blocks were timed for the plan
-  double whole_at_look = 0;  // the step beside the re-balancing look
-};
-
-// The machine's own drift since `then` (a one-process step measured when an estimate was made):
-// the one-process step's median over the timed steps against it. A stage's compute drifts with
-// it, which no estimate made then can know; 0 when nothing was measured then.
-double drift_since(const LocalSteps& local, double then) {
-  return then > 0 ? median(local.whole) / then : 0;
-}
-
-// A round's one-process steps: whole, at each count of micro-batches, and at the most beside the
-// model's neighbours; a timed round's go into `local`. Returns the whole step's seconds.
-double local_round(const PipelineBenchSettings& s, Model& model, bool timed, LocalSteps& local) {
-  const double whole = local_step_s(model, 1, false);
-  if (timed) local.whole.push_back(whole);
-  for (int m : std::set<int>(s.microbatches.begin(), s.microbatches.end())) {
-    if (m <= 1) continue;
-    const double seconds = local_step_s(model, m, false);
-    if (timed) local.microbatched[m].push_back(seconds);
-  }
-  const int most = *std::max_element(s.microbatches.begin(), s.microbatches.end());
-  if (!model.neighbours.empty() && most > 1) {
-    const double seconds = local_step_s(model, most, true);
-    if (timed) local.microbatched_beside[most].push_back(seconds);
-  }
-  return whole;
 }
 
 // One configuration's figures over the timed steps; `naive` is the naive split's median step.

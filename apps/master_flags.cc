@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "apps/flag_ranges.h"
@@ -19,9 +20,20 @@ constexpr double kMaxImageSize = 1 << 15;  // pixels a side
 void add_model_flags(CLI::App* cmd, std::string& model, std::int64_t& classes,
                      std::int64_t& image_size) {
   cmd->add_option("--model", model, "unet-resnet18|34|50|101|152");
-  cmd->add_option("--classes", classes, "output channels of the head")->check(count_up_to(1 << 16));
+  cmd->add_option("--classes", classes,
+                  "classes of the masks and output channels of the head: 1 for binary masks (0/1 "
+                  "or 0/255), K > 1 for masks of class ids 0 to K-1 (grey levels or a palette's "
+                  "indices)")
+      ->check(count_up_to(1 << 16));
   cmd->add_option("--image-size", image_size, "image height and width (a multiple of 32)")
       ->check(in_range(32, kMaxImageSize));
+}
+
+void add_ignore_flag(CLI::App* cmd, std::optional<std::int64_t>& ignore_index) {
+  cmd->add_option_function<std::int64_t>(
+         "--ignore-index", [&ignore_index](const std::int64_t& v) { ignore_index = v; },
+         "mask pixels of this value count in no loss and no metric (as VOC's 255 borders)")
+      ->check(in_range(0, 65535));
 }
 
 void add_batch_flag(CLI::App* cmd, std::int64_t& batch_size, const std::string& what) {
@@ -54,7 +66,25 @@ void add_secret_flag(CLI::App* cmd, std::string& path, const std::string& what) 
 void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   add_model_flags(cmd, t.plan.model, t.plan.classes, t.plan.image_size);
   cmd->add_option("--data", t.data,
-                  "synthetic, or a folder DIR with DIR/images/* and DIR/masks/* (PNG, JPEG)");
+                  "synthetic (binary, or a class per kind of shape with --classes 2 to 4), or a "
+                  "folder DIR with DIR/images/* and DIR/masks/* (PNG, JPEG)");
+  cmd->add_option("--normalize", t.normalize,
+                  "images less a mean over a deviation per channel, as pretrained encoders "
+                  "expect: imagenet (mean 0.485,0.456,0.406, std 0.229,0.224,0.225), none, or "
+                  "M1,M2,M3/S1,S2,S3; checkpoints and exports record it for predict")
+      ->capture_default_str();
+  cmd->add_option("--augment", t.augment,
+                  "what training draws anew for each folder image, image and mask alike: any of "
+                  "flip,rot90,scale (a square of a quarter to all of the image, resized),color "
+                  "(brightness and contrast), or none")
+      ->capture_default_str();
+  cmd->add_option("--loader-threads", t.loader_threads,
+                  "threads reading and decoding each batch's images, two batches built ahead")
+      ->capture_default_str()
+      ->check(in_range(1, 256));
+  cmd->add_option("--val-data", t.val_data,
+                  "a folder to validate on, laid out as --data's (default: the last fifth of "
+                  "--data's images)");
   cmd->add_option("--samples", t.samples, "images in the synthetic set")
       ->check(count_up_to(kMaxCount));
   cmd->add_flag("--crop", t.crop,
@@ -66,7 +96,19 @@ void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--epochs", t.epochs, "passes over the training images")
       ->check(count_up_to(kMaxCount));
   add_batch_flag(cmd, t.plan.batch_size, "images per step (per replica)");
-  cmd->add_option("--loss", t.loss, "bce|dice|bce+dice, or a loss a --plugin registers");
+  cmd->add_option("--loss", t.loss,
+                  "with --classes 1: bce|dice|focal|bce+dice (default bce+dice); with more: "
+                  "ce|dice|focal|ce+dice (default ce+dice), as smp's losses; or a loss a "
+                  "--plugin registers");
+  add_ignore_flag(cmd, t.ignore_index);
+  cmd->add_option("--class-weights", t.class_weights,
+                  "the cross-entropy's weight of each class, W0,W1,... (ce, ce+dice)")
+      ->delimiter(',')
+      ->check(in_range(0, 1e6));
+  cmd->add_option("--class-names", t.class_names,
+                  "the classes' names in the metrics, NAME0,NAME1,... (default: DIR/classes.txt, "
+                  "a name a line, beside a folder's images; the synthetic set's own)")
+      ->delimiter(',');
   cmd->add_option("--loss-on", t.loss_on,
                   "where steps compute the loss: last-stage (only its value comes to the "
                   "master), master (the logits come to the master) or auto (the last stage in "
@@ -95,7 +137,8 @@ void add_optimization_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--lr-gamma", t.lr_gamma, "step schedule: the factor of each drop")
       ->check(in_range(0, 1, true));
   cmd->add_option("--monitor", t.monitor,
-                  "the validation metric that picks the best epoch: val_loss|val_iou|val_dice "
+                  "the validation metric that picks the best epoch: "
+                  "val_loss|val_iou|val_dice|val_miou "
                   "(empty: val_loss where --save-best or --early-stop-patience needs one)");
   cmd->add_flag("--save-best", t.save_best,
                 "keep the best epoch's checkpoint in CHECKPOINT_DIR/best beside the latest");
@@ -248,7 +291,9 @@ void add_export(MasterCommandLine& l) {
 void add_predict(MasterCommandLine& l) {
   trainer::PredictSettings& p = l.predict;
   CLI::App* cmd = l.predict_cmd = l.app.add_subcommand(
-      "predict", "write a mask for every image of a folder, with IoU and Dice where it has masks");
+      "predict",
+      "write a mask for every image of a folder (class ids with --classes K), with IoU and Dice "
+      "where it has masks");
   add_model_flags(cmd, p.model, p.classes, p.image_size);
   auto* weights = cmd->add_option("--weights", p.weights,
                                   "weights to use: an exported state dict or any --weights file");
@@ -262,8 +307,12 @@ void add_predict(MasterCommandLine& l) {
       ->required();
   cmd->add_option("--out", p.out, "where the masks go, OUT/NAME.png")->required();
   cmd->add_option("--threshold", p.threshold,
-                  "foreground where the predicted probability is above it")
+                  "with one class: foreground where the predicted probability is above it")
       ->check(in_range(0, 1));
+  add_ignore_flag(cmd, p.ignore_index);
+  cmd->add_option("--normalize", p.normalize,
+                  "imagenet|none|M1,M2,M3/S1,S2,S3 (default: as the weights were trained, which "
+                  "checkpoints and exports record)");
   add_batch_flag(cmd, p.batch_size, "images per forward pass");
   add_secret_flag(cmd, p.secret_file, "file holding the cluster secret, as for train");
 }

@@ -8,6 +8,7 @@
 
 #include "bench/autograd_bench.h"
 #include "bench/chaos_bench.h"
+#include "bench/data_bench.h"
 #include "bench/memory_bench.h"
 #include "bench/pipeline_bench.h"
 #include "bench/rpc_bench.h"
@@ -131,6 +132,24 @@ CLI::App* add_chaos(CLI::App& app, ferry::bench::ChaosBenchSettings& chaos) {
   return cmd;
 }
 
+CLI::App* add_data(CLI::App& app, ferry::bench::DataBenchSettings& data) {
+  auto* cmd = app.add_subcommand(
+      "data", "the batch loader's images per second with 1 to N threads beside a training step's");
+  cmd->add_option("--data", data.data,
+                  "a folder DIR/images, DIR/masks (default: one of written PNGs)");
+  cmd->add_option("--images", data.images, "images of the written folder");
+  cmd->add_option("--source-size", data.source_size, "height and width of the written images");
+  cmd->add_option("--crop", data.crop, "the square each image is cut to, as train --crop");
+  cmd->add_option("--classes", data.classes, "classes of the masks (2 to 4 written)");
+  cmd->add_option("--max-threads", data.max_threads, "loader threads: 1, 2, 4, ... up to this");
+  cmd->add_option("--batch", data.batch, "images per batch and per training step");
+  cmd->add_option("--batches", data.batches, "batches timed per measurement");
+  cmd->add_option("--repeats", data.repeats, "measurements per thread count");
+  cmd->add_option("--model", data.model, "the U-Net whose step is set beside");
+  cmd->add_option("--steps", data.steps, "timed training steps");
+  return cmd;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,6 +172,7 @@ int main(int argc, char** argv) {
   ferry::bench::PipelineBenchSettings pipeline;
   ferry::bench::MemoryBenchSettings memory;
   ferry::bench::ChaosBenchSettings chaos;
+  ferry::bench::DataBenchSettings data;
   rpc.self_path = autograd.self_path = train.self_path = pipeline.self_path = memory.self_path =
       chaos.self_path = self;
   CLI::App* rpc_cmd = add_rpc(app, rpc);
@@ -161,6 +181,7 @@ int main(int argc, char** argv) {
   CLI::App* pipeline_cmd = add_pipeline(app, pipeline);
   CLI::App* memory_cmd = add_memory(app, memory);
   CLI::App* chaos_cmd = add_chaos(app, chaos);
+  CLI::App* data_cmd = add_data(app, data);
   auto* peer_cmd = app.add_subcommand("rpc-peer", "the peer process of `rpc` (started by it)");
   peer_cmd->group("");
   CLI11_PARSE(app, argc, argv);
@@ -170,6 +191,7 @@ int main(int argc, char** argv) {
   if (*pipeline_cmd) return ferry::bench::run_pipeline_bench(pipeline);
   if (*memory_cmd) return ferry::bench::run_memory_bench(memory);
   if (*chaos_cmd) return ferry::bench::run_chaos_bench(chaos);
+  if (*data_cmd) return ferry::bench::run_data_bench(data);
   if (*peer_cmd) return ferry::bench::run_rpc_peer();
   return 1;
 }

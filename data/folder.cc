@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <opencv2/imgcodecs.hpp>
@@ -11,7 +12,9 @@
 #include <string_view>
 #include <vector>
 
+#include "data/mask_ids.h"
 #include "ferry/core/files.h"
+#include "ferry/core/log.h"
 #include "ferry/data/dataset.h"
 
 namespace ferry::data {
@@ -38,17 +41,33 @@ cv::Mat read(const std::string& path, int flags) {
   return m;
 }
 
-// Masks saved as 0/1 have a range of 1; as 0/255, of 255.
-cv::Mat foreground_of(const cv::Mat& mask) {
-  double low, high;
-  cv::minMaxLoc(mask, &low, &high);
-  return mask > (high > 1 ? 127 : 0);
+// An image file as 8-bit BGR, whatever it holds: grey levels or an alpha channel (said once per
+// data set, through `said`, with the first file that has them), 16-bit channels.
+cv::Mat colour_image(const std::string& path, std::atomic<bool>& said) {
+  cv::Mat image = read(path, cv::IMREAD_UNCHANGED);
+  if (image.depth() == CV_16U) image.convertTo(image, CV_8U, 1.0 / 257);
+  if (image.depth() != CV_8U) {
+    fail(fmt::format("data folder: \"{}\" has pixels of neither 8 nor 16 bits", path));
+  }
+  if (image.channels() == 3) return image;
+  if (!said.exchange(true)) {
+    log::warn("data folder: \"{}\" is {}: read as RGB (said for its first file only)", path,
+              image.channels() == 4 ? "RGBA (its alpha left out)" : "grey");
+  }
+  cv::cvtColor(image, image, image.channels() == 4 ? cv::COLOR_BGRA2BGR : cv::COLOR_GRAY2BGR);
+  return image;
 }
 
 // An RGB image of 8-bit channels as [3, H, W] floats in [0, 1].
 at::Tensor pixels_of(const cv::Mat& rgb) {
   at::Tensor pixels = torch::from_blob(rgb.data, {rgb.rows, rgb.cols, 3}, at::kByte);
   return pixels.permute({2, 0, 1}).to(at::kFloat).div_(255.0).contiguous();
+}
+
+// Mask ids (CV_32S, continuous) as Sample's masks hold them: float with one class, else int64.
+at::Tensor mask_tensor_of(const cv::Mat& ids, const MaskLabels& labels) {
+  at::Tensor values = torch::from_blob(ids.data, {ids.rows, ids.cols}, at::kInt);
+  return values.to(labels.classes > 1 ? at::kLong : at::kFloat);
 }
 
 }  // namespace
@@ -80,17 +99,24 @@ ImageFile read_image(const std::string& path, int64_t image_size) {
   return out;
 }
 
-at::Tensor read_mask(const std::string& path) {
-  cv::Mat foreground = foreground_of(read(path, cv::IMREAD_GRAYSCALE));
-  return torch::from_blob(foreground.data, {foreground.rows, foreground.cols}, at::kByte)
-      .gt(0)
-      .to(at::kFloat);
+at::Tensor read_mask(const std::string& path, const MaskLabels& labels) {
+  return mask_tensor_of(read_mask_ids(path, labels), labels);
 }
 
 void write_mask(const at::Tensor& mask, const std::string& path) {
-  at::Tensor bytes = mask.gt(0).to(at::kByte).mul(255).contiguous();
-  cv::Mat image(static_cast<int>(bytes.size(0)), static_cast<int>(bytes.size(1)), CV_8UC1,
-                bytes.data_ptr());
+  const int rows = static_cast<int>(mask.size(0)), cols = static_cast<int>(mask.size(1));
+  at::Tensor pixels;
+  cv::Mat image;
+  if (at::isFloatingType(mask.scalar_type())) {
+    pixels = mask.gt(0).to(at::kByte).mul(255).contiguous();
+    image = cv::Mat(rows, cols, CV_8UC1, pixels.data_ptr());
+  } else if (mask.numel() == 0 || mask.max().item<int64_t>() < 256) {
+    pixels = mask.to(at::kByte).contiguous();
+    image = cv::Mat(rows, cols, CV_8UC1, pixels.data_ptr());
+  } else {
+    pixels = mask.clamp(0, 65535).to(at::kInt).contiguous();
+    cv::Mat(rows, cols, CV_32SC1, pixels.data_ptr()).convertTo(image, CV_16U);
+  }
   // Encoded in memory, then written atomically: a mask on disk is whole or absent.
   std::vector<uchar> encoded;
   bool done = false;
@@ -105,6 +131,30 @@ void write_mask(const at::Tensor& mask, const std::string& path) {
         path, std::string_view(reinterpret_cast<const char*>(encoded.data()), encoded.size()));
   } catch (const std::runtime_error& e) {
     fail(fmt::format("cannot write mask \"{}\": {}", path, e.what()));
+  }
+}
+
+Augmentation Augmentation::parse(const std::string& text) {
+  Augmentation a;
+  if (text == "none") return a;
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', at);
+    const std::string word = text.substr(at, comma == std::string::npos ? comma : comma - at);
+    if (word == "flip") {
+      a.flip = true;
+    } else if (word == "rot90") {
+      a.rot90 = true;
+    } else if (word == "scale") {
+      a.scale = true;
+    } else if (word == "color") {
+      a.color = true;
+    } else {
+      fail(fmt::format("--augment \"{}\": \"{}\" is none of flip, rot90, scale, color (or none)",
+                       text, word));
+    }
+    if (comma == std::string::npos) return a;
+    at = comma + 1;
   }
 }
 
@@ -127,46 +177,73 @@ FolderDataset::FolderDataset(const std::string& dir, Options options) : options_
 Sample FolderDataset::get(std::size_t index) const {
   const std::string& image_path = images_.at(index);
   const std::string& mask_path = masks_.at(index);
-  cv::Mat image = read(image_path, cv::IMREAD_COLOR);
-  cv::Mat mask = read(mask_path, cv::IMREAD_GRAYSCALE);
+  cv::Mat image = colour_image(image_path, said_converted_);
+  cv::Mat mask = read_mask_ids(mask_path, options_.labels);
   if (image.size() != mask.size()) {
     fail(fmt::format("data folder: mask \"{}\" is {}x{} but its image \"{}\" is {}x{}", mask_path,
                      mask.cols, mask.rows, image_path, image.cols, image.rows));
   }
-  cv::Mat foreground = foreground_of(mask);
 
-  int size = static_cast<int>(options_.image_size);
+  const int size = static_cast<int>(options_.image_size);
+  const Augmentation& augment = options_.augment;
   std::mt19937_64 rng(options_.seed * 0x9E3779B97F4A7C15ULL + index * 1000003ULL +
                       draws_.fetch_add(1));
-  if (options_.crop) {
+  if (augment.scale) {
+    // A square of a quarter to all of the image's area, anywhere in it.
+    const int shorter = std::min(image.cols, image.rows);
+    const double area = std::uniform_real_distribution<double>(0.25, 1.0)(rng);
+    const int side = std::max(1, static_cast<int>(std::lround(shorter * std::sqrt(area))));
+    const int x = std::uniform_int_distribution<int>(0, image.cols - side)(rng);
+    const int y = std::uniform_int_distribution<int>(0, image.rows - side)(rng);
+    image = image(cv::Rect(x, y, side, side)).clone();
+    mask = mask(cv::Rect(x, y, side, side)).clone();
+  } else if (options_.crop) {
     if (image.cols < size || image.rows < size) {
       fail(fmt::format("data folder: \"{}\" is {}x{}, smaller than the {}x{} crop", image_path,
                        image.cols, image.rows, size, size));
     }
     int x = (image.cols - size) / 2, y = (image.rows - size) / 2;
-    if (options_.augment) {
+    if (augment.any()) {
       x = std::uniform_int_distribution<int>(0, image.cols - size)(rng);
       y = std::uniform_int_distribution<int>(0, image.rows - size)(rng);
     }
     cv::Rect box(x, y, size, size);
     image = image(box).clone();
-    foreground = foreground(box).clone();
-  } else if (image.cols != size || image.rows != size) {
-    cv::resize(image, image, {size, size}, 0, 0, cv::INTER_AREA);
-    cv::resize(foreground, foreground, {size, size}, 0, 0, cv::INTER_NEAREST);
+    mask = mask(box).clone();
   }
-  if (options_.augment) {
+  if (image.cols != size || image.rows != size) {
+    cv::resize(image, image, {size, size}, 0, 0, cv::INTER_AREA);
+    cv::resize(mask, mask, {size, size}, 0, 0, cv::INTER_NEAREST);
+  }
+  if (augment.flip) {
     std::bernoulli_distribution coin(0.5);
     bool horizontal = coin(rng), vertical = coin(rng);
     int code = horizontal && vertical ? -1 : horizontal ? 1 : 0;
     if (horizontal || vertical) {
       cv::flip(image, image, code);
-      cv::flip(foreground, foreground, code);
+      cv::flip(mask, mask, code);
     }
   }
+  if (augment.rot90) {
+    const int turns = std::uniform_int_distribution<int>(0, 3)(rng);
+    if (turns > 0) {
+      const int code = turns == 1   ? cv::ROTATE_90_CLOCKWISE
+                       : turns == 2 ? cv::ROTATE_180
+                                    : cv::ROTATE_90_COUNTERCLOCKWISE;
+      cv::rotate(image, image, code);
+      cv::rotate(mask, mask, code);
+    }
+  }
+  if (augment.color) {
+    // Contrast about the image's mean grey, then brightness, as torchvision's ColorJitter.
+    std::uniform_real_distribution<double> factor(0.8, 1.2);
+    const double contrast = factor(rng), brightness = factor(rng);
+    const cv::Scalar mean = cv::mean(image);
+    const double grey = (mean[0] + mean[1] + mean[2]) / 3;
+    image.convertTo(image, CV_8U, contrast * brightness, (1 - contrast) * grey * brightness);
+  }
   cv::cvtColor(image, image, cv::COLOR_BGR2RGB);
-  at::Tensor fg = torch::from_blob(foreground.data, {1, size, size}, at::kByte);
-  return {pixels_of(image), (fg > 0).to(at::kFloat)};
+  return {pixels_of(image), mask_tensor_of(mask, options_.labels).unsqueeze(0)};
 }
 
 }  // namespace ferry::data

@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -24,19 +25,28 @@ void use_one_intra_op_thread() {
 
 BatchLoader::BatchLoader(std::shared_ptr<const Dataset> dataset, std::vector<std::size_t> indices,
                          int64_t batch_size, std::optional<std::uint64_t> shuffle_seed,
-                         bool drop_last, int threads)
+                         bool drop_last, int threads, int prefetch)
     : dataset_(std::move(dataset)),
       indices_(std::move(indices)),
       order_(indices_),
       batch_size_(batch_size),
       shuffle_seed_(shuffle_seed),
       drop_last_(drop_last),
-      threads_(std::max(threads, 1)) {}
+      threads_(std::max(threads, 1)),
+      prefetch_(static_cast<std::size_t>(std::max(prefetch, 1))) {}
 
-BatchLoader::~BatchLoader() { join(); }
+BatchLoader::~BatchLoader() { stop(); }
 
-void BatchLoader::join() {
-  if (worker_.joinable()) worker_.join();
+void BatchLoader::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (builder_.joinable()) builder_.join();
+  std::lock_guard<std::mutex> lock(mutex_);
+  ready_.clear();
+  stopping_ = false;
 }
 
 std::size_t BatchLoader::batches() const {
@@ -45,16 +55,14 @@ std::size_t BatchLoader::batches() const {
 }
 
 void BatchLoader::start_epoch(int epoch) {
-  join();
+  stop();
   order_ = indices_;
   if (shuffle_seed_) {
     std::mt19937_64 rng(*shuffle_seed_ + static_cast<std::uint64_t>(epoch));
     std::shuffle(order_.begin(), order_.end(), rng);
   }
   cursor_ = 0;
-  ready_.reset();
-  failure_ = nullptr;
-  if (batches() > 0) prefetch(0);
+  if (batches() > 0) builder_ = std::thread([this] { produce(); });
 }
 
 Batch BatchLoader::build(std::size_t batch_index) const {
@@ -66,7 +74,8 @@ Batch BatchLoader::build(std::size_t batch_index) const {
   auto read = [&](int t) {
     use_one_intra_op_thread();
     try {
-      for (std::size_t i = begin + t; i < end; i += threads_) samples[i - begin] = dataset_->get(order_[i]);
+      for (std::size_t i = begin + t; i < end; i += threads_)
+        samples[i - begin] = dataset_->get(order_[i]);
     } catch (...) {
       failures[t] = std::current_exception();
     }
@@ -86,30 +95,47 @@ Batch BatchLoader::build(std::size_t batch_index) const {
   return {torch::stack(images), torch::stack(masks)};
 }
 
-void BatchLoader::prefetch(std::size_t batch_index) {
-  worker_ = std::thread([this, batch_index] {
-    use_one_intra_op_thread();
+// The builder thread: the epoch's batches in order, each handed over once fewer than `prefetch_`
+// wait; after a failure, none.
+void BatchLoader::produce() {
+  use_one_intra_op_thread();
+  for (std::size_t b = 0; b < batches(); ++b) {
+    Built built;
     try {
-      ready_ = build(batch_index);
+      built.batch = build(b);
     } catch (...) {
-      failure_ = std::current_exception();
+      built.failure = std::current_exception();
     }
-  });
+    const bool failed = built.failure != nullptr;
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return stopping_ || ready_.size() < prefetch_; });
+    if (stopping_) return;
+    ready_.push_back(std::move(built));
+    lock.unlock();
+    changed_.notify_all();
+    if (failed) return;
+  }
 }
 
 std::optional<Batch> BatchLoader::next() {
-  if (cursor_ >= batches()) return std::nullopt;
-  join();
-  if (failure_) {
-    std::exception_ptr failure = std::exchange(failure_, nullptr);
-    cursor_ = batches();  // the epoch cannot go on without that batch
-    std::rethrow_exception(failure);
+  if (cursor_ >= batches() || !builder_.joinable()) return std::nullopt;  // no epoch started
+  const auto start = std::chrono::steady_clock::now();
+  Built built;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // The builder hands over every batch of the epoch, or a failure that ends it.
+    changed_.wait(lock, [this] { return !ready_.empty(); });
+    built = std::move(ready_.front());
+    ready_.pop_front();
   }
-  std::optional<Batch> batch = std::move(ready_);
-  ready_.reset();
+  changed_.notify_all();
+  waited_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++cursor_;
-  if (cursor_ < batches()) prefetch(cursor_);
-  return batch;
+  if (built.failure) {
+    cursor_ = batches();  // the epoch cannot go on without that batch
+    std::rethrow_exception(built.failure);
+  }
+  return std::move(built.batch);
 }
 
 std::pair<std::vector<std::size_t>, std::vector<std::size_t>> split_indices(

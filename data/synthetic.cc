@@ -1,11 +1,16 @@
 // The synthetic set: a smooth coloured noise background with fine grain, and one to three shapes
 // (rotated ellipses and convex polygons) filled with their own colour and texture. The mask is
 // their union. Shapes differ from the background in colour and texture, not only brightness, so
-// a model has to learn something, yet a small U-Net learns it in minutes.
+// a model has to learn something, yet a small U-Net learns it in minutes. Its multi-class form
+// draws shapes of several kinds, each kind telling itself apart by its outline and its texture
+// (dots, stripes, grain), as a user's classes differ in more than one way.
+#include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 
 #include "ferry/data/dataset.h"
 
@@ -46,12 +51,76 @@ at::Tensor polygon(const at::Tensor& ys, const at::Tensor& xs, std::mt19937_64& 
   return inside;
 }
 
+// A ring: an ellipse less a smaller one with the same centre.
+at::Tensor ring(const at::Tensor& ys, const at::Tensor& xs, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> centre(0.25, 0.75), radius(0.12, 0.25), hole(0.4, 0.6);
+  double cy = centre(rng), cx = centre(rng), r = radius(rng), inner = r * hole(rng);
+  at::Tensor d2 = (ys - cy).pow(2) + (xs - cx).pow(2);
+  return (d2 <= r * r) & (d2 > inner * inner);
+}
+
+// Each kind's texture over its own colour: dotted, striped, fine grained.
+at::Tensor fill_of(int64_t kind, const at::Tensor& ys, const at::Tensor& xs, int64_t size,
+                   at::Generator& gen, std::mt19937_64& rng) {
+  at::Tensor colour = torch::rand({3, 1, 1}, gen);
+  const double turn = 2 * M_PI * 6;  // six periods across the image
+  if (kind == 1)
+    return colour + 0.25 * (torch::sin(xs * turn) * torch::sin(ys * turn)).unsqueeze(0);
+  if (kind == 2) {
+    const double angle = std::uniform_real_distribution<double>(0, M_PI)(rng);
+    at::Tensor along = xs * std::cos(angle) + ys * std::sin(angle);
+    return colour + 0.25 * torch::sin(along * turn).unsqueeze(0);
+  }
+  return colour + 0.3 * torch::randn({3, size, size}, gen);
+}
+
 }  // namespace
 
-SyntheticDataset::SyntheticDataset(std::size_t count, int64_t image_size, std::uint64_t seed)
-    : count_(count), image_size_(image_size), seed_(seed) {}
+SyntheticDataset::SyntheticDataset(std::size_t count, int64_t image_size, std::uint64_t seed,
+                                   int64_t classes)
+    : count_(count), image_size_(image_size), seed_(seed), classes_(classes) {
+  if (classes < 1 || classes > 4) {
+    throw std::invalid_argument(fmt::format(
+        "--classes {}: the synthetic set has 1 class (binary masks) or 2 to 4 (background, "
+        "ellipse, polygon, ring)",
+        classes));
+  }
+}
+
+std::vector<std::string> synthetic_class_names(int64_t classes) {
+  if (classes <= 1) return {"background", "foreground"};
+  const std::vector<std::string> all{"background", "ellipse", "polygon", "ring"};
+  return {all.begin(), all.begin() + std::min<int64_t>(classes, 4)};
+}
 
 Sample SyntheticDataset::get(std::size_t index) const {
+  return classes_ == 1 ? get_binary(index) : get_classes(index);
+}
+
+Sample SyntheticDataset::get_classes(std::size_t index) const {
+  std::uint64_t key = seed_ * 0x9E3779B97F4A7C15ull + index;
+  std::mt19937_64 rng(key);
+  at::Generator gen = at::detail::createCPUGenerator(key);
+  int64_t s = image_size_;
+  at::Tensor coords = (torch::arange(s, torch::kFloat) + 0.5) / s;
+  at::Tensor ys = coords.view({s, 1}).expand({s, s});
+  at::Tensor xs = coords.view({1, s}).expand({s, s});
+  at::Tensor base = torch::rand({3, 1, 1}, gen) * 0.5 + 0.25;
+  at::Tensor image = base + 0.15 * texture(3, s, 4, gen) + 0.05 * torch::randn({3, s, s}, gen);
+  at::Tensor mask = torch::zeros({s, s}, torch::kLong);
+  std::uniform_int_distribution<int64_t> kinds(1, classes_ - 1), count(1, 3);
+  for (int64_t k = count(rng); k > 0; --k) {
+    const int64_t kind = kinds(rng);
+    at::Tensor inside = kind == 1   ? ellipse(ys, xs, rng)
+                        : kind == 2 ? polygon(ys, xs, rng)
+                                    : ring(ys, xs, rng);
+    image = torch::where(inside.unsqueeze(0), fill_of(kind, ys, xs, s, gen, rng), image);
+    mask.masked_fill_(inside, kind);
+  }
+  return {image.clamp(0, 1).contiguous(), mask.unsqueeze(0)};
+}
+
+Sample SyntheticDataset::get_binary(std::size_t index) const {
   std::uint64_t key = seed_ * 0x9E3779B97F4A7C15ull + index;
   std::mt19937_64 rng(key);
   at::Generator gen = at::detail::createCPUGenerator(key);

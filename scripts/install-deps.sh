@@ -11,7 +11,7 @@ packages=(
   libcapnp-dev capnproto
   libuv1-dev libfmt-dev
   libcli11-dev nlohmann-json3-dev
-  libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
+  libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libpng-dev
   libgtest-dev googletest
   libsodium-dev
   clang-14 libclang-rt-14-dev

@@ -10,8 +10,10 @@ namespace ferry::trainer {
 
 EpochMonitor::EpochMonitor(std::string metric, int patience)
     : metric_(std::move(metric)), patience_(patience) {
-  if (metric_ != "val_loss" && metric_ != "val_iou" && metric_ != "val_dice") {
-    fail(fmt::format("--monitor must be val_loss, val_iou or val_dice, not \"{}\"", metric_));
+  if (metric_ != "val_loss" && metric_ != "val_iou" && metric_ != "val_dice" &&
+      metric_ != "val_miou") {
+    fail(fmt::format("--monitor must be val_loss, val_iou, val_dice or val_miou, not \"{}\"",
+                     metric_));
   }
   if (patience_ < 0) {
     fail(fmt::format("--early-stop-patience must be 0 (never) or more, not {}", patience_));

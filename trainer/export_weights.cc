@@ -5,10 +5,12 @@
 
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <vector>
 
+#include "ferry/core/files.h"
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/rpc/error.h"
 
@@ -91,7 +93,41 @@ int export_weights(const ExportSettings& s) {
     std::cerr << fmt::format("in Python: model = {}; model.load_state_dict(torch.load(\"{}\"))\n",
                              model, s.out);
   }
+  if (checkpoint.extra.count("normalize")) {
+    const data::Normalization normalization =
+        data::Normalization::parse(checkpoint.extra.at("normalize").toStringRef());
+    const nlohmann::ordered_json about = {
+        {"model", model},
+        {"normalize", {{"mean", normalization.mean}, {"std", normalization.std}}}};
+    const std::string path = about_path(s.out);
+    core::write_file_atomically(path, about.dump(2) + "\n");
+    std::cerr << fmt::format("its inputs' normalisation (as trained) in {}: mean {}, std {}\n",
+                             path, fmt::join(normalization.mean, ", "),
+                             fmt::join(normalization.std, ", "));
+  }
   return 0;
+}
+
+std::string about_path(const std::string& weights) {
+  return fs::path(weights).replace_extension(".json").string();
+}
+
+std::optional<data::Normalization> recorded_normalization(const std::string& weights) {
+  const std::string path = about_path(weights);
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  try {
+    const nlohmann::json about = nlohmann::json::parse(core::read_whole_file(path));
+    data::Normalization n;
+    n.mean = about.at("normalize").at("mean").get<std::array<double, 3>>();
+    n.std = about.at("normalize").at("std").get<std::array<double, 3>>();
+    return n;
+  } catch (const nlohmann::json::exception& e) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("\"{}\", beside the weights \"{}\", has no normalisation as "
+                                 "export writes it: {}",
+                                 path, weights, e.what()));
+  }
 }
 
 }  // namespace ferry::trainer

@@ -79,9 +79,11 @@ Axis nice_axis(double lo, double hi) {
   return {std::floor(lo / step) * step, std::ceil(hi / step) * step, step};
 }
 
-constexpr const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"};
+constexpr const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                                    "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+constexpr std::size_t kLegendColumns = 3;  // names a row above a panel; more rows go up
 constexpr double kPanelWidth = 440, kHeight = 340;
-constexpr double kLeft = 60, kRight = 20, kTop = 50, kBottom = 45;
+constexpr double kLeft = 60, kRight = 20, kTop = 64, kBottom = 45;
 
 std::string panel(double x0, const std::vector<std::string>& columns,
                   const std::vector<EpochFigures>& rows, const std::vector<std::string>& shown) {
@@ -142,7 +144,9 @@ std::string panel(double x0, const std::vector<std::string>& columns,
     svg += fmt::format(
         "<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n"
         "<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"{}\" font-size=\"12\">{}</text>\n",
-        points, colour, left + 8 + 110 * k, kTop - 8, colour, xml_escaped(series[k].first));
+        points, colour, left + 8 + 120 * (k % kLegendColumns),
+        kTop - 8 - 14 * static_cast<double>(k / kLegendColumns), colour,
+        xml_escaped(series[k].first));
   }
   return svg;
 }
@@ -258,10 +262,25 @@ void MetricsLog::add(const EpochFigures& figures) {
   core::write_file_atomically(csv_path(), metrics_csv(columns_, rows_));
 }
 
+namespace {
+
+// The right panel: IoU and Dice with one class; with classes, the mIoU and each class's IoU.
+std::vector<std::string> scores_shown(const std::vector<std::string>& columns) {
+  std::vector<std::string> by_class;
+  for (const std::string& name : columns) {
+    if (name.rfind("val_iou_", 0) == 0) by_class.push_back(name);
+  }
+  if (by_class.empty()) return {"val_iou", "val_dice"};
+  by_class.insert(by_class.begin(), "val_miou");
+  return by_class;
+}
+
+}  // namespace
+
 void MetricsLog::write_plot(const std::string& title) const {
   core::write_file_atomically(
       plot_path(),
-      metrics_svg(title, columns_, rows_, {"train_loss", "val_loss"}, {"val_iou", "val_dice"}));
+      metrics_svg(title, columns_, rows_, {"train_loss", "val_loss"}, scores_shown(columns_)));
 }
 
 }  // namespace ferry::trainer

@@ -21,6 +21,7 @@
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
 #include "ferry/trainer/worker_loop.h"
+#include "trainer/class_scores.h"
 #include "trainer/placement.h"
 #include "trainer/train_report.h"
 
@@ -31,19 +32,44 @@ namespace fs = std::filesystem;
 
 using Model = std::function<at::Tensor(const at::Tensor&)>;
 
-// The weights to predict with, and where they came from (for messages).
+// The weights to predict with, where they came from (for messages), and how their training
+// normalised its images, where that was recorded.
 struct Weights {
   c10::Dict<std::string, at::Tensor> state;
   std::string source;
+  std::optional<data::Normalization> normalization;
 };
 
 Weights weights_of(const PredictSettings& s) {
   if (s.weights.empty() == s.checkpoint_dir.empty()) {
     fail("predict needs either --weights FILE or --checkpoint-dir DIR");
   }
-  if (!s.weights.empty()) return {models::read_weights(s.weights), s.weights};
+  if (!s.weights.empty()) {
+    return {models::read_weights(s.weights), s.weights, recorded_normalization(s.weights)};
+  }
   const std::string folder = checkpoint_of_epoch(s.checkpoint_dir, s.epoch);
-  return {remote_module::merged_state(remote_module::read_checkpoint(folder)), folder};
+  const remote_module::SavedCheckpoint checkpoint = remote_module::read_checkpoint(folder);
+  Weights w{remote_module::merged_state(checkpoint), folder, std::nullopt};
+  auto recorded = checkpoint.extra.find("normalize");
+  if (recorded != checkpoint.extra.end()) {
+    w.normalization = data::Normalization::parse(recorded->second.toStringRef());
+  }
+  return w;
+}
+
+// --normalize, else what the weights recorded, else ImageNet's, as training's default.
+data::Normalization normalization_of(const PredictSettings& s, const Weights& weights) {
+  if (!s.normalize.empty()) {
+    try {
+      return data::Normalization::parse(s.normalize);
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+    }
+  }
+  if (weights.normalization) return *weights.normalization;
+  log::warn("{} records no normalisation of its inputs: ImageNet's, as training's default",
+            weights.source);
+  return data::Normalization::parse("imagenet");
 }
 
 void check_loaded(const models::LoadReport& report, const Weights& weights,
@@ -73,8 +99,26 @@ Folder folder_of(const std::string& dir) {
   return f;
 }
 
+// With classes: the overall figures of each class after the images', into OUT/metrics.csv and
+// printed.
+int report_classes(const ClassScores& scores, std::size_t scored, std::string table,
+                   const PredictSettings& s) {
+  std::cerr << fmt::format("overall over {} images with masks (all their pixels):\n", scored);
+  for (std::size_t k = 0; k < scores.iou.size(); ++k) {
+    table += fmt::format("class{},{}\n", k, scores.iou[k]);
+    std::cerr << fmt::format("  class {:<4} IoU {:.4f}  Dice {:.4f}\n", k, scores.iou[k],
+                             scores.dice[k]);
+  }
+  table += fmt::format("overall,{}\n", scores.miou);
+  const std::string csv = (fs::path(s.out) / "metrics.csv").string();
+  core::write_file_atomically(csv, table);
+  std::cerr << fmt::format("  mIoU {:.4f}; per image in {}\n", scores.miou, csv);
+  return 0;
+}
+
 // Every image through `model` in batches; masks written, overlaps reported. Returns the exit code.
-int predict_folder(const Model& model, const PredictSettings& s) {
+int predict_folder(const Model& model, const data::Normalization& normalization,
+                   const PredictSettings& s) {
   const Folder folder = folder_of(s.data);
   std::error_code ec;
   fs::create_directories(s.out, ec);
@@ -83,9 +127,10 @@ int predict_folder(const Model& model, const PredictSettings& s) {
                                                           folder.images.end());
   const std::size_t batches = (images.size() + s.batch_size - 1) / s.batch_size;
   ProgressBar bar("predict", batches);
-  std::string table = "image,iou,dice\n";
+  std::string table = s.classes > 1 ? "image,miou\n" : "image,iou,dice\n";
   std::vector<std::string> lines;
   Overlap total;
+  ClassCounts by_class(s.classes, s.ignore_index);
   std::size_t scored = 0;
   torch::NoGradGuard no_grad;
   for (std::size_t b = 0; b < batches; ++b) {
@@ -97,21 +142,33 @@ int predict_folder(const Model& model, const PredictSettings& s) {
       files.push_back(data::read_image(images[i].second, s.image_size));
       pixels.push_back(files.back().pixels);
     }
-    const at::Tensor logits = model(torch::stack(pixels));
+    const at::Tensor logits = model(normalization.apply(torch::stack(pixels)));
     for (std::size_t i = first; i < last; ++i) {
       const auto& [name, path] = images[i];
       const data::ImageFile& file = files[i - first];
       // Back to the image's own size, as its mask is.
       at::Tensor full = torch::upsample_bilinear2d(logits.slice(0, i - first, i - first + 1),
                                                    {file.height, file.width}, false);
-      at::Tensor mask = torch::sigmoid(full[0][0]).gt(s.threshold);
+      // One class: foreground above the threshold; more: each pixel's likeliest class.
+      at::Tensor mask =
+          s.classes == 1 ? torch::sigmoid(full[0][0]).gt(s.threshold) : full[0].argmax(0);
       data::write_mask(mask, (fs::path(s.out) / (name + ".png")).string());
       auto truth_file = folder.masks.find(name);
       if (truth_file == folder.masks.end()) continue;
-      at::Tensor truth = data::read_mask(truth_file->second);
+      at::Tensor truth = data::read_mask(truth_file->second, {s.classes, s.ignore_index});
       if (truth.size(0) != file.height || truth.size(1) != file.width) {
         fail(fmt::format("mask \"{}\" is {}x{} but its image \"{}\" is {}x{}", truth_file->second,
                          truth.size(1), truth.size(0), path, file.width, file.height));
+      }
+      if (s.classes > 1) {
+        ClassCounts counts(s.classes, s.ignore_index);
+        counts.add(full, truth.unsqueeze(0).unsqueeze(0));
+        by_class.add(counts);
+        ++scored;
+        const double miou = counts.scores().miou;
+        table += fmt::format("{},{}\n", name, miou);
+        lines.push_back(fmt::format("{:<24} mIoU {:.3f}", name, miou));
+        continue;
       }
       const Overlap o = overlap_of(mask.to(at::kFloat), truth);
       total.add(o);
@@ -124,6 +181,7 @@ int predict_folder(const Model& model, const PredictSettings& s) {
   std::cerr << fmt::format("{} masks written to {}\n", images.size(), s.out);
   if (scored == 0) return 0;
   for (const std::string& line : lines) std::cerr << line << "\n";
+  if (s.classes > 1) return report_classes(by_class.scores(), scored, table, s);
   table += fmt::format("overall,{},{}\n", total.iou(), total.dice());
   core::write_file_atomically((fs::path(s.out) / "metrics.csv").string(), table);
   std::cerr << fmt::format(
@@ -138,7 +196,8 @@ int predict_in_this_process(const PredictSettings& s) {
   models::Unet net(depth_of(s.model), s.classes);
   check_loaded(models::load_state_dict(*net, weights.state), weights, s);
   net->eval();
-  return predict_folder([&](const at::Tensor& images) { return net->forward(images); }, s);
+  return predict_folder([&](const at::Tensor& images) { return net->forward(images); },
+                        normalization_of(s, weights), s);
 }
 
 int predict_on_workers(const PredictSettings& s) {
@@ -156,7 +215,8 @@ int predict_on_workers(const PredictSettings& s) {
   models::RemoteUnet split = models::RemoteUnet::create(plan.depth, s.classes, plan.on(places));
   check_loaded(split.load_state(weights.state), weights, s);
   split.train(false);
-  return predict_folder([&](const at::Tensor& images) { return split.forward(images, true); }, s);
+  return predict_folder([&](const at::Tensor& images) { return split.forward(images, true); },
+                        normalization_of(s, weights), s);
 }
 
 }  // namespace
@@ -182,9 +242,7 @@ Overlap overlap_of(const at::Tensor& predicted, const at::Tensor& truth) {
 }
 
 int run_prediction(const PredictSettings& s) {
-  if (s.classes != 1) {
-    fail(fmt::format("predict writes one mask per image: --classes must be 1, not {}", s.classes));
-  }
+  if (s.classes < 1) fail(fmt::format("--classes must be 1 or more, not {}", s.classes));
   if (!(s.threshold > 0 && s.threshold < 1)) {
     fail(fmt::format("--threshold must be between 0 and 1, not {}", s.threshold));
   }

@@ -8,6 +8,7 @@
 
 #include "ferry/remote_module/loss.h"
 #include "ferry/rpc/error.h"
+#include "trainer/class_scores.h"
 
 namespace ferry::trainer {
 
@@ -41,23 +42,24 @@ at::Tensor share_of(const at::Tensor& batch, std::size_t r, std::size_t count) {
   return batch.narrow(0, begin, per + (index < extra ? 1 : 0));
 }
 
-at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::Tensor& masks) {
-  return remote_module::loss_function(kind)(logits, masks);
-}
-
 double Validation::of(const std::string& metric) const {
-  return metric == "val_loss" ? loss : metric == "val_iou" ? iou : dice;
+  if (metric == "val_loss") return loss;
+  if (metric == "val_iou") return iou;
+  if (metric == "val_miou") return miou;
+  return dice;
 }
 
 Validation validate(std::vector<Replica>& replicas, data::BatchLoader& loader,
-                    const std::string& loss, bool direct) {
+                    const std::string& loss, bool direct, const data::MaskLabels& labels) {
   for (Replica& replica : replicas) replica.split.train(false);
   loader.start_epoch(0);
+  const remote_module::LossFunction loss_fn = remote_module::loss_function(loss);
   struct Sums {
-    double loss = 0, intersection = 0, union_ = 0, predicted = 0, truth = 0;
+    double loss = 0;
     int64_t images = 0;
+    ClassCounts counts;
   };
-  std::vector<Sums> sums(replicas.size());
+  std::vector<Sums> sums(replicas.size(), Sums{0, 0, {labels.classes, labels.ignore_index}});
   while (auto batch = loader.next()) {
     for_each_replica(replicas.size(), [&](std::size_t r) {
       at::Tensor images = share_of(batch->images, r, replicas.size());
@@ -66,29 +68,26 @@ Validation validate(std::vector<Replica>& replicas, data::BatchLoader& loader,
       torch::NoGradGuard no_grad;  // per thread
       at::Tensor logits = replicas[r].split.forward(images, direct);
       Sums& s = sums[r];
-      s.loss += loss_of(loss, logits, masks).item<double>() * images.size(0);
-      at::Tensor p = (logits > 0).to(torch::kFloat);
-      s.intersection += (p * masks).sum().item<double>();
-      s.predicted += p.sum().item<double>();
-      s.truth += masks.sum().item<double>();
-      s.union_ += ((p + masks) > 0).sum().item<double>();
+      s.loss += loss_fn(logits, masks).item<double>() * images.size(0);
+      s.counts.add(logits, masks);
       s.images += images.size(0);
     });
   }
   for (Replica& replica : replicas) replica.split.train(true);
-  Sums all;
+  Sums all{0, 0, {labels.classes, labels.ignore_index}};
   for (const Sums& s : sums) {
     all.loss += s.loss;
-    all.intersection += s.intersection;
-    all.union_ += s.union_;
-    all.predicted += s.predicted;
-    all.truth += s.truth;
     all.images += s.images;
+    all.counts.add(s.counts);
   }
+  const ClassScores scores = all.counts.scores();
   Validation v;
   v.loss = all.images ? all.loss / all.images : 0;
-  v.iou = all.union_ > 0 ? all.intersection / all.union_ : 1;
-  v.dice = all.predicted + all.truth > 0 ? 2 * all.intersection / (all.predicted + all.truth) : 1;
+  v.iou = scores.mean_iou;
+  v.dice = scores.mean_dice;
+  v.miou = scores.miou;
+  v.class_iou = scores.iou;
+  v.class_dice = scores.dice;
   return v;
 }
 

@@ -32,18 +32,18 @@ void for_each_replica(std::size_t count, const std::function<void(std::size_t)>&
 // they do not divide.
 at::Tensor share_of(const at::Tensor& batch, std::size_t r, std::size_t count);
 
-// The loss registered as `kind` (ferry/remote_module/loss.h: bce, dice, bce+dice, or a user's).
-at::Tensor loss_of(const std::string& kind, const at::Tensor& logits, const at::Tensor& masks);
-
 struct Validation {
-  double loss = 0, iou = 0, dice = 0;
+  double loss = 0, iou = 0, dice = 0, miou = 0;
+  std::vector<double> class_iou, class_dice;  // each class's (ClassScores)
   // By EpochMonitor's names.
   double of(const std::string& metric) const;
 };
 
 // Every image of `loader` through the replicas (each batch shared among them, in eval mode and
-// without gradients): the mean loss per image, and IoU and Dice over all pixels.
+// without gradients): the mean loss per image (`loss` a LossSpec's text), and IoU and Dice over
+// all pixels, of each class and their means (ClassScores), leaving out pixels of the ignore
+// index.
 Validation validate(std::vector<Replica>& replicas, data::BatchLoader& loader,
-                    const std::string& loss, bool direct);
+                    const std::string& loss, bool direct, const data::MaskLabels& labels);
 
 }  // namespace ferry::trainer

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -63,10 +64,12 @@ struct Run {
   std::optional<MetricsLog> metrics_log;
   nlohmann::ordered_json metrics;
   double train_s = 0;
+  double data_wait_s = 0;  // of the training steps, waiting for the loader
   StageCompute compute;
   std::optional<EpochRebalance> rebalance;
   int takeovers = 0;
   int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
+  std::optional<Validation> last_validation;
 };
 
 std::string best_dir(const TrainSettings& s) {
@@ -78,19 +81,18 @@ std::string best_dir(const TrainSettings& s) {
 // shuffled anew each epoch.
 void load_data(Run& run) {
   const TrainSettings& s = run.s;
-  auto [train_set, validation_set] = datasets_of(s);
-  auto [train_indices, validation_indices] =
-      data::split_indices(train_set->size(), s.validation_share);
+  auto [train_set, validation_set, train_indices, validation_indices] = datasets_of(s);
   const int64_t global_batch = s.plan.batch_size * s.replicas;
-  run.train_loader = std::make_unique<data::BatchLoader>(train_set, train_indices, global_batch,
-                                                         s.seed, /*drop_last=*/true);
+  run.train_loader = std::make_unique<data::BatchLoader>(
+      train_set, train_indices, global_batch, s.seed, /*drop_last=*/true, s.loader_threads);
   if (run.train_loader->batches() == 0) {
     fail(fmt::format(
         "{} training images do not make one batch of {}{}", train_indices.size(), global_batch,
         s.replicas > 1 ? fmt::format(" ({} replicas of {})", s.replicas, s.plan.batch_size) : ""));
   }
-  run.validation_loader = std::make_unique<data::BatchLoader>(validation_set, validation_indices,
-                                                              global_batch, std::nullopt);
+  run.validation_loader =
+      std::make_unique<data::BatchLoader>(validation_set, validation_indices, global_batch,
+                                          std::nullopt, /*drop_last=*/false, s.loader_threads);
   run.epoch_steps = steps_per_epoch(run.train_loader->batches(), s.accumulate);
   run.schedule = schedule_of(s, static_cast<std::int64_t>(run.epoch_steps) * s.epochs);
   run.progress.monitor = monitor_of(s);
@@ -129,12 +131,18 @@ void place(Run& run) {
   }
 }
 
-// --log-dir's file: the figures of each epoch and each stage's busy share.
+// --log-dir's file: the figures of each epoch and each stage's busy share; with classes, each
+// one's IoU and Dice.
 std::optional<MetricsLog> metrics_log_of(const TrainSettings& s, const StagePlan& plan) {
   if (s.log_dir.empty()) return std::nullopt;
-  std::vector<std::string> columns = {"train_loss", "val_loss", "val_iou",     "val_dice",
-                                      "lr",         "train_s",  "images_per_s"};
+  std::vector<std::string> columns = {"train_loss", "val_loss",     "val_iou",
+                                      "val_dice",   "val_miou",     "lr",
+                                      "train_s",    "images_per_s", "data_wait_share"};
   for (const auto& stage : plan.stages) columns.push_back("busy_" + stage.name);
+  if (s.plan.classes > 1) {
+    for (const std::string& name : class_names_of(s)) columns.push_back("val_iou_" + name);
+    for (const std::string& name : class_names_of(s)) columns.push_back("val_dice_" + name);
+  }
   return MetricsLog(s.log_dir, columns);
 }
 
@@ -161,6 +169,15 @@ void start(Run& run) {
   run.metrics["rebalances"] = nlohmann::ordered_json::array();
 }
 
+// "background 0.97, ellipse 0.81, ...": each class's figure, for the progress lines.
+std::string per_class(const std::vector<std::string>& names, const std::vector<double>& values) {
+  std::vector<std::string> parts;
+  for (std::size_t k = 0; k < names.size() && k < values.size(); ++k) {
+    parts.push_back(fmt::format("{} {:.3f}", names[k], values[k]));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
 // An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line; its
 // stages' compute per step over its last `batches` (those since `before`).
 void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
@@ -168,11 +185,17 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
   const TrainSettings& s = run.s;
   const double loss = run.job->last_train_loss;
   const double lr = run.job->optimizer->spec().options.at("lr");
+  const bool classes = s.plan.classes > 1;
   if (run.metrics_log) {
-    EpochFigures row{
-        epoch, {loss, v.loss, v.iou, v.dice, lr, times.train_s, times.images / times.train_s}};
+    EpochFigures row{epoch,
+                     {loss, v.loss, v.iou, v.dice, v.miou, lr, times.train_s,
+                      times.images / times.train_s, times.data_wait_share()}};
     for (std::size_t k = 0; k < after.busy.size(); ++k) {
       row.values.push_back((after.busy[k] - before.busy[k]) / times.train_s);
+    }
+    if (classes) {
+      row.values.insert(row.values.end(), v.class_iou.begin(), v.class_iou.end());
+      row.values.insert(row.values.end(), v.class_dice.begin(), v.class_dice.end());
     }
     run.metrics_log->add(row);
     run.metrics_log->write_plot(fmt::format("{}, {} stages, {} x {}: loss and IoU by epoch",
@@ -181,22 +204,40 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
   }
   const std::vector<double> compute =
       run.compute.add_epoch(epoch, batches, before, after, run.plan, first_places(run));
-  run.metrics["epochs"].push_back({{"epoch", epoch},
+  nlohmann::ordered_json record = {{"epoch", epoch},
                                    {"train_loss", loss},
                                    {"val_loss", v.loss},
                                    {"val_iou", v.iou},
                                    {"val_dice", v.dice},
+                                   {"val_miou", v.miou},
                                    {"lr", lr},
                                    {"train_s", times.train_s},
                                    {"optimizer_s", times.optimizer_s},
+                                   {"data_wait_s", times.data_wait_s},
+                                   {"data_wait_share", times.data_wait_share()},
                                    {"batches", times.batches},
                                    {"images_per_s", times.images / times.train_s},
                                    {"bytes_per_step", times.bytes_sent / times.batches},
-                                   {"stage_compute_s", compute}});
+                                   {"stage_compute_s", compute}};
+  if (classes) {
+    const std::vector<std::string> names = class_names_of(s);
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      // JSON has no NaN: a class found nowhere has null.
+      auto figure = [](double x) {
+        return std::isnan(x) ? nlohmann::ordered_json() : nlohmann::ordered_json(x);
+      };
+      record["classes"][names[k]] = {{"iou", figure(v.class_iou[k])},
+                                     {"dice", figure(v.class_dice[k])}};
+    }
+  }
+  run.metrics["epochs"].push_back(std::move(record));
   std::cerr << fmt::format(
-      "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, Dice {:.3f}, learning "
-      "rate {:.3g}\n",
-      epoch, s.epochs, loss, v.loss, v.iou, v.dice, lr);
+      "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, Dice {:.3f}, mIoU "
+      "{:.3f}, learning rate {:.3g}\n",
+      epoch, s.epochs, loss, v.loss, v.iou, v.dice, v.miou, lr);
+  if (classes) {
+    std::cerr << fmt::format("  IoU by class: {}\n", per_class(class_names_of(s), v.class_iou));
+  }
 }
 
 // The epoch's checkpoint, and the best one's when it improved.
@@ -204,6 +245,8 @@ void save_checkpoints(Run& run, bool improved) {
   const TrainSettings& s = run.s;
   if (s.checkpoint_dir.empty()) return;
   remote_module::NamedValues values = progress_values(run.progress, *run.job);
+  // What predict and export need to feed the model as it was trained.
+  values["normalize"] = normalization_of(s).to_string();
   remote_module::save_checkpoint(s.checkpoint_dir, run.job->split().named(), 2, values);
   if (s.save_best && improved) {
     remote_module::save_checkpoint(best_dir(s), run.job->split().named(), 1, values);
@@ -264,8 +307,11 @@ bool run_epoch(Run& run, int epoch) {
   const StageSeconds after = first_replica();
   StagesOnWorkers& job = *run.job;
   run.train_s += times.train_s;
+  run.data_wait_s += times.data_wait_s;
   align_replicas(job);
-  const Validation v = validate(job.replicas, *run.validation_loader, s.loss, !s.via_master);
+  const Validation v =
+      validate(job.replicas, *run.validation_loader, loss_spec(s), !s.via_master, labels_of(s));
+  run.last_validation = v;
   const std::size_t batches = times.batches - before_batch;
   record_epoch(run, epoch, times, v, before, after, batches);
   run.progress.epoch = epoch;
@@ -416,6 +462,10 @@ void report(Run& run) {
     report_best(*run.progress.monitor, s.save_best ? best_dir(s) : "", run.stopped_after,
                 run.metrics);
   }
+  if (s.plan.classes > 1 && run.last_validation) {
+    std::cerr << "\nthe last validation by class:\n"
+              << class_table(class_names_of(s), *run.last_validation);
+  }
   const std::vector<remote_module::StageStats> measured = stage_stats(run);
   std::unique_ptr<pipeline::Pipeline>& pipe = run.job->replicas.front().pipe;
   if (pipe) {
@@ -433,6 +483,12 @@ void report(Run& run) {
     run.metrics["single_process_peak_mib"] = whole;
   }
   run.metrics["train_s"] = run.train_s;
+  run.metrics["data_wait_s"] = run.data_wait_s;
+  const double wait_share = run.data_wait_s / std::max(run.train_s + run.data_wait_s, 1e-9);
+  run.metrics["data_wait_share"] = wait_share;
+  std::cerr << fmt::format(
+      "waiting for data: {:.1f}% of the training steps' time ({:.2f} s; --loader-threads {})\n",
+      100 * wait_share, run.data_wait_s, s.loader_threads);
   if (run.metrics_log) {
     std::cerr << fmt::format("per-epoch figures in {}, their curves in {}\n",
                              run.metrics_log->csv_path(), run.metrics_log->plot_path());

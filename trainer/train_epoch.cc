@@ -7,6 +7,7 @@
 #include <set>
 
 #include "ferry/dist_autograd/context.h"
+#include "ferry/remote_module/loss.h"
 #include "ferry/rpc/rpc.h"
 #include "trainer/train_report.h"
 #include "trainer/train_setup.h"
@@ -37,10 +38,13 @@ EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job_ptr, data::BatchLoa
   // Each batch's loss is a mean over its images; 1/K of it, summed over K batches, is the mean
   // over the K batches, as one step on a K times larger batch.
   const double scale = 1.0 / s.accumulate;
-  auto micro_loss = [&s, scale](const at::Tensor& out, const at::Tensor& target) {
-    return loss_of(s.loss, out, target) * scale;
+  const std::string loss_name = loss_spec(s);
+  const remote_module::LossFunction loss_fn = remote_module::loss_function(loss_name);
+  auto micro_loss = [&loss_fn, scale](const at::Tensor& out, const at::Tensor& target) {
+    return loss_fn(out, target) * scale;
   };
   loader.start_epoch(epoch);
+  const double waited_before = loader.waited_s();
   ProgressBar bar(fmt::format("epoch {}/{}", epoch, s.epochs), loader.batches());
   double loss_sum = 0, rate = 0;
   EpochTimes times;
@@ -72,8 +76,8 @@ EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job_ptr, data::BatchLoa
         return;
       }
       at::Tensor loss = loss_on_last_stage(s, /*pipelined=*/false)
-                            ? replica.split.loss(images, masks, s.loss)
-                            : loss_of(s.loss, replica.split.forward(images, !s.via_master), masks);
+                            ? replica.split.loss(images, masks, loss_name)
+                            : loss_fn(replica.split.forward(images, !s.via_master), masks);
       dist_autograd::backward(ids[r], {loss * scale});
       losses[r] = loss.item<double>();
     });
@@ -101,6 +105,7 @@ EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job_ptr, data::BatchLoa
   }
   job_ptr->last_train_loss = loss_sum / std::max<std::size_t>(index, 1);
   times.batches = index;
+  times.data_wait_s = loader.waited_s() - waited_before;
   times.bytes_sent = bytes_sent_by_job(*job_ptr) - bytes_before;
   return times;
 }

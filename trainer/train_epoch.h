@@ -24,9 +24,14 @@ inline std::size_t steps_per_epoch(std::size_t batches, int accumulate) {
 struct EpochTimes {
   double train_s = 0;      // in steps: forward, backward and the optimizer
   double optimizer_s = 0;  // in the optimizer's calls (with replicas, their all-reduce too)
+  double data_wait_s = 0;  // waiting for batches the loader had not built yet (not in train_s)
   std::size_t batches = 0;
   int64_t images = 0;
   std::uint64_t bytes_sent = 0;  // by every process of the job
+  // The share of the steps' time spent waiting for data.
+  double data_wait_share() const {
+    return train_s + data_wait_s > 0 ? data_wait_s / (train_s + data_wait_s) : 0;
+  }
 };
 
 // Called after each optimizer step with the epoch's batches done so far; it may move the stages

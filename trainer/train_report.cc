@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -144,6 +145,23 @@ void report_best(const EpochMonitor& monitor, const std::string& best_dir, int s
     metrics["stopped_after_epoch"] = stopped_after;
   }
   std::cerr << line << "\n";
+}
+
+std::string class_table(const std::vector<std::string>& names, const Validation& v) {
+  std::size_t width = 16;
+  for (const std::string& name : names) width = std::max(width, name.size() + 2);
+  // A class found in neither the masks nor the predictions has no figure.
+  auto figure = [](double x) {
+    return std::isnan(x) ? std::string("-") : fmt::format("{:.4f}", x);
+  };
+  std::string out = fmt::format("{:<{}}{:>8}{:>8}\n", "class", width, "IoU", "Dice");
+  for (std::size_t k = 0; k < names.size() && k < v.class_iou.size(); ++k) {
+    out += fmt::format("{:<{}}{:>8}{:>8}\n", names[k], width, figure(v.class_iou[k]),
+                       figure(v.class_dice[k]));
+  }
+  out += fmt::format("{:<{}}{:>8}{:>8}\n", "foreground mean", width, figure(v.iou), figure(v.dice));
+  out += fmt::format("{:<{}}{:>8}\n", "mIoU (all)", width, figure(v.miou));
+  return out;
 }
 
 }  // namespace ferry::trainer

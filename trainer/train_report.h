@@ -55,4 +55,7 @@ StageSeconds stage_seconds(const Replica& replica);
 void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
                  nlohmann::ordered_json& metrics);
 
+// The last validation's IoU and Dice of each of `names`' classes, and their means, as a table.
+std::string class_table(const std::vector<std::string>& names, const Validation& v);
+
 }  // namespace ferry::trainer

@@ -3,8 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <sstream>
 #include <stdexcept>
+#include <tuple>
 
+#include "ferry/core/files.h"
 #include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/remote_module/loss.h"
@@ -13,22 +17,112 @@
 
 namespace ferry::trainer {
 
-// The training and validation views of the data: the same images, augmented only for training.
-std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> datasets_of(
-    const TrainSettings& s) {
-  if (s.data == "synthetic") {
-    auto set = std::make_shared<data::SyntheticDataset>(s.samples, s.plan.image_size, s.seed);
-    return {set, set};
-  }
+DataSplit datasets_of(const TrainSettings& s) {
   data::FolderDataset::Options options;
   options.image_size = s.plan.image_size;
   options.crop = s.crop;
   options.seed = s.seed;
-  auto validation = std::make_shared<data::FolderDataset>(s.data, options);
-  options.augment = true;
-  auto train = std::make_shared<data::FolderDataset>(s.data, options);
-  log::info("data: {} image/mask pairs from {}", train->size(), s.data);
-  return {train, validation};
+  options.labels = labels_of(s);
+  DataSplit split;
+  if (s.data == "synthetic") {
+    split.train = split.validation = std::make_shared<data::SyntheticDataset>(
+        s.samples, s.plan.image_size, s.seed, s.plan.classes);
+  } else {
+    split.validation = std::make_shared<data::FolderDataset>(s.data, options);
+    data::FolderDataset::Options augmented = options;
+    augmented.augment = augmentation_of(s);
+    split.train = std::make_shared<data::FolderDataset>(s.data, augmented);
+    log::info("data: {} image/mask pairs from {}", split.train->size(), s.data);
+  }
+  const data::Normalization normalization = normalization_of(s);
+  split.train = data::normalized(split.train, normalization);
+  split.validation =
+      s.data == "synthetic" ? split.train : data::normalized(split.validation, normalization);
+  if (s.val_data.empty()) {
+    std::tie(split.train_indices, split.validation_indices) =
+        data::split_indices(split.train->size(), s.validation_share);
+    return split;
+  }
+  split.validation =
+      data::normalized(std::make_shared<data::FolderDataset>(s.val_data, options), normalization);
+  log::info("validation: {} image/mask pairs from {}", split.validation->size(), s.val_data);
+  split.train_indices = data::split_indices(split.train->size(), 0).first;
+  split.validation_indices = data::split_indices(split.validation->size(), 1).second;
+  return split;
+}
+
+data::MaskLabels labels_of(const TrainSettings& s) { return {s.plan.classes, s.ignore_index}; }
+
+data::Augmentation augmentation_of(const TrainSettings& s) {
+  try {
+    return data::Augmentation::parse(s.augment);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+}
+
+data::Normalization normalization_of(const TrainSettings& s) {
+  try {
+    return data::Normalization::parse(s.normalize);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+}
+
+namespace {
+
+// DIR/classes.txt: a name a line, blank lines left out; empty if there is no such file.
+std::vector<std::string> class_file_names(const std::string& dir) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "classes.txt";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return {};
+  std::vector<std::string> names;
+  std::istringstream lines(core::read_whole_file(path.string()));
+  for (std::string line; std::getline(lines, line);) {
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;
+    names.push_back(line.substr(first, line.find_last_not_of(" \t\r") + 1 - first));
+  }
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::string> class_names_of(const TrainSettings& s) {
+  const std::int64_t counted = std::max<std::int64_t>(s.plan.classes, 2);
+  std::string source = "--class-names";
+  std::vector<std::string> names = s.class_names;
+  if (names.empty() && s.data != "synthetic") {
+    names = class_file_names(s.data);
+    source = (std::filesystem::path(s.data) / "classes.txt").string();
+  }
+  if (names.empty()) {
+    if (s.data == "synthetic") return data::synthetic_class_names(s.plan.classes);
+    if (s.plan.classes == 1) return {"background", "foreground"};
+    for (std::int64_t k = 0; k < counted; ++k) names.push_back(fmt::format("class{}", k));
+    return names;
+  }
+  if (static_cast<std::int64_t>(names.size()) != counted) {
+    fail(fmt::format("{} names {} classes, but --classes {} {}", source, names.size(),
+                     s.plan.classes,
+                     s.plan.classes == 1 ? "counts 2 (background and foreground)"
+                                         : fmt::format("counts {}", counted)));
+  }
+  for (const std::string& name : names) {
+    if (name.empty() || name.find_first_of(",\"") != std::string::npos) {
+      fail(fmt::format("{}: the class name \"{}\" must be non-empty, without commas or quotes",
+                       source, name));
+    }
+  }
+  return names;
+}
+
+std::string loss_spec(const TrainSettings& s) {
+  remote_module::LossSpec spec;
+  spec.name = !s.loss.empty() ? s.loss : s.plan.classes > 1 ? "ce+dice" : "bce+dice";
+  spec.options.ignore_index = s.ignore_index;
+  spec.options.class_weights = s.class_weights;
+  return spec.to_string();
 }
 
 dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
@@ -92,7 +186,7 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
   for (const models::RemoteUnet::Stage& stage : split.stages())
     options.stage_names.push_back(stage.name());
   options.routes = split.routes();
-  if (loss_on_last_stage(s, /*pipelined=*/true)) options.loss = s.loss;
+  if (loss_on_last_stage(s, /*pipelined=*/true)) options.loss = loss_spec(s);
   std::vector<remote_module::RemoteModule> stages = split.modules();
   log::info("pipelined steps: {}, {} micro-batches of {} images{}, the loss on the {}",
             pipeline::schedule_name(options.schedule), options.microbatches,
@@ -166,14 +260,57 @@ remote_module::Precision precision_of(const TrainSettings& s) {
   }
 }
 
+namespace {
+
+// The classes, the loss and the labels agree.
+void check_classes(const TrainSettings& s) {
+  const std::int64_t k = s.plan.classes;
+  const std::string name = remote_module::LossSpec::parse(loss_spec(s)).name;
+  if (k > 1 && (name == "bce" || name == "bce+dice")) {
+    fail(
+        fmt::format("--loss {} compares one logit per pixel with masks of 0 and 1; with "
+                    "--classes {} use ce, dice, focal or ce+dice",
+                    name, k));
+  }
+  if (k == 1 && (name == "ce" || name == "ce+dice")) {
+    fail(
+        fmt::format("--loss {} needs --classes 2 or more; with one class use bce, dice, focal "
+                    "or bce+dice",
+                    name));
+  }
+  if (!s.class_weights.empty() && static_cast<std::int64_t>(s.class_weights.size()) != k) {
+    fail(fmt::format("--class-weights has {} values for --classes {}", s.class_weights.size(), k));
+  }
+  for (double w : s.class_weights) {
+    if (!(w >= 0)) fail(fmt::format("--class-weights must be 0 or more, not {}", w));
+  }
+  if (s.ignore_index && *s.ignore_index >= 0 && *s.ignore_index < std::max<std::int64_t>(k, 2)) {
+    fail(fmt::format("--ignore-index {} is the id of one of the classes (0 to {})", *s.ignore_index,
+                     std::max<std::int64_t>(k, 2) - 1));
+  }
+  if (s.data == "synthetic") {
+    try {
+      data::SyntheticDataset(0, s.plan.image_size, s.seed, k);
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+    }
+  }
+  class_names_of(s);
+}
+
+}  // namespace
+
 void check_settings(const TrainSettings& s) {
   depth_of(s.plan.model);
   // Validation computes the loss here too, so the master must know it, whichever rank trains it.
   try {
-    remote_module::loss_function(s.loss);
+    remote_module::loss_function(loss_spec(s));
   } catch (const rpc::Error& e) {
     fail(fmt::format("--loss: {} (a loss of your own comes with --plugin)", e.what()));
   }
+  check_classes(s);
+  normalization_of(s);
+  augmentation_of(s);
   if (s.loss_on != "auto" && s.loss_on != "last-stage" && s.loss_on != "master") {
     fail(fmt::format("--loss-on must be auto, last-stage or master, not \"{}\"", s.loss_on));
   }

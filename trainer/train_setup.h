@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ferry/data/dataset.h"
 #include "ferry/dist_autograd/lr_schedule.h"
@@ -22,9 +23,31 @@
 
 namespace ferry::trainer {
 
-// The training and validation views of the data: the same images, augmented only for training.
-std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> datasets_of(
-    const TrainSettings& s);
+// The images a run trains on and those it validates on, with the indices of each it uses: the
+// last share of --data's images (the same images, augmented only for training), or all of
+// --val-data's.
+struct DataSplit {
+  std::shared_ptr<const data::Dataset> train, validation;
+  std::vector<std::size_t> train_indices, validation_indices;
+};
+DataSplit datasets_of(const TrainSettings& s);
+
+// How the masks read: the classes and the ignore index.
+data::MaskLabels labels_of(const TrainSettings& s);
+// What training draws anew for each folder image (--augment).
+data::Augmentation augmentation_of(const TrainSettings& s);
+// How the images are normalised (--normalize).
+data::Normalization normalization_of(const TrainSettings& s);
+
+// The names of the classes the metrics count (two with one class: background and foreground):
+// --class-names, else DIR/classes.txt beside a folder's images, else the synthetic set's, else
+// class0, class1, ...
+std::vector<std::string> class_names_of(const TrainSettings& s);
+
+// The loss as it travels to the stage that computes it (remote_module::LossSpec's text): --loss
+// (bce+dice with one class, ce+dice with more, when empty) with the ignore index and class
+// weights.
+std::string loss_spec(const TrainSettings& s);
 
 dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s);
 

@@ -138,7 +138,9 @@ TEST(MasterFlags, HelpShowsEveryDefault) {
   EXPECT_THAT(train, HasSubstr("--epochs INT:1 to 1048576=3"));
   EXPECT_THAT(train, HasSubstr("--lr-schedule TEXT=constant"));
   EXPECT_THAT(train, HasSubstr("--model TEXT=unet-resnet34"));
-  EXPECT_THAT(train, HasSubstr("--loss TEXT=bce+dice"));
+  EXPECT_THAT(train, HasSubstr("--normalize TEXT=imagenet"));
+  EXPECT_THAT(train, HasSubstr("--augment TEXT=flip"));
+  EXPECT_THAT(train, HasSubstr("(default bce+dice)"));  // --loss's default follows --classes
   EXPECT_THAT(train, HasSubstr("--lr FLOAT:above 0 to 1000=0.01"));
   EXPECT_THAT(line.describe_cmd->help(), HasSubstr("--image-size INT:32 to 32768=256"));
   EXPECT_THAT(line.predict_cmd->help(), HasSubstr("--threshold FLOAT:0 to 1=0.5"));

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
@@ -26,6 +27,7 @@ namespace {
 using ferry::testing::CommandResult;
 using ferry::testing::run;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class TrainedModel : public ::testing::Test {
  protected:
@@ -150,15 +152,20 @@ std::string write_images(const std::string& dir) {
   return dir;
 }
 
-// What the weights give for a 32 x 32 image, computed here: foreground where the logit is above
-// zero (probability above one half).
+// What the weights give for a 32 x 32 image, computed here: normalised as training's default
+// (ImageNet's means and deviations), foreground where the logit is above zero (probability
+// above one half).
 at::Tensor expected_mask(ferry::models::Unet& net, const std::string& path) {
   cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR), rgb;
   cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  const at::Tensor mean = torch::tensor({0.485f, 0.456f, 0.406f}).view({3, 1, 1});
+  const at::Tensor std = torch::tensor({0.229f, 0.224f, 0.225f}).view({3, 1, 1});
   at::Tensor image = torch::from_blob(rgb.data, {32, 32, 3}, at::kByte)
                          .permute({2, 0, 1})
                          .to(at::kFloat)
                          .div(255.0)
+                         .sub(mean)
+                         .div(std)
                          .unsqueeze(0);
   torch::NoGradGuard no_grad;
   return net->forward(image)[0][0].gt(0);
@@ -183,6 +190,11 @@ TEST_F(TrainedModel, PredictWritesTheMasksOfTheWeightsAndScoresThem) {
   ASSERT_EQ(alone.status, 0) << alone.output;
   EXPECT_THAT(alone.output, HasSubstr("5 masks written to " + dir_ + "/alone"));
   EXPECT_THAT(alone.output, HasSubstr("overall over 4 images with masks"));
+  // The export's JSON says how training normalised the images; predict read it and said nothing.
+  const auto about = nlohmann::json::parse(std::ifstream(dir_ + "/predict-model.json"));
+  EXPECT_EQ(about["normalize"]["mean"], nlohmann::json::parse("[0.485, 0.456, 0.406]"));
+  EXPECT_EQ(about["model"], "smp.Unet(\"resnet18\", encoder_weights=None, classes=1)");
+  EXPECT_THAT(alone.output, Not(HasSubstr("records no normalisation")));
 
   ferry::models::Unet net(18, 1);
   ASSERT_TRUE(ferry::models::load_weights(*net, model).ok());

@@ -251,9 +251,10 @@ TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
       {" --lr-schedule cosine --warmup-steps 8",
        "8 warm-up steps leave none of the run's 8 optimizer steps"},
       {" --save-best", "--save-best needs --checkpoint-dir"},
-      {" --monitor val_acc", "--monitor must be val_loss, val_iou or val_dice, not \"val_acc\""},
+      {" --monitor val_acc",
+       "--monitor must be val_loss, val_iou, val_dice or val_miou, not \"val_acc\""},
       {" --accumulate 0", "--accumulate"},
-      {" --loss focal", "--loss: unknown loss \"focal\""},
+      {" --loss lovasz", "--loss: unknown loss \"lovasz\""},
       {" --replicas 2",
        "--replicas 2 needs a worker of its own for each replica at least; the "
        "world has 0 besides the master"},

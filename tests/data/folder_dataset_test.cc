@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <opencv2/imgcodecs.hpp>
+#include <set>
 
 #include "ferry/data/dataset.h"
 #include "tests/support/error_of.h"
+#include "tests/support/palette_png.h"
 
 namespace ferry::data {
 namespace {
@@ -46,7 +48,7 @@ FolderDataset::Options sized(int64_t size, bool crop = false, bool augment = fal
   FolderDataset::Options options;
   options.image_size = size;
   options.crop = crop;
-  options.augment = augment;
+  options.augment = augment ? Augmentation::parse("flip") : Augmentation{};
   return options;
 }
 
@@ -172,6 +174,186 @@ TEST_F(FolderData, SingleImagesAndMasksReadAsTheDataSetReadsThemAndMasksWriteBac
               write_mask(mask, file("no/such/folder/m.png"));
             }).find("cannot write mask \"" + file("no/such/folder/m.png") + "\""),
             std::string::npos);
+}
+
+// Class ids 0 to 3 in four bands of `width` / 4 columns, with a row of `border` at the top.
+cv::Mat bands(int width, int height, int type, int border) {
+  cv::Mat ids(height, width, type, cv::Scalar(0));
+  for (int k = 0; k < 4; ++k) ids(cv::Rect(k * width / 4, 0, width / 4, height)).setTo(k);
+  ids.row(0).setTo(border);
+  return ids;
+}
+
+TEST_F(FolderData, MasksOfClassIdsReadFromGreyLevelsOfEightAndSixteenBitsAndPalettes) {
+  write_pair("a.png", "a.png", 16, 8, 0);
+  write_pair("b.png", "b.png", 16, 8, 0);
+  write_pair("c.png", "c.png", 16, 8, 0);
+  ASSERT_TRUE(cv::imwrite(file("masks/a.png"), bands(16, 8, CV_8UC1, 255)));
+  ASSERT_TRUE(cv::imwrite(file("masks/b.png"), bands(16, 8, CV_16UC1, 255)));
+  const cv::Mat indices = bands(16, 8, CV_8UC1, 255);
+  ferry::testing::write_palette_png(file("masks/c.png"), indices);
+  FolderDataset::Options options = sized(16, /*crop=*/true);  // 16 x 8 cropped: as they are
+  options.image_size = 8;
+  options.labels = {4, 255};
+  FolderDataset set(dir(), options);
+  at::Tensor expected = torch::arange(4).repeat_interleave(4).expand({8, 16}).clone();
+  expected[0].fill_(255);
+  for (std::size_t i = 0; i < 3; ++i) {
+    Sample s = set.get(i);
+    EXPECT_EQ(s.mask.scalar_type(), at::kLong);
+    EXPECT_TRUE(s.mask[0].equal(expected.slice(1, 4, 12))) << i << "\n" << s.mask;
+  }
+  // The same files read whole, as predict reads them.
+  for (const char* name : {"a", "b", "c"}) {
+    EXPECT_TRUE(read_mask(file("masks/" + std::string(name) + ".png"), {4, 255}).equal(expected))
+        << name;
+  }
+}
+
+TEST_F(FolderData, AMaskValueTheClassesDoNotAllowIsAnErrorNamingTheFileTheValueAndTheFlag) {
+  write_pair("a.png", "a.png", 16, 8, 0);
+  ASSERT_TRUE(cv::imwrite(file("masks/a.png"), bands(16, 8, CV_8UC1, 255)));
+  FolderDataset::Options options = sized(16);
+  options.labels = {4, std::nullopt};
+  EXPECT_EQ(error_of([&] { FolderDataset(dir(), options).get(0); }),
+            "mask \"" + file("masks/a.png") +
+                "\" holds the value 255 at x 0, y 0, not a class id below --classes 4");
+  options.labels = {3, 255};
+  EXPECT_EQ(error_of([&] { FolderDataset(dir(), options).get(0); }),
+            "mask \"" + file("masks/a.png") +
+                "\" holds the value 3 at x 12, y 1, not a class id below --classes 3 nor the "
+                "--ignore-index 255");
+  // One class: 0/1 or 0/255, not both, not class ids.
+  options.labels = {1, std::nullopt};
+  EXPECT_NE(error_of([&] { FolderDataset(dir(), options).get(0); })
+                .find("holds the value 2 at x 8, y 1: with --classes 1 a mask holds 0 and 1 (or 0 "
+                      "and 255); masks of class ids need --classes K"),
+            std::string::npos);
+  cv::Mat both(8, 16, CV_8UC1, cv::Scalar(0));
+  both.at<uchar>(2, 3) = 1;
+  both.at<uchar>(5, 6) = 255;
+  ASSERT_TRUE(cv::imwrite(file("masks/a.png"), both));
+  EXPECT_NE(error_of([&] { FolderDataset(dir(), options).get(0); }).find("holds both 1 and 255"),
+            std::string::npos);
+  // With an ignore index, a binary mask is 0/1 and the ignored value stays.
+  options.labels = {1, 255};
+  at::Tensor read = read_mask(file("masks/a.png"), {1, 255});
+  EXPECT_EQ(read.scalar_type(), at::kFloat);
+  EXPECT_EQ(read[2][3].item<float>(), 1.0f);
+  EXPECT_EQ(read[5][6].item<float>(), 255.0f);
+  // Class ids cannot come from a colour image or a JPEG.
+  ASSERT_TRUE(cv::imwrite(file("masks/a.png"), cv::Mat(8, 16, CV_8UC3, cv::Scalar(1, 1, 1))));
+  options.labels = {4, std::nullopt};
+  EXPECT_NE(error_of([&] { FolderDataset(dir(), options).get(0); }).find("is a colour image"),
+            std::string::npos);
+  fs::remove(file("masks/a.png"));
+  ASSERT_TRUE(cv::imwrite(file("masks/a.jpg"), bands(16, 8, CV_8UC1, 0)));
+  EXPECT_NE(error_of([&] { FolderDataset(dir(), options).get(0); }).find("is a JPEG"),
+            std::string::npos);
+}
+
+// Every augmentation at once keeps the mask on the image's red (but along the band's edge, which
+// resizing blends in the image and not in the mask); each draw is its own.
+TEST_F(FolderData, RotationsScaledCropsAndColourMoveImageAndMaskTogether) {
+  write_pair("wide.png", "wide.png", 64, 48, 20);
+  FolderDataset::Options options = sized(32);
+  options.augment = Augmentation::parse("flip,rot90,scale,color");
+  FolderDataset augmented(dir(), options);
+  bool saw_rows = false, saw_colour = false;
+  std::set<float> red_shares;  // the whole image resized has one: 10 of 32 columns
+  for (int draw = 0; draw < 40; ++draw) {
+    Sample a = augmented.get(0);
+    ASSERT_EQ(a.image.sizes(), (std::vector<int64_t>{3, 32, 32}));
+    at::Tensor red = (a.image[0] > 0.5) & (a.image[2] < 0.5);
+    EXPECT_LE(red.ne(a.mask[0] > 0.5).sum().item<int64_t>(), 32) << draw;
+    // Turned a quarter, the red band runs along rows: a square of 24 pixels or more cannot lie
+    // in the 20 red columns, so only then is a whole row red.
+    saw_rows |= (a.mask[0].sum(1) == 32).any().item<bool>();
+    red_shares.insert(a.mask.mean().item<float>());
+    saw_colour |= std::abs(a.image.max().item<float>() - 1.0f) > 0.01f;
+  }
+  EXPECT_TRUE(saw_rows);
+  EXPECT_GT(red_shares.size(), 3u);
+  EXPECT_TRUE(saw_colour);
+  EXPECT_NE(error_of([] {
+              Augmentation::parse("flip,blur");
+            }).find("--augment \"flip,blur\": \"blur\" is none of flip, rot90, scale, color"),
+            std::string::npos);
+  EXPECT_FALSE(Augmentation::parse("none").any());
+}
+
+TEST_F(FolderData, GreyAndRgbaImagesReadAsRgb) {
+  write_pair("grey.png", "grey.png", 8, 8, 4);
+  write_pair("rgba.png", "rgba.png", 8, 8, 4);
+  ASSERT_TRUE(cv::imwrite(file("images/grey.png"), cv::Mat(8, 8, CV_8UC1, cv::Scalar(51))));
+  ASSERT_TRUE(
+      cv::imwrite(file("images/rgba.png"), cv::Mat(8, 8, CV_8UC4, cv::Scalar(255, 0, 0, 128))));
+  FolderDataset set(dir(), sized(8));
+  Sample grey = set.get(0), rgba = set.get(1);
+  EXPECT_EQ(grey.image.sizes(), (std::vector<int64_t>{3, 8, 8}));
+  EXPECT_TRUE(torch::allclose(grey.image, torch::full({3, 8, 8}, 0.2f)));
+  EXPECT_FLOAT_EQ(rgba.image[2][0][0].item<float>(), 1.0f);  // BGR's blue is RGB's third
+  EXPECT_FLOAT_EQ(rgba.image[0][0][0].item<float>(), 0.0f);
+}
+
+TEST(Synthetic, TheMultiClassSetDrawsAClassPerKindOfShapeDeterministically) {
+  SyntheticDataset set(40, 32, 7, /*classes=*/4);
+  at::Tensor seen = torch::zeros({4}, torch::kLong);
+  for (std::size_t i = 0; i < set.size(); ++i) {
+    Sample s = set.get(i);
+    ASSERT_EQ(s.mask.scalar_type(), at::kLong);
+    ASSERT_EQ(s.mask.sizes(), (std::vector<int64_t>{1, 32, 32}));
+    seen += torch::bincount(s.mask.flatten(), {}, 4).gt(0).to(torch::kLong);
+  }
+  // Every class appears in many images, and none beyond the classes.
+  EXPECT_GT(seen.min().item<int64_t>(), 5) << seen;
+  EXPECT_TRUE(set.get(3).mask.equal(SyntheticDataset(40, 32, 7, 4).get(3).mask));
+  EXPECT_TRUE(SyntheticDataset(40, 32, 7, 3).get(5).mask.max().item<int64_t>() <= 2);
+  EXPECT_EQ(synthetic_class_names(3),
+            (std::vector<std::string>{"background", "ellipse", "polygon"}));
+  EXPECT_NE(error_of([] { SyntheticDataset(4, 32, 0, 5); }).find("--classes 5: the synthetic set"),
+            std::string::npos);
+}
+
+// A mask of class ids writes as grey levels and reads back the same, of 8 or 16 bits.
+TEST_F(FolderData, MasksOfClassIdsWriteBack) {
+  at::Tensor ids = torch::arange(4).repeat_interleave(3).expand({5, 12}).clone();
+  write_mask(ids, file("ids.png"));
+  EXPECT_TRUE(read_mask(file("ids.png"), {4, std::nullopt}).equal(ids));
+  ids[0][0] = 300;
+  write_mask(ids, file("wide.png"));
+  EXPECT_EQ(cv::imread(file("wide.png"), cv::IMREAD_UNCHANGED).depth(), CV_16U);
+  EXPECT_TRUE(read_mask(file("wide.png"), {301, std::nullopt}).equal(ids));
+}
+
+TEST(Normalization, ImagesLessTheMeanOverTheDeviationAsNamedOrGivenAndItsTextReadsBack) {
+  const Normalization imagenet = Normalization::parse("imagenet");
+  EXPECT_EQ(imagenet.to_string(), "0.485,0.456,0.406/0.229,0.224,0.225");
+  EXPECT_EQ(Normalization::parse(imagenet.to_string()), imagenet);
+  at::Tensor image = torch::rand({3, 4, 5});
+  at::Tensor expected = (image - torch::tensor({0.485f, 0.456f, 0.406f}).view({3, 1, 1})) /
+                        torch::tensor({0.229f, 0.224f, 0.225f}).view({3, 1, 1});
+  EXPECT_TRUE(torch::allclose(imagenet.apply(image), expected));
+  EXPECT_TRUE(torch::allclose(imagenet.apply(image.unsqueeze(0))[0], expected));  // a batch
+  EXPECT_TRUE(Normalization::parse("none").apply(image).equal(image));
+  EXPECT_EQ(Normalization::parse("0.5,0.5,0.5/0.25,0.25,0.25")
+                .apply(torch::ones({3, 1, 1}))
+                .flatten()[0]
+                .item<float>(),
+            2.0f);
+  for (const char* bad : {"imagenet1k", "0.5,0.5/1,1,1", "0.5,0.5,0.5/1,1,x", "1,1,1/1,0,1"}) {
+    EXPECT_NE(error_of([&] {
+                Normalization::parse(bad);
+              }).find("--normalize \"" + std::string(bad) + "\""),
+              std::string::npos)
+        << bad;
+  }
+  // A data set's images normalised, its masks as they were.
+  auto set = std::make_shared<SyntheticDataset>(2, 32, 1);
+  auto seen = normalized(set, imagenet);
+  EXPECT_TRUE(torch::allclose(seen->get(1).image, imagenet.apply(set->get(1).image)));
+  EXPECT_TRUE(seen->get(1).mask.equal(set->get(1).mask));
+  EXPECT_EQ(normalized(set, Normalization{}), set);
 }
 
 }  // namespace

@@ -68,8 +68,9 @@ TEST(EpochMonitor, BadSettingsNameTheFlag) {
     FAIL() << "accepted an unknown metric";
   } catch (const rpc::Error& e) {
     EXPECT_EQ(e.kind(), rpc::ErrorKind::InvalidArgument);
-    EXPECT_THAT(e.what(), HasSubstr("--monitor must be val_loss, val_iou or val_dice, not "
-                                    "\"val_acc\""));
+    EXPECT_THAT(e.what(),
+                HasSubstr("--monitor must be val_loss, val_iou, val_dice or val_miou, not "
+                          "\"val_acc\""));
   }
   try {
     EpochMonitor("val_iou", -1);

@@ -24,8 +24,8 @@ TEST(TrainSetup, SettingsThatCannotWorkAreRefusedNamingTheFlag) {
     return kind_and_error_of([&] { check_settings(s); });
   };
   EXPECT_EQ(refusal([](TrainSettings&) {}), "no error");
-  EXPECT_THAT(refusal([](TrainSettings& s) { s.loss = "focal"; }),
-              HasSubstr("InvalidArgument: --loss: unknown loss \"focal\""));
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.loss = "lovasz"; }),
+              HasSubstr("InvalidArgument: --loss: unknown loss \"lovasz\""));
   EXPECT_THAT(refusal([](TrainSettings& s) { s.loss_on = "worker"; }),
               HasSubstr("--loss-on must be auto, last-stage or master, not \"worker\""));
   EXPECT_THAT(refusal([](TrainSettings& s) { s.accumulate = 0; }),
@@ -58,6 +58,57 @@ TEST(TrainSetup, SettingsThatCannotWorkAreRefusedNamingTheFlag) {
                 s.freeze_batchnorm = true;
               }),
               HasSubstr("--sync-batchnorm with --freeze-batchnorm"));
+}
+
+// Classes, losses and labels that cannot work together: each refusal names the flag.
+TEST(TrainSetup, ClassesLossesAndLabelsThatDisagreeAreRefused) {
+  auto refusal = [](auto change) {
+    TrainSettings s;
+    s.plan.classes = 3;
+    change(s);
+    return kind_and_error_of([&] { check_settings(s); });
+  };
+  EXPECT_EQ(refusal([](TrainSettings&) {}), "no error");
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.loss = "bce"; }),
+              HasSubstr("--loss bce compares one logit per pixel with masks of 0 and 1; with "
+                        "--classes 3 use ce, dice, focal or ce+dice"));
+  EXPECT_THAT(refusal([](TrainSettings& s) {
+                s.plan.classes = 1;
+                s.loss = "ce";
+              }),
+              HasSubstr("--loss ce needs --classes 2 or more"));
+  EXPECT_THAT(refusal([](TrainSettings& s) {
+                s.class_weights = {1, 2};
+              }),
+              HasSubstr("--class-weights has 2 values for --classes 3"));
+  EXPECT_THAT(refusal([](TrainSettings& s) {
+                s.loss = "focal";
+                s.class_weights = {1, 2, 3};
+              }),
+              HasSubstr("the loss \"focal\" takes no class weights"));
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.ignore_index = 2; }),
+              HasSubstr("--ignore-index 2 is the id of one of the classes (0 to 2)"));
+  EXPECT_THAT(refusal([](TrainSettings& s) { s.plan.classes = 5; }),
+              HasSubstr("--classes 5: the synthetic set has 1 class"));
+  EXPECT_THAT(refusal([](TrainSettings& s) {
+                s.class_names = {"a", "b"};
+              }),
+              HasSubstr("--class-names names 2 classes, but --classes 3 counts 3"));
+}
+
+TEST(TrainSetup, TheLossTravelsWithItsOptionsAndDefaultsByTheClasses) {
+  TrainSettings s;
+  EXPECT_EQ(loss_spec(s), "bce+dice");
+  s.plan.classes = 4;
+  EXPECT_EQ(loss_spec(s), "ce+dice");
+  s.ignore_index = 255;
+  s.class_weights = {0.5, 1, 1, 2};
+  EXPECT_EQ(loss_spec(s), "ce+dice;ignore_index=255;class_weights=0.5,1,1,2");
+  EXPECT_THAT(class_names_of(s), ElementsAre("background", "ellipse", "polygon", "ring"));
+  s.data = "/no/such/folder";
+  EXPECT_THAT(class_names_of(s), ElementsAre("class0", "class1", "class2", "class3"));
+  s.class_names = {"sky", "road", "car", "tree"};
+  EXPECT_THAT(class_names_of(s), ElementsAre("sky", "road", "car", "tree"));
 }
 
 TEST(TrainSetup, TheLossIsOnTheLastStageInPipelinedStepsUnlessTheSettingsSayElse) {
@@ -125,8 +176,9 @@ TEST(TrainSetup, AMonitorOnlyWhenAskedForAndTheBestCheckpointNeedsAFolder) {
               HasSubstr("--save-best needs --checkpoint-dir"));
   s.checkpoint_dir = "/tmp/unused";
   s.monitor = "val_acc";
-  EXPECT_THAT(kind_and_error_of([&] { monitor_of(s); }),
-              HasSubstr("InvalidArgument: --monitor must be val_loss, val_iou or val_dice"));
+  EXPECT_THAT(
+      kind_and_error_of([&] { monitor_of(s); }),
+      HasSubstr("InvalidArgument: --monitor must be val_loss, val_iou, val_dice or val_miou"));
 }
 
 StagePlan three_stages() {

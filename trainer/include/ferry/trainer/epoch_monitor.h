@@ -10,7 +10,8 @@ namespace ferry::trainer {
 
 class EpochMonitor {
  public:
-  // `metric`: "val_loss" (lower is better), "val_iou" or "val_dice" (higher is better). With
+  // `metric`: "val_loss" (lower is better), "val_iou", "val_dice" or "val_miou" (higher is
+  // better). With
   // `patience` P > 0, observe() says stop after P epochs in a row without improvement; 0 never
   // stops. Throws rpc::Error(InvalidArgument) naming the metrics there are.
   EpochMonitor(std::string metric, int patience);

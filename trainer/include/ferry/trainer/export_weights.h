@@ -5,7 +5,10 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
+
+#include "ferry/data/dataset.h"
 
 namespace ferry::trainer {
 
@@ -25,8 +28,16 @@ struct ExportSettings {
   std::string out;
 };
 
-// Writes the chosen checkpoint's stages as one state dict to `out` and says what it wrote.
-// Returns the exit code.
+// Writes the chosen checkpoint's stages as one state dict to `out` and says what it wrote; and
+// beside it, in about_path(out), a JSON object of the smp model to load it into ("model") and of
+// how its inputs were normalised in training ("normalize": {"mean": [3], "std": [3]}), for
+// predict and for Python. Returns the exit code.
 int export_weights(const ExportSettings& settings);
+
+// The JSON file beside an export: OUT with the extension .json.
+std::string about_path(const std::string& weights);
+// The normalisation the JSON beside `weights` records, if there is one; throws
+// rpc::Error(InvalidArgument) naming the file when it is there but malformed.
+std::optional<data::Normalization> recorded_normalization(const std::string& weights);
 
 }  // namespace ferry::trainer

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,14 @@ struct PredictSettings {
   std::string checkpoint_dir;  // ... or a checkpoint directory, at `epoch` (0: the latest)
   int epoch = 0;
   std::string data;  // DIR/images/* (masks in DIR/masks/*, if any), or the images in DIR
-  std::string out;   // one PNG mask per image, OUT/NAME.png, and OUT/metrics.csv
-  double threshold = 0.5;
+  // One PNG mask per image, OUT/NAME.png (0 and 255 with one class, class ids with more), and
+  // OUT/metrics.csv.
+  std::string out;
+  double threshold = 0.5;               // one class: foreground above this probability
+  std::optional<int64_t> ignore_index;  // mask pixels that count in no figure
+  // How images are normalised (data::Normalization::parse); empty: as the weights' training
+  // recorded (in the checkpoint, or in the JSON export writes beside its file), else imagenet.
+  std::string normalize;
   int64_t batch_size = 8;
   std::string secret_file;
 };

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,15 @@ struct TrainSettings {
   // At the first look, move to this cut whatever it gains (the first block of each stage after
   // the first, as --partition takes them); empty: none.
   std::string rebalance_to;
-  double validation_share = 0.2;
+  double validation_share = 0.2;  // of --data's images, its last ones; unless val_data is set
+  std::string val_data;           // a folder of its own to validate on, laid out as --data
+  // How images are normalised before the model (data::Normalization::parse): "imagenet", as the
+  // pretrained encoders expect, "none", or "M1,M2,M3/S1,S2,S3". Checkpoints record it.
+  std::string normalize = "imagenet";
+  // What training draws anew for each folder image (data::Augmentation::parse): any of
+  // flip,rot90,scale,color, or none.
+  std::string augment = "flip";
+  int loader_threads = 2;  // threads reading each batch's images (data::BatchLoader)
   int epochs = 3;
   double lr = 0.01;
   int accumulate = 1;  // batches whose gradients are summed into one optimizer step
@@ -58,8 +67,8 @@ struct TrainSettings {
   int64_t warmup_steps = -1;
   int64_t lr_step_size = 0;  // step: optimizer steps between drops (0: a third of the run)
   double lr_gamma = 0.1;     // step: the factor of each drop
-  // The best epoch by a validation metric (val_loss | val_iou | val_dice; empty: val_loss
-  // where --save-best or --early-stop-patience needs one), its checkpoint in
+  // The best epoch by a validation metric (val_loss | val_iou | val_dice | val_miou; empty:
+  // val_loss where --save-best or --early-stop-patience needs one), its checkpoint in
   // checkpoint_dir/best, and a stop after `early_stop_patience` epochs without improvement.
   std::string monitor;
   bool save_best = false;
@@ -71,8 +80,17 @@ struct TrainSettings {
   // "32" or "bf16-mixed": each stage computes under autocast and sends bfloat16 activations
   // and gradients; parameters and optimizer state stay float32 (ferry/remote_module/precision.h).
   std::string precision = "32";
-  // A registered loss (ferry/remote_module/loss.h): bce | dice | bce+dice, or a plugin's.
-  std::string loss = "bce+dice";
+  // A registered loss (ferry/remote_module/loss.h): with one class bce | dice | focal |
+  // bce+dice, with more ce | dice | focal | ce+dice; or a plugin's. Empty: bce+dice with one
+  // class, ce+dice with more.
+  std::string loss;
+  // Masks: with plan.classes 1, of 0 and 1 (or 0 and 255); with K > 1, class ids. Pixels of
+  // `ignore_index` count in no loss and no metric.
+  std::optional<std::int64_t> ignore_index;
+  std::vector<double> class_weights;  // the cross-entropy's weight per class; empty: equal
+  // The classes' names in the metrics; empty: DIR/classes.txt (a name a line) for a folder, the
+  // synthetic set's own, or class0, class1, ...
+  std::vector<std::string> class_names;
   // Where steps compute it: "last-stage" (only the loss value comes to the master; each
   // micro-batch's, in pipelined steps), "master" (the logits come here and their gradients go
   // back) or "auto": the last stage in pipelined steps, the master in plain ones (where the

@@ -310,6 +310,9 @@ void add_predict(MasterCommandLine& l) {
                   "with one class: foreground where the predicted probability is above it")
       ->check(in_range(0, 1));
   add_ignore_flag(cmd, p.ignore_index);
+  cmd->add_flag("--overlay", p.overlay,
+                "also write OUT/NAME.overlay.png: the image with its mask coloured over it (each "
+                "class in Pascal VOC's colour)");
   cmd->add_option("--normalize", p.normalize,
                   "imagenet|none|M1,M2,M3/S1,S2,S3 (default: as the weights were trained, which "
                   "checkpoints and exports record)");

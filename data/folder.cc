@@ -15,6 +15,7 @@
 #include "data/mask_ids.h"
 #include "ferry/core/files.h"
 #include "ferry/core/log.h"
+#include "ferry/core/text.h"
 #include "ferry/data/dataset.h"
 
 namespace ferry::data {
@@ -70,6 +71,37 @@ at::Tensor mask_tensor_of(const cv::Mat& ids, const MaskLabels& labels) {
   return values.to(labels.classes > 1 ? at::kLong : at::kFloat);
 }
 
+// Encoded in memory, then written atomically: a file on disk is whole or absent.
+void write_image(const cv::Mat& image, const std::string& path, const char* what) {
+  std::vector<uchar> encoded;
+  bool done = false;
+  try {
+    done = cv::imencode(fs::path(path).extension().string(), image, encoded);
+  } catch (const cv::Exception& e) {
+    fail(fmt::format("cannot write {} \"{}\": {}", what, path, e.what()));
+  }
+  if (!done) {
+    fail(fmt::format("cannot write {} \"{}\": no image format for its extension", what, path));
+  }
+  try {
+    core::write_file_atomically(
+        path, std::string_view(reinterpret_cast<const char*>(encoded.data()), encoded.size()));
+  } catch (const std::runtime_error& e) {
+    fail(fmt::format("cannot write {} \"{}\": {}", what, path, e.what()));
+  }
+}
+
+// Pascal VOC's colour of class `id` (its bits spread over the channels), as BGR.
+cv::Vec3b class_colour(int id) {
+  int r = 0, g = 0, b = 0;
+  for (int shift = 7; id > 0 && shift >= 0; --shift, id >>= 3) {
+    r |= (id & 1) << shift;
+    g |= ((id >> 1) & 1) << shift;
+    b |= ((id >> 2) & 1) << shift;
+  }
+  return {static_cast<uchar>(b), static_cast<uchar>(g), static_cast<uchar>(r)};
+}
+
 }  // namespace
 
 std::map<std::string, std::string> image_files(const std::string& dir) {
@@ -107,7 +139,7 @@ void write_mask(const at::Tensor& mask, const std::string& path) {
   const int rows = static_cast<int>(mask.size(0)), cols = static_cast<int>(mask.size(1));
   at::Tensor pixels;
   cv::Mat image;
-  if (at::isFloatingType(mask.scalar_type())) {
+  if (at::isFloatingType(mask.scalar_type()) || mask.scalar_type() == at::kBool) {
     pixels = mask.gt(0).to(at::kByte).mul(255).contiguous();
     image = cv::Mat(rows, cols, CV_8UC1, pixels.data_ptr());
   } else if (mask.numel() == 0 || mask.max().item<int64_t>() < 256) {
@@ -117,30 +149,33 @@ void write_mask(const at::Tensor& mask, const std::string& path) {
     pixels = mask.clamp(0, 65535).to(at::kInt).contiguous();
     cv::Mat(rows, cols, CV_32SC1, pixels.data_ptr()).convertTo(image, CV_16U);
   }
-  // Encoded in memory, then written atomically: a mask on disk is whole or absent.
-  std::vector<uchar> encoded;
-  bool done = false;
-  try {
-    done = cv::imencode(fs::path(path).extension().string(), image, encoded);
-  } catch (const cv::Exception& e) {
-    fail(fmt::format("cannot write mask \"{}\": {}", path, e.what()));
+  write_image(image, path, "mask");
+}
+
+void write_overlay(const std::string& image_path, const at::Tensor& mask, const std::string& path) {
+  cv::Mat image = read(image_path, cv::IMREAD_COLOR);
+  if (image.rows != mask.size(0) || image.cols != mask.size(1)) {
+    fail(fmt::format("cannot write overlay \"{}\": the mask is {}x{}, its image \"{}\" {}x{}", path,
+                     mask.size(1), mask.size(0), image_path, image.cols, image.rows));
   }
-  if (!done) fail(fmt::format("cannot write mask \"{}\": no image format for its extension", path));
-  try {
-    core::write_file_atomically(
-        path, std::string_view(reinterpret_cast<const char*>(encoded.data()), encoded.size()));
-  } catch (const std::runtime_error& e) {
-    fail(fmt::format("cannot write mask \"{}\": {}", path, e.what()));
+  const at::Tensor ids =
+      (at::isFloatingType(mask.scalar_type()) ? mask.gt(0) : mask).to(at::kInt).contiguous();
+  const int* id = ids.data_ptr<int>();
+  for (int y = 0; y < image.rows; ++y) {
+    auto* row = image.ptr<cv::Vec3b>(y);
+    for (int x = 0; x < image.cols; ++x, ++id) {
+      if (*id <= 0) continue;  // the background shows as it is
+      const cv::Vec3b colour = class_colour(*id);
+      for (int c = 0; c < 3; ++c) row[x][c] = static_cast<uchar>((row[x][c] + colour[c]) / 2);
+    }
   }
+  write_image(image, path, "overlay");
 }
 
 Augmentation Augmentation::parse(const std::string& text) {
   Augmentation a;
   if (text == "none") return a;
-  std::size_t at = 0;
-  for (;;) {
-    const std::size_t comma = text.find(',', at);
-    const std::string word = text.substr(at, comma == std::string::npos ? comma : comma - at);
+  for (const std::string& word : core::split(text, ',')) {
     if (word == "flip") {
       a.flip = true;
     } else if (word == "rot90") {
@@ -153,9 +188,8 @@ Augmentation Augmentation::parse(const std::string& text) {
       fail(fmt::format("--augment \"{}\": \"{}\" is none of flip, rot90, scale, color (or none)",
                        text, word));
     }
-    if (comma == std::string::npos) return a;
-    at = comma + 1;
   }
+  return a;
 }
 
 FolderDataset::FolderDataset(const std::string& dir, Options options) : options_(options) {

@@ -4,28 +4,25 @@
 
 #include <stdexcept>
 
+#include "ferry/core/text.h"
 #include "ferry/data/dataset.h"
 
 namespace ferry::data {
 namespace {
 
-// Three numbers of "A,B,C", for `text`'s message.
+// The three numbers of "A,B,C", a part of --normalize's `text`.
 std::array<double, 3> three_of(const std::string& part, const std::string& text) {
+  const std::vector<std::string> numbers = core::split(part, ',');
   std::array<double, 3> out{};
-  std::size_t at = 0;
-  for (std::size_t k = 0; k < 3; ++k) {
-    const std::size_t comma = part.find(',', at);
-    if ((k < 2) != (comma != std::string::npos)) break;
-    const std::string number = part.substr(at, comma == std::string::npos ? comma : comma - at);
+  for (std::size_t k = 0; k < out.size() && numbers.size() == out.size(); ++k) {
     std::size_t used = 0;
     try {
-      out[k] = std::stod(number, &used);
+      out[k] = std::stod(numbers[k], &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != number.size()) break;
-    if (k == 2) return out;
-    at = comma + 1;
+    if (used == 0 || used != numbers[k].size()) break;
+    if (k + 1 == out.size()) return out;
   }
   throw std::invalid_argument(
       fmt::format("--normalize \"{}\": not imagenet, none, nor three means and three deviations "

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "ferry/core/text.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 
@@ -27,8 +28,8 @@ at::Tensor counted(const at::Tensor& target, const LossOptions& o) {
   return target.ne(*o.ignore_index);
 }
 
-// One logit per pixel against a target of its shape, in float32 whatever the stages computed in:
-// bfloat16 logits lose too much in a mean.
+// One logit per pixel takes a target of its shape. (Every loss computes in float32 whatever the
+// stages computed in: bfloat16 logits lose too much in a mean.)
 void check_binary(const char* name, const at::Tensor& logits, const at::Tensor& target) {
   if (logits.sizes() == target.sizes()) return;
   refuse(fmt::format(
@@ -228,13 +229,11 @@ std::string LossSpec::to_string() const {
 }
 
 LossSpec LossSpec::parse(const std::string& text) {
+  const std::vector<std::string> parts = core::split(text, ';');
   LossSpec spec;
-  std::size_t end = text.find(';');
-  spec.name = text.substr(0, end);
-  while (end != std::string::npos) {
-    const std::size_t begin = end + 1;
-    end = text.find(';', begin);
-    const std::string part = text.substr(begin, end == std::string::npos ? end : end - begin);
+  spec.name = parts.front();
+  for (std::size_t k = 1; k < parts.size(); ++k) {
+    const std::string& part = parts[k];
     const std::size_t eq = part.find('=');
     const std::string key = part.substr(0, eq);
     const std::string value = eq == std::string::npos ? "" : part.substr(eq + 1);
@@ -245,12 +244,8 @@ LossSpec LossSpec::parse(const std::string& text) {
       }
       spec.options.ignore_index = static_cast<std::int64_t>(index);
     } else if (key == "class_weights" && !value.empty()) {
-      std::size_t at = 0;
-      for (;;) {
-        const std::size_t comma = value.find(',', at);
-        spec.options.class_weights.push_back(parse_double(value.substr(at, comma - at), text));
-        if (comma == std::string::npos) break;
-        at = comma + 1;
+      for (const std::string& weight : core::split(value, ',')) {
+        spec.options.class_weights.push_back(parse_double(weight, text));
       }
     } else {
       refuse(fmt::format("loss \"{}\": unknown option \"{}\" (ignore_index=V, class_weights=W,...)",

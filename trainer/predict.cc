@@ -153,6 +153,9 @@ int predict_folder(const Model& model, const data::Normalization& normalization,
       at::Tensor mask =
           s.classes == 1 ? torch::sigmoid(full[0][0]).gt(s.threshold) : full[0].argmax(0);
       data::write_mask(mask, (fs::path(s.out) / (name + ".png")).string());
+      if (s.overlay) {
+        data::write_overlay(path, mask, (fs::path(s.out) / (name + ".overlay.png")).string());
+      }
       auto truth_file = folder.masks.find(name);
       if (truth_file == folder.masks.end()) continue;
       at::Tensor truth = data::read_mask(truth_file->second, {s.classes, s.ignore_index});
@@ -170,7 +173,10 @@ int predict_folder(const Model& model, const data::Normalization& normalization,
         lines.push_back(fmt::format("{:<24} mIoU {:.3f}", name, miou));
         continue;
       }
-      const Overlap o = overlap_of(mask.to(at::kFloat), truth);
+      // Ignored pixels count as neither foreground nor background.
+      const at::Tensor keep = s.ignore_index ? truth.ne(static_cast<double>(*s.ignore_index))
+                                             : torch::ones_like(truth, torch::kBool);
+      const Overlap o = overlap_of(mask.to(at::kFloat) * keep, truth * keep);
       total.add(o);
       ++scored;
       table += fmt::format("{},{},{}\n", name, o.iou(), o.dice());

@@ -70,6 +70,7 @@ struct Run {
   int takeovers = 0;
   int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
   std::optional<Validation> last_validation;
+  std::vector<std::string> class_names;  // as the metrics name the classes
 };
 
 std::string best_dir(const TrainSettings& s) {
@@ -82,6 +83,7 @@ std::string best_dir(const TrainSettings& s) {
 void load_data(Run& run) {
   const TrainSettings& s = run.s;
   auto [train_set, validation_set, train_indices, validation_indices] = datasets_of(s);
+  run.class_names = class_names_of(s);
   const int64_t global_batch = s.plan.batch_size * s.replicas;
   run.train_loader = std::make_unique<data::BatchLoader>(
       train_set, train_indices, global_batch, s.seed, /*drop_last=*/true, s.loader_threads);
@@ -133,15 +135,16 @@ void place(Run& run) {
 
 // --log-dir's file: the figures of each epoch and each stage's busy share; with classes, each
 // one's IoU and Dice.
-std::optional<MetricsLog> metrics_log_of(const TrainSettings& s, const StagePlan& plan) {
+std::optional<MetricsLog> metrics_log_of(const TrainSettings& s, const StagePlan& plan,
+                                         const std::vector<std::string>& class_names) {
   if (s.log_dir.empty()) return std::nullopt;
   std::vector<std::string> columns = {"train_loss", "val_loss",     "val_iou",
                                       "val_dice",   "val_miou",     "lr",
                                       "train_s",    "images_per_s", "data_wait_share"};
   for (const auto& stage : plan.stages) columns.push_back("busy_" + stage.name);
   if (s.plan.classes > 1) {
-    for (const std::string& name : class_names_of(s)) columns.push_back("val_iou_" + name);
-    for (const std::string& name : class_names_of(s)) columns.push_back("val_dice_" + name);
+    for (const std::string& name : class_names) columns.push_back("val_iou_" + name);
+    for (const std::string& name : class_names) columns.push_back("val_dice_" + name);
   }
   return MetricsLog(s.log_dir, columns);
 }
@@ -156,7 +159,7 @@ void start(Run& run) {
     log::info("resumed from {} after epoch {} (optimizer step {})", s.checkpoint_dir,
               run.progress.epoch, run.progress.step);
   }
-  run.metrics_log = metrics_log_of(s, run.plan);
+  run.metrics_log = metrics_log_of(s, run.plan, run.class_names);
   if (run.metrics_log && s.resume) {
     const std::string why = run.metrics_log->resume_after(run.progress.epoch);
     if (!why.empty()) log::warn("--log-dir: {}", why);
@@ -220,12 +223,12 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
                                    {"bytes_per_step", times.bytes_sent / times.batches},
                                    {"stage_compute_s", compute}};
   if (classes) {
-    const std::vector<std::string> names = class_names_of(s);
+    // JSON has no NaN: a class found nowhere has null.
+    auto figure = [](double x) {
+      return std::isnan(x) ? nlohmann::ordered_json() : nlohmann::ordered_json(x);
+    };
+    const std::vector<std::string>& names = run.class_names;
     for (std::size_t k = 0; k < names.size(); ++k) {
-      // JSON has no NaN: a class found nowhere has null.
-      auto figure = [](double x) {
-        return std::isnan(x) ? nlohmann::ordered_json() : nlohmann::ordered_json(x);
-      };
       record["classes"][names[k]] = {{"iou", figure(v.class_iou[k])},
                                      {"dice", figure(v.class_dice[k])}};
     }
@@ -236,7 +239,7 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
       "{:.3f}, learning rate {:.3g}\n",
       epoch, s.epochs, loss, v.loss, v.iou, v.dice, v.miou, lr);
   if (classes) {
-    std::cerr << fmt::format("  IoU by class: {}\n", per_class(class_names_of(s), v.class_iou));
+    std::cerr << fmt::format("  IoU by class: {}\n", per_class(run.class_names, v.class_iou));
   }
 }
 
@@ -464,7 +467,7 @@ void report(Run& run) {
   }
   if (s.plan.classes > 1 && run.last_validation) {
     std::cerr << "\nthe last validation by class:\n"
-              << class_table(class_names_of(s), *run.last_validation);
+              << class_table(run.class_names, *run.last_validation);
   }
   const std::vector<remote_module::StageStats> measured = stage_stats(run);
   std::unique_ptr<pipeline::Pipeline>& pipe = run.job->replicas.front().pipe;

@@ -306,7 +306,11 @@ void check_settings(const TrainSettings& s) {
   try {
     remote_module::loss_function(loss_spec(s));
   } catch (const rpc::Error& e) {
-    fail(fmt::format("--loss: {} (a loss of your own comes with --plugin)", e.what()));
+    const std::vector<std::string> known = remote_module::registered_losses();
+    const bool registered = std::find(known.begin(), known.end(), s.loss) != known.end();
+    fail(fmt::format(
+        "--loss: {}{}", e.what(),
+        registered || s.loss.empty() ? "" : " (a loss of your own comes with --plugin)"));
   }
   check_classes(s);
   normalization_of(s);

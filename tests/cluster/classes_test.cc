@@ -117,7 +117,7 @@ TEST(Classes, AFolderOfPaletteMasksTrainsWithItsNamesAndPredictWritesClassIds) {
 
   CommandResult p = run(std::string(FERRY_MASTER) +
                         " predict --model unet-resnet18 --classes 3 --ignore-index 255"
-                        " --image-size 32 --data " +
+                        " --image-size 32 --overlay --data " +
                         data + " --checkpoint-dir " + checkpoints + " --out " + out);
   ASSERT_EQ(p.status, 0) << p.output;
   EXPECT_THAT(p.output, HasSubstr("overall over 12 images with masks")) << p.output;
@@ -128,6 +128,11 @@ TEST(Classes, AFolderOfPaletteMasksTrainsWithItsNamesAndPredictWritesClassIds) {
   double low, high;
   cv::minMaxLoc(written, &low, &high);
   EXPECT_LE(high, 2);  // class ids, not 0 and 255
+  // The overlay: the image, half coloured where a class was found.
+  cv::Mat overlay = cv::imread(out + "/image0.overlay.png", cv::IMREAD_COLOR);
+  const cv::Mat image = cv::imread(data + "/images/image0.png", cv::IMREAD_COLOR);
+  ASSERT_EQ(overlay.size(), image.size());
+  EXPECT_EQ(cv::countNonZero(written > 0) > 0, cv::norm(overlay, image, cv::NORM_INF) > 0);
   std::filesystem::remove_all(data);
   std::filesystem::remove_all(validation);
   std::filesystem::remove_all(checkpoints);

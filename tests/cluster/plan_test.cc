@@ -25,8 +25,13 @@ constexpr int kBudgetMib = 160;
 // How far a stage's measured peak may be from the plan's (docs/planning.md).
 constexpr double kPeakBound = 0.25;
 
+// oneDNN picks other convolution kernels where the CPU has AVX-512, and the plan's memory model
+// does not yet measure what those kernels hold (docs/planning.md): the checks of its peaks run
+// every process on oneDNN's AVX2 kernels, as on the CPUs the model was fitted on.
+const std::string kAvx2Kernels = "env ONEDNN_MAX_CPU_ISA=AVX2 ";
+
 std::string plan_command(const std::string& cache, const std::string& extra) {
-  return std::string(FERRY_MASTER) +
+  return kAvx2Kernels + FERRY_MASTER +
          " plan --model unet-resnet18 --image-size 32 --workers 3 --batch-size 8 --cache-dir " +
          cache + " " + extra;
 }
@@ -59,9 +64,10 @@ TEST(Plan, AWinnerCheckedWithARealStepTrainsFromThePlanFileWithinItsPeaks) {
 
   const int processes = winner["stages"].get<int>() * winner["replicas"].get<int>() + 1;
   const std::string metrics = dir + "/metrics.json";
-  CommandResult trained = run(std::string(FERRY_LAUNCH) + " --nproc " + std::to_string(processes) +
-                              " -- " + FERRY_MASTER + " train --plan " + dir +
-                              "/plan.json --samples 20 --epochs 1 " + "--metrics-file " + metrics);
+  CommandResult trained =
+      run(kAvx2Kernels + FERRY_LAUNCH + " --nproc " + std::to_string(processes) + " -- " +
+          FERRY_MASTER + " train --plan " + dir + "/plan.json --samples 20 --epochs 1 " +
+          "--metrics-file " + metrics);
   ASSERT_EQ(trained.status, 0) << trained.output;
   const nlohmann::json m = nlohmann::json::parse(std::ifstream(metrics));
   const auto& predicted = winner["predicted_stage_peak_mib"];

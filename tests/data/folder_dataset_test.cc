@@ -165,6 +165,8 @@ TEST_F(FolderData, SingleImagesAndMasksReadAsTheDataSetReadsThemAndMasksWriteBac
   cv::Mat grey = cv::imread(file("written.png"), cv::IMREAD_GRAYSCALE);
   EXPECT_EQ(grey.at<uchar>(0, 0), 255);
   EXPECT_EQ(grey.at<uchar>(0, 11), 0);
+  write_mask(mask.gt(0.5), file("from-bool.png"));  // as predict's threshold gives it
+  EXPECT_EQ(cv::imread(file("from-bool.png"), cv::IMREAD_GRAYSCALE).at<uchar>(0, 0), 255);
 
   EXPECT_NE(error_of([&] {
               read_image(file("images/none.png"), 4);
@@ -324,6 +326,23 @@ TEST_F(FolderData, MasksOfClassIdsWriteBack) {
   write_mask(ids, file("wide.png"));
   EXPECT_EQ(cv::imread(file("wide.png"), cv::IMREAD_UNCHANGED).depth(), CV_16U);
   EXPECT_TRUE(read_mask(file("wide.png"), {301, std::nullopt}).equal(ids));
+}
+
+// An overlay halves each pixel of a class with the class's colour; the background stays.
+TEST_F(FolderData, AnOverlayColoursEachClassOverTheImage) {
+  write_pair("a.png", "a.png", 8, 4, 0);  // all blue
+  at::Tensor ids = torch::zeros({4, 8}, torch::kLong);
+  ids[1][2] = 1;  // VOC's dark red
+  ids[2][3] = 2;  // VOC's dark green
+  write_overlay(file("images/a.png"), ids, file("overlay.png"));
+  cv::Mat out = cv::imread(file("overlay.png"), cv::IMREAD_COLOR);
+  EXPECT_EQ(out.at<cv::Vec3b>(0, 0), cv::Vec3b(255, 0, 0));
+  EXPECT_EQ(out.at<cv::Vec3b>(1, 2), cv::Vec3b(127, 0, 64));
+  EXPECT_EQ(out.at<cv::Vec3b>(2, 3), cv::Vec3b(127, 64, 0));
+  EXPECT_NE(error_of([&] {
+              write_overlay(file("images/a.png"), ids.t(), file("o.png"));
+            }).find("the mask is 4x8, its image"),
+            std::string::npos);
 }
 
 TEST(Normalization, ImagesLessTheMeanOverTheDeviationAsNamedOrGivenAndItsTextReadsBack) {

@@ -220,11 +220,11 @@ TEST(Pipeline, ALossTheLastStageCannotComputeIsAClearError) {
   Chain chain(6, 8);
   // Not registered on the last stage's worker: refused when the pipeline is set up.
   std::string unknown = error_of(
-      [&] { Pipeline(chain.stages, with_stage_loss(options(Schedule::GPipe, 2), "focal")); });
+      [&] { Pipeline(chain.stages, with_stage_loss(options(Schedule::GPipe, 2), "lovasz")); });
   EXPECT_NE(unknown.find("pipeline stage 2 (\"test.mlp\") on worker \"c\" cannot take part"),
             std::string::npos)
       << unknown;
-  EXPECT_NE(unknown.find("unknown loss \"focal\""), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("unknown loss \"lovasz\""), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("test.mse"), std::string::npos) << unknown;
 
   Pipeline pipe(chain.stages, with_stage_loss(options(Schedule::OneFOneB, 2)));

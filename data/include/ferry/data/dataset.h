@@ -129,10 +129,14 @@ ImageFile read_image(const std::string& path, int64_t image_size);
 // palette PNG). Pixels of the ignore index keep that value. Throws std::invalid_argument naming
 // the file, and the value and where it is when the labels do not allow it.
 at::Tensor read_mask(const std::string& path, const MaskLabels& labels = {});
-// Writes a mask [H, W] in the format the extension of `path` names (PNG for .png): a floating
-// mask of 0 and 1 as a grey image of 0 and 255; an integer mask of class ids as grey levels
+// Writes a mask [H, W] in the format the extension of `path` names (PNG for .png): a floating or
+// boolean mask of 0 and 1 as a grey image of 0 and 255; an integer mask of class ids as grey levels
 // (8 bits, or 16 where an id is above 255). Throws std::invalid_argument naming the file.
 void write_mask(const at::Tensor& mask, const std::string& path);
+// Writes the image at `image_path` with `mask` ([H, W] of its size: 0 and 1, or class ids)
+// coloured over it, half and half, each class in Pascal VOC's colour, the background as it is.
+// Throws std::invalid_argument naming the file.
+void write_overlay(const std::string& image_path, const at::Tensor& mask, const std::string& path);
 
 // Images as a pretrained encoder expects them: each channel less its mean, over its standard
 // deviation, as torchvision's Normalize and segmentation_models_pytorch's preprocessing. Value

@@ -27,6 +27,7 @@ struct PredictSettings {
   // How images are normalised (data::Normalization::parse); empty: as the weights' training
   // recorded (in the checkpoint, or in the JSON export writes beside its file), else imagenet.
   std::string normalize;
+  bool overlay = false;  // also OUT/NAME.overlay.png: the image with its mask coloured over it
   int64_t batch_size = 8;
   std::string secret_file;
 };

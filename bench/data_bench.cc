@@ -82,10 +82,13 @@ double step_rate(const DataBenchSettings& s) {
 
 int run_data_bench(const DataBenchSettings& s) {
   std::string dir = s.data;
-  std::optional<fs::path> written;
+  std::optional<fs::path> temporary;
   if (dir.empty()) {
-    written = fs::temp_directory_path() / fmt::format("ferry-data-bench-{}", ::getpid());
-    dir = written->string();
+    temporary = fs::temp_directory_path() / fmt::format("ferry-data-bench-{}", ::getpid());
+    dir = temporary->string();
+  }
+  std::error_code ec;
+  if (!fs::is_directory(fs::path(dir) / "images", ec)) {
     write_folder(dir, s);
     std::cerr << fmt::format("wrote {} {} x {} PNGs with masks of {} classes to {}\n", s.images,
                              s.source_size, s.source_size, s.classes, dir);
@@ -120,7 +123,7 @@ int run_data_bench(const DataBenchSettings& s) {
       {"loader_over_step_at_default_threads",
        loader.size() > 1 ? loader[1]["images_per_s"].get<double>() / consumed
                          : loader[0]["images_per_s"].get<double>() / consumed}};
-  if (written) fs::remove_all(*written);
+  if (temporary) fs::remove_all(*temporary);
   std::cout << out.dump() << std::endl;
   return 0;
 }

@@ -136,7 +136,8 @@ CLI::App* add_data(CLI::App& app, ferry::bench::DataBenchSettings& data) {
   auto* cmd = app.add_subcommand(
       "data", "the batch loader's images per second with 1 to N threads beside a training step's");
   cmd->add_option("--data", data.data,
-                  "a folder DIR/images, DIR/masks (default: one of written PNGs)");
+                  "a folder DIR/images, DIR/masks; where DIR has no images/, the written folder "
+                  "goes there and stays (default: a temporary one)");
   cmd->add_option("--images", data.images, "images of the written folder");
   cmd->add_option("--source-size", data.source_size, "height and width of the written images");
   cmd->add_option("--crop", data.crop, "the square each image is cut to, as train --crop");

@@ -74,6 +74,25 @@ at::Tensor fill_of(int64_t kind, const at::Tensor& ys, const at::Tensor& xs, int
   return colour + 0.3 * torch::randn({3, size, size}, gen);
 }
 
+// An image's random draws, from its key, and its background: coloured smooth noise with fine
+// grain. Both forms of the set start from it.
+struct Canvas {
+  std::mt19937_64 rng;
+  at::Generator gen;
+  at::Tensor ys, xs;  // each pixel's centre in [0, 1]
+  at::Tensor image;
+};
+
+Canvas canvas_of(std::uint64_t key, int64_t s) {
+  Canvas c{std::mt19937_64(key), at::detail::createCPUGenerator(key), {}, {}, {}};
+  at::Tensor coords = (torch::arange(s, torch::kFloat) + 0.5) / s;
+  c.ys = coords.view({s, 1}).expand({s, s});
+  c.xs = coords.view({1, s}).expand({s, s});
+  at::Tensor base = torch::rand({3, 1, 1}, c.gen) * 0.5 + 0.25;
+  c.image = base + 0.15 * texture(3, s, 4, c.gen) + 0.05 * torch::randn({3, s, s}, c.gen);
+  return c;
+}
+
 }  // namespace
 
 SyntheticDataset::SyntheticDataset(std::size_t count, int64_t image_size, std::uint64_t seed,
@@ -98,50 +117,34 @@ Sample SyntheticDataset::get(std::size_t index) const {
 }
 
 Sample SyntheticDataset::get_classes(std::size_t index) const {
-  std::uint64_t key = seed_ * 0x9E3779B97F4A7C15ull + index;
-  std::mt19937_64 rng(key);
-  at::Generator gen = at::detail::createCPUGenerator(key);
-  int64_t s = image_size_;
-  at::Tensor coords = (torch::arange(s, torch::kFloat) + 0.5) / s;
-  at::Tensor ys = coords.view({s, 1}).expand({s, s});
-  at::Tensor xs = coords.view({1, s}).expand({s, s});
-  at::Tensor base = torch::rand({3, 1, 1}, gen) * 0.5 + 0.25;
-  at::Tensor image = base + 0.15 * texture(3, s, 4, gen) + 0.05 * torch::randn({3, s, s}, gen);
-  at::Tensor mask = torch::zeros({s, s}, torch::kLong);
+  Canvas c = canvas_of(seed_ * 0x9E3779B97F4A7C15ull + index, image_size_);
+  at::Tensor mask = torch::zeros({image_size_, image_size_}, torch::kLong);
   std::uniform_int_distribution<int64_t> kinds(1, classes_ - 1), count(1, 3);
-  for (int64_t k = count(rng); k > 0; --k) {
-    const int64_t kind = kinds(rng);
-    at::Tensor inside = kind == 1   ? ellipse(ys, xs, rng)
-                        : kind == 2 ? polygon(ys, xs, rng)
-                                    : ring(ys, xs, rng);
-    image = torch::where(inside.unsqueeze(0), fill_of(kind, ys, xs, s, gen, rng), image);
+  for (int64_t k = count(c.rng); k > 0; --k) {
+    const int64_t kind = kinds(c.rng);
+    at::Tensor inside = kind == 1   ? ellipse(c.ys, c.xs, c.rng)
+                        : kind == 2 ? polygon(c.ys, c.xs, c.rng)
+                                    : ring(c.ys, c.xs, c.rng);
+    at::Tensor fill = fill_of(kind, c.ys, c.xs, image_size_, c.gen, c.rng);
+    c.image = torch::where(inside.unsqueeze(0), fill, c.image);
     mask.masked_fill_(inside, kind);
   }
-  return {image.clamp(0, 1).contiguous(), mask.unsqueeze(0)};
+  return {c.image.clamp(0, 1).contiguous(), mask.unsqueeze(0)};
 }
 
 Sample SyntheticDataset::get_binary(std::size_t index) const {
-  std::uint64_t key = seed_ * 0x9E3779B97F4A7C15ull + index;
-  std::mt19937_64 rng(key);
-  at::Generator gen = at::detail::createCPUGenerator(key);
-  int64_t s = image_size_;
-  at::Tensor coords = (torch::arange(s, torch::kFloat) + 0.5) / s;
-  at::Tensor ys = coords.view({s, 1}).expand({s, s});
-  at::Tensor xs = coords.view({1, s}).expand({s, s});
-
+  Canvas c = canvas_of(seed_ * 0x9E3779B97F4A7C15ull + index, image_size_);
   std::uniform_real_distribution<double> unit(0, 1);
-  at::Tensor base = torch::rand({3, 1, 1}, gen) * 0.5 + 0.25;
-  at::Tensor image = base + 0.15 * texture(3, s, 4, gen) + 0.05 * torch::randn({3, s, s}, gen);
-  at::Tensor mask = torch::zeros({s, s}, torch::kBool);
-  int shapes = 1 + static_cast<int>(unit(rng) * 3);
+  at::Tensor mask = torch::zeros({image_size_, image_size_}, torch::kBool);
+  int shapes = 1 + static_cast<int>(unit(c.rng) * 3);
   for (int k = 0; k < shapes; ++k) {
-    at::Tensor inside = unit(rng) < 0.5 ? ellipse(ys, xs, rng) : polygon(ys, xs, rng);
-    at::Tensor colour = torch::rand({3, 1, 1}, gen);
-    at::Tensor fill = colour + 0.2 * texture(3, s, 16, gen);
-    image = torch::where(inside.unsqueeze(0), fill, image);
+    at::Tensor inside = unit(c.rng) < 0.5 ? ellipse(c.ys, c.xs, c.rng) : polygon(c.ys, c.xs, c.rng);
+    at::Tensor colour = torch::rand({3, 1, 1}, c.gen);
+    at::Tensor fill = colour + 0.2 * texture(3, image_size_, 16, c.gen);
+    c.image = torch::where(inside.unsqueeze(0), fill, c.image);
     mask = mask | inside;
   }
-  return {image.clamp(0, 1).contiguous(), mask.unsqueeze(0).to(torch::kFloat)};
+  return {c.image.clamp(0, 1).contiguous(), mask.unsqueeze(0).to(torch::kFloat)};
 }
 
 }  // namespace ferry::data

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
@@ -20,6 +21,13 @@ std::vector<std::string> strings_of(const c10::IValue& value) {
   return out;
 }
 
+// Every new owner takes its part of a park at once (a peer's take on a pool thread beside the
+// owner's own): the dict a park holds is not safe to change from two threads.
+std::mutex& takes_mutex() {
+  static auto* m = new std::mutex();  // never destroyed: pool threads may take until exit
+  return *m;
+}
+
 }  // namespace
 
 ParkedTensors take_parked(const RRefPtr& park, const std::vector<std::string>& names,
@@ -32,6 +40,7 @@ ParkedTensors take_parked(const RRefPtr& park, const std::vector<std::string>& n
   }
   c10::impl::GenericDict held = value.toGenericDict();
   ParkedTensors out;
+  std::lock_guard<std::mutex> lock(takes_mutex());
   for (const std::string& name : names) {
     auto it = held.find(name);
     if (it == held.end()) continue;

@@ -23,7 +23,7 @@ using ParkedTensors = c10::Dict<std::string, at::Tensor>;
 // On a park's owner: the entries of `names` that `park` holds, taken out of it (what is taken
 // is freed there once the taker drops it), moved to CPU memory when `for_peer`, since they are
 // about to travel. Throws Error(InvalidArgument) when `park` is not owned here or is no dict of
-// tensors.
+// tensors. Safe from any thread: takes from one park by several threads at once are serialised.
 ParkedTensors take_parked(const RRefPtr& park, const std::vector<std::string>& names,
                           bool for_peer);
 

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -172,15 +171,6 @@ void start(Run& run) {
   run.metrics["rebalances"] = nlohmann::ordered_json::array();
 }
 
-// "background 0.97, ellipse 0.81, ...": each class's figure, for the progress lines.
-std::string per_class(const std::vector<std::string>& names, const std::vector<double>& values) {
-  std::vector<std::string> parts;
-  for (std::size_t k = 0; k < names.size() && k < values.size(); ++k) {
-    parts.push_back(fmt::format("{} {:.3f}", names[k], values[k]));
-  }
-  return fmt::format("{}", fmt::join(parts, ", "));
-}
-
 // An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line; its
 // stages' compute per step over its last `batches` (those since `before`).
 void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
@@ -222,17 +212,7 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
                                    {"images_per_s", times.images / times.train_s},
                                    {"bytes_per_step", times.bytes_sent / times.batches},
                                    {"stage_compute_s", compute}};
-  if (classes) {
-    // JSON has no NaN: a class found nowhere has null.
-    auto figure = [](double x) {
-      return std::isnan(x) ? nlohmann::ordered_json() : nlohmann::ordered_json(x);
-    };
-    const std::vector<std::string>& names = run.class_names;
-    for (std::size_t k = 0; k < names.size(); ++k) {
-      record["classes"][names[k]] = {{"iou", figure(v.class_iou[k])},
-                                     {"dice", figure(v.class_dice[k])}};
-    }
-  }
+  if (classes) record["classes"] = class_figures(run.class_names, v);
   run.metrics["epochs"].push_back(std::move(record));
   std::cerr << fmt::format(
       "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, Dice {:.3f}, mIoU "

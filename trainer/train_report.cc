@@ -1,6 +1,7 @@
 #include "trainer/train_report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -145,6 +146,26 @@ void report_best(const EpochMonitor& monitor, const std::string& best_dir, int s
     metrics["stopped_after_epoch"] = stopped_after;
   }
   std::cerr << line << "\n";
+}
+
+std::string per_class(const std::vector<std::string>& names, const std::vector<double>& values) {
+  std::vector<std::string> parts;
+  for (std::size_t k = 0; k < names.size() && k < values.size(); ++k) {
+    parts.push_back(fmt::format("{} {:.3f}", names[k], values[k]));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+nlohmann::ordered_json class_figures(const std::vector<std::string>& names, const Validation& v) {
+  // JSON has no NaN.
+  auto figure = [](double x) {
+    return std::isnan(x) ? nlohmann::ordered_json() : nlohmann::ordered_json(x);
+  };
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (std::size_t k = 0; k < names.size() && k < v.class_iou.size(); ++k) {
+    out[names[k]] = {{"iou", figure(v.class_iou[k])}, {"dice", figure(v.class_dice[k])}};
+  }
+  return out;
 }
 
 std::string class_table(const std::vector<std::string>& names, const Validation& v) {

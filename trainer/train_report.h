@@ -55,6 +55,12 @@ StageSeconds stage_seconds(const Replica& replica);
 void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
                  nlohmann::ordered_json& metrics);
 
+// "background 0.970, ellipse 0.810, ...": each of `names`' classes with its figure in `values`.
+std::string per_class(const std::vector<std::string>& names, const std::vector<double>& values);
+// Each class's IoU and Dice by name, for the metrics JSON: {"ellipse": {"iou": .., "dice": ..}},
+// null for a class found nowhere.
+nlohmann::ordered_json class_figures(const std::vector<std::string>& names, const Validation& v);
+
 // The last validation's IoU and Dice of each of `names`' classes, and their means, as a table.
 std::string class_table(const std::vector<std::string>& names, const Validation& v);
 

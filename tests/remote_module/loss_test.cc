@@ -140,9 +140,13 @@ out = {"x": x, "t": t, "ti": ti,
        "focal": focal(x, t), "focal_i": focal(x, ti, 255)}
 torch.save({k: v.reshape(v.shape) for k, v in out.items()}, sys.argv[1])
 )";
-  if (std::system(("/usr/bin/python3 " + script + " " + file + " 2>&1").c_str()) != 0) {
-    if (std::getenv("CI") != nullptr) FAIL() << "no Python with torch to compute the losses";
-    GTEST_SKIP() << "no Python with torch to compute the losses";
+  const ferry::testing::CommandResult python =
+      ferry::testing::run("/usr/bin/python3 " + script + " " + file);
+  if (python.status != 0) {
+    if (std::getenv("CI") != nullptr) {
+      FAIL() << "no Python with torch to compute the losses: " << python.output;
+    }
+    GTEST_SKIP() << "no Python with torch to compute the losses: " << python.output;
   }
   auto py = models::read_weights(file);
   const at::Tensor x = py.at("x"), t = py.at("t").unsqueeze(1), ti = py.at("ti");

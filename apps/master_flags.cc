@@ -1,12 +1,18 @@
 #include "apps/master_flags.h"
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <optional>
 #include <string>
 
 #include "apps/flag_ranges.h"
+#include "ferry/core/image_size.h"
+#include "ferry/core/text.h"
+#include "ferry/data/dataset.h"
 #include "ferry/trainer/model_tools.h"
 
 namespace ferry::apps {
@@ -17,16 +23,64 @@ constexpr double kMaxWorkers = 4096;       // stages, replicas, spares
 constexpr double kMaxMib = 1ll << 40;      // a memory budget
 constexpr double kMaxImageSize = 1 << 15;  // pixels a side
 
-void add_model_flags(CLI::App* cmd, std::string& model, std::int64_t& classes,
-                     std::int64_t& image_size) {
+// S or H,W, each side a multiple of 32 (the encoder halves it five times) up to kMaxImageSize.
+CLI::Validator image_size_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::vector<std::string> sides = core::split(text, ',');
+        if (sides.size() > 2) return fmt::format("must be S or H,W, not \"{}\"", text);
+        for (const std::string& side : sides) {
+          char* end = nullptr;
+          errno = 0;
+          const long long value = std::strtoll(side.c_str(), &end, 10);
+          if (side.empty() || *end != '\0' || errno == ERANGE || value < 32 ||
+              value > kMaxImageSize || value % 32 != 0) {
+            return fmt::format("must be S or H,W, each a multiple of 32 from 32 to {}, not \"{}\"",
+                               bound_text(kMaxImageSize), text);
+          }
+        }
+        return {};
+      },
+      "");
+}
+
+// `set` takes the size; `shown` is the default --help shows (none if empty).
+void add_image_size_flag(CLI::App* cmd, std::function<void(const core::ImageSize&)> set,
+                         const std::string& shown, const std::string& what) {
+  cmd->add_option_function<std::string>(
+         "--image-size", [set](const std::string& text) { set(core::ImageSize::parse(text)); },
+         "image height and width: S for S x S, or H,W (multiples of 32)" + what)
+      ->type_name("S|H,W")
+      ->default_str(shown)
+      ->check(image_size_check());
+}
+
+void add_resize_flag(CLI::App* cmd, std::function<void(data::Resize)> set,
+                     const std::string& what) {
+  cmd->add_option_function<std::string>(
+         "--resize", [set](const std::string& text) { set(data::parse_resize(text)); },
+         "how an image of another shape than --image-size reaches it: pad (scaled to fit, "
+         "keeping its aspect, the rest black), crop (scaled to cover, keeping its aspect, its "
+         "middle) or stretch" +
+             what)
+      ->check(CLI::IsMember({"pad", "crop", "stretch"}));
+}
+
+void add_model_flags(CLI::App* cmd, std::string& model, std::int64_t& classes) {
   cmd->add_option("--model", model, "unet-resnet18|34|50|101|152");
   cmd->add_option("--classes", classes,
                   "classes of the masks and output channels of the head: 1 for binary masks (0/1 "
                   "or 0/255), K > 1 for masks of class ids 0 to K-1 (grey levels or a palette's "
                   "indices)")
       ->check(count_up_to(1 << 16));
-  cmd->add_option("--image-size", image_size, "image height and width (a multiple of 32)")
-      ->check(in_range(32, kMaxImageSize));
+}
+
+void add_model_flags(CLI::App* cmd, std::string& model, std::int64_t& classes,
+                     core::ImageSize& image_size) {
+  add_model_flags(cmd, model, classes);
+  add_image_size_flag(
+      cmd, [&image_size](const core::ImageSize& size) { image_size = size; }, image_size.text(),
+      "");
 }
 
 void add_ignore_flag(CLI::App* cmd, std::optional<std::int64_t>& ignore_index) {
@@ -75,7 +129,7 @@ void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
       ->capture_default_str();
   cmd->add_option("--augment", t.augment,
                   "what training draws anew for each folder image, image and mask alike: any of "
-                  "flip,rot90,scale (a square of a quarter to all of the image, resized),color "
+                  "flip,rot90,scale (a part of a quarter to all of the image, resized),color "
                   "(brightness and contrast), or none")
       ->capture_default_str();
   cmd->add_option("--loader-threads", t.loader_threads,
@@ -87,9 +141,11 @@ void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
                   "--data's images)");
   cmd->add_option("--samples", t.samples, "images in the synthetic set")
       ->check(count_up_to(kMaxCount));
+  add_resize_flag(
+      cmd, [&t](data::Resize resize) { t.resize = resize; }, " (default pad)");
   cmd->add_flag("--crop", t.crop,
-                "cut image-size squares out of the folder's images (at random for training) "
-                "instead of resizing them");
+                "cut image-size parts out of the folder's images at their own scale (at random "
+                "for training) instead of resizing them");
   cmd->add_option("--weights", t.weights,
                   "start from a state dict (torch.save) or TorchScript file: a whole U-Net "
                   "(segmentation_models_pytorch names) or a torchvision ResNet (encoder)");
@@ -294,7 +350,14 @@ void add_predict(MasterCommandLine& l) {
       "predict",
       "write a mask for every image of a folder (class ids with --classes K), with IoU and Dice "
       "where it has masks");
-  add_model_flags(cmd, p.model, p.classes, p.image_size);
+  add_model_flags(cmd, p.model, p.classes);
+  add_image_size_flag(
+      cmd, [&p](const core::ImageSize& size) { p.image_size = size; }, "",
+      " (default: as the weights were trained, which checkpoints and exports record)");
+  add_resize_flag(
+      cmd, [&p](data::Resize resize) { p.resize = resize; },
+      " (default: as trained; a crop is predicted padded, so every pixel gets a "
+      "class)");
   auto* weights = cmd->add_option("--weights", p.weights,
                                   "weights to use: an exported state dict or any --weights file");
   cmd->add_option("--checkpoint-dir", p.checkpoint_dir,

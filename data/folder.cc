@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "data/mask_ids.h"
+#include "data/resize.h"
 #include "ferry/core/files.h"
 #include "ferry/core/log.h"
 #include "ferry/core/text.h"
@@ -119,13 +120,12 @@ std::map<std::string, std::string> image_files(const std::string& dir) {
   return out;
 }
 
-ImageFile read_image(const std::string& path, int64_t image_size) {
+ImageFile read_image(const std::string& path, const core::ImageSize& image_size, Resize resize) {
   cv::Mat image = read(path, cv::IMREAD_COLOR);
-  ImageFile out{{}, image.rows, image.cols};
-  const int size = static_cast<int>(image_size);
-  if (image.cols != size || image.rows != size) {
-    cv::resize(image, image, {size, size}, 0, 0, cv::INTER_AREA);
-  }
+  ImageFile out{
+      {}, image.rows, image.cols, box_in_frame(image.rows, image.cols, image_size, resize)};
+  cv::Mat no_mask;
+  fit(image, no_mask, image_size, resize, 0);
   cv::cvtColor(image, image, cv::COLOR_BGR2RGB);
   out.pixels = pixels_of(image);
   return out;
@@ -193,7 +193,9 @@ Augmentation Augmentation::parse(const std::string& text) {
 }
 
 FolderDataset::FolderDataset(const std::string& dir, Options options) : options_(options) {
-  if (options_.image_size < 1) fail("data folder: the image size must be positive");
+  if (options_.image_size.height < 1 || options_.image_size.width < 1) {
+    fail("data folder: the image size must be positive");
+  }
   auto images = image_files((fs::path(dir) / "images").string());
   auto masks = image_files((fs::path(dir) / "masks").string());
   if (images.empty()) fail(fmt::format("data folder: no PNG or JPEG files in \"{}/images\"", dir));
@@ -218,37 +220,39 @@ Sample FolderDataset::get(std::size_t index) const {
                      mask.cols, mask.rows, image_path, image.cols, image.rows));
   }
 
-  const int size = static_cast<int>(options_.image_size);
+  const core::ImageSize& size = options_.image_size;
+  const int height = static_cast<int>(size.height), width = static_cast<int>(size.width);
   const Augmentation& augment = options_.augment;
   std::mt19937_64 rng(options_.seed * 0x9E3779B97F4A7C15ULL + index * 1000003ULL +
                       draws_.fetch_add(1));
   if (augment.scale) {
-    // A square of a quarter to all of the image's area, anywhere in it.
-    const int shorter = std::min(image.cols, image.rows);
+    // The largest part of the size's aspect the image holds, then a quarter to all of its area,
+    // anywhere in the image.
+    const double aspect = static_cast<double>(width) / height;
+    const double widest = std::min<double>(image.cols, image.rows * aspect);
     const double area = std::uniform_real_distribution<double>(0.25, 1.0)(rng);
-    const int side = std::max(1, static_cast<int>(std::lround(shorter * std::sqrt(area))));
-    const int x = std::uniform_int_distribution<int>(0, image.cols - side)(rng);
-    const int y = std::uniform_int_distribution<int>(0, image.rows - side)(rng);
-    image = image(cv::Rect(x, y, side, side)).clone();
-    mask = mask(cv::Rect(x, y, side, side)).clone();
+    const int w = std::max(1, static_cast<int>(std::lround(widest * std::sqrt(area))));
+    const int h = std::clamp(static_cast<int>(std::lround(w / aspect)), 1, image.rows);
+    const int x = std::uniform_int_distribution<int>(0, image.cols - w)(rng);
+    const int y = std::uniform_int_distribution<int>(0, image.rows - h)(rng);
+    image = image(cv::Rect(x, y, w, h)).clone();
+    mask = mask(cv::Rect(x, y, w, h)).clone();
   } else if (options_.crop) {
-    if (image.cols < size || image.rows < size) {
+    if (image.cols < width || image.rows < height) {
       fail(fmt::format("data folder: \"{}\" is {}x{}, smaller than the {}x{} crop", image_path,
-                       image.cols, image.rows, size, size));
+                       image.cols, image.rows, width, height));
     }
-    int x = (image.cols - size) / 2, y = (image.rows - size) / 2;
+    int x = (image.cols - width) / 2, y = (image.rows - height) / 2;
     if (augment.any()) {
-      x = std::uniform_int_distribution<int>(0, image.cols - size)(rng);
-      y = std::uniform_int_distribution<int>(0, image.rows - size)(rng);
+      x = std::uniform_int_distribution<int>(0, image.cols - width)(rng);
+      y = std::uniform_int_distribution<int>(0, image.rows - height)(rng);
     }
-    cv::Rect box(x, y, size, size);
+    cv::Rect box(x, y, width, height);
     image = image(box).clone();
     mask = mask(box).clone();
   }
-  if (image.cols != size || image.rows != size) {
-    cv::resize(image, image, {size, size}, 0, 0, cv::INTER_AREA);
-    cv::resize(mask, mask, {size, size}, 0, 0, cv::INTER_NEAREST);
-  }
+  fit(image, mask, size, options_.resize,
+      static_cast<int>(options_.labels.ignore_index.value_or(0)));
   if (augment.flip) {
     std::bernoulli_distribution coin(0.5);
     bool horizontal = coin(rng), vertical = coin(rng);
@@ -259,7 +263,9 @@ Sample FolderDataset::get(std::size_t index) const {
     }
   }
   if (augment.rot90) {
-    const int turns = std::uniform_int_distribution<int>(0, 3)(rng);
+    // A quarter turn would swap the sides of a size that is not square.
+    const int turns = size.square() ? std::uniform_int_distribution<int>(0, 3)(rng)
+                                    : 2 * std::uniform_int_distribution<int>(0, 1)(rng);
     if (turns > 0) {
       const int code = turns == 1   ? cv::ROTATE_90_CLOCKWISE
                        : turns == 2 ? cv::ROTATE_180

@@ -95,9 +95,13 @@ Canvas canvas_of(std::uint64_t key, int64_t s) {
 
 }  // namespace
 
-SyntheticDataset::SyntheticDataset(std::size_t count, int64_t image_size, std::uint64_t seed,
-                                   int64_t classes)
-    : count_(count), image_size_(image_size), seed_(seed), classes_(classes) {
+SyntheticDataset::SyntheticDataset(std::size_t count, core::ImageSize image_size,
+                                   std::uint64_t seed, int64_t classes)
+    : count_(count),
+      size_(image_size),
+      image_size_(std::max(image_size.height, image_size.width)),
+      seed_(seed),
+      classes_(classes) {
   if (classes < 1 || classes > 4) {
     throw std::invalid_argument(fmt::format(
         "--classes {}: the synthetic set has 1 class (binary masks) or 2 to 4 (background, "
@@ -113,7 +117,14 @@ std::vector<std::string> synthetic_class_names(int64_t classes) {
 }
 
 Sample SyntheticDataset::get(std::size_t index) const {
-  return classes_ == 1 ? get_binary(index) : get_classes(index);
+  Sample sample = classes_ == 1 ? get_binary(index) : get_classes(index);
+  if (size_.square()) return sample;
+  // Drawn on the square of the longer side, its middle cut out.
+  const int64_t top = (image_size_ - size_.height) / 2, left = (image_size_ - size_.width) / 2;
+  for (at::Tensor* t : {&sample.image, &sample.mask}) {
+    *t = t->narrow(1, top, size_.height).narrow(2, left, size_.width).contiguous();
+  }
+  return sample;
 }
 
 Sample SyntheticDataset::get_classes(std::size_t index) const {

@@ -208,7 +208,7 @@ PassTimes median_times(const BlockChain& chain, int64_t samples, int timed_passe
 
 // The blocks of a U-Net-ResNet-`depth` in training mode, on random images of `image_size`; its
 // copies are new networks.
-BlockChain unet_chain(int64_t depth, int64_t classes, int64_t image_size, int64_t seed) {
+BlockChain unet_chain(int64_t depth, int64_t classes, core::ImageSize image_size, int64_t seed) {
   const auto count = static_cast<int64_t>(unet_blocks(depth).size());
   UnetBlocks net(depth, classes, 0, count, seed);
   net->train(true);
@@ -219,7 +219,7 @@ BlockChain unet_chain(int64_t depth, int64_t classes, int64_t image_size, int64_
   };
   chain.parameters = [net](int64_t k) mutable { return net->block_parameters(k); };
   chain.input = [image_size](int64_t samples) {
-    return std::vector<at::Tensor>{torch::randn({samples, 3, image_size, image_size})};
+    return std::vector<at::Tensor>{torch::randn({samples, 3, image_size.height, image_size.width})};
   };
   chain.copy = [=] { return unet_chain(depth, classes, image_size, seed + 1); };
   return chain;
@@ -268,13 +268,16 @@ std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSamplin
   return costs;
 }
 
-std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64_t image_size,
+std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes,
+                                           const core::ImageSize& image_size,
                                            const CostSampling& sampling, int64_t seed) {
-  if (image_size < 32 || image_size % 32 != 0) {
-    throw std::invalid_argument(
-        fmt::format("image size {} is not a multiple of 32 (the U-Net's encoder "
-                    "halves it five times)",
-                    image_size));
+  for (const int64_t side : {image_size.height, image_size.width}) {
+    if (side < 32 || side % 32 != 0) {
+      throw std::invalid_argument(
+          fmt::format("image size {} is not a multiple of 32 (the U-Net's encoder "
+                      "halves it five times)",
+                      image_size.text()));
+    }
   }
   return measure_blocks(unet_chain(depth, classes, image_size, seed), sampling);
 }

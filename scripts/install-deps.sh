@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package that Ferry's build, benchmarks and demo need; with --tests, also
-# what only tests need (Python with torch, for the tests that read files Python wrote; Open MPI and
+# what only tests need (Python with torch and torchvision, for the tests that read files Python wrote
+# and load an export into smp's U-Net written out on torchvision's ResNet; Open MPI and
 # Slurm with munge, for the tests that run Ferry under those launchers).
 # Idempotent: when everything is present it only checks dpkg's database and returns.
 set -euo pipefail
@@ -18,7 +19,7 @@ packages=(
   iproute2 procps
 )
 if [ "${1:-}" = "--tests" ]; then
-  packages+=(python3-torch openmpi-bin slurmctld slurmd slurm-client munge)
+  packages+=(python3-torch python3-torchvision openmpi-bin slurmctld slurmd slurm-client munge)
 fi
 
 missing=()

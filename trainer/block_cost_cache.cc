@@ -10,6 +10,7 @@
 
 #include "ferry/core/files.h"
 #include "ferry/core/log.h"
+#include "trainer/image_size_json.h"
 
 #ifndef FERRY_VERSION
 #error "FERRY_VERSION comes from the project's version in CMakeLists.txt"
@@ -111,7 +112,10 @@ std::string default_cache_dir() {
 
 std::string cost_file(const std::string& dir, const CostKey& key) {
   return (std::filesystem::path(dir) /
-          fmt::format("block-costs-{}-classes{}-{}px.json", key.model, key.classes, key.image_size))
+          fmt::format("block-costs-{}-classes{}-{}px.json", key.model, key.classes,
+                      key.image_size.square()
+                          ? std::to_string(key.image_size.height)
+                          : fmt::format("{}x{}", key.image_size.height, key.image_size.width)))
       .string();
 }
 

@@ -93,17 +93,26 @@ int export_weights(const ExportSettings& s) {
     std::cerr << fmt::format("in Python: model = {}; model.load_state_dict(torch.load(\"{}\"))\n",
                              model, s.out);
   }
-  if (checkpoint.extra.count("normalize")) {
-    const data::Normalization normalization =
-        data::Normalization::parse(checkpoint.extra.at("normalize").toStringRef());
-    const nlohmann::ordered_json about = {
-        {"model", model},
-        {"normalize", {{"mean", normalization.mean}, {"std", normalization.std}}}};
+  const TrainedInputs inputs = inputs_of(checkpoint, folder);
+  nlohmann::ordered_json about = {{"model", model}};
+  if (inputs.normalization) {
+    const data::Normalization& n = *inputs.normalization;
+    about["normalize"] = {{"mean", n.mean}, {"std", n.std}};
+    std::cerr << fmt::format("its inputs' normalisation (as trained): mean {}, std {}\n",
+                             fmt::join(n.mean, ", "), fmt::join(n.std, ", "));
+  }
+  if (inputs.image_size) {
+    const data::Resize resize = inputs.resize.value_or(data::Resize::pad);
+    about["input"] = {{"height", inputs.image_size->height},
+                      {"width", inputs.image_size->width},
+                      {"resize", data::resize_name(resize)}};
+    std::cerr << fmt::format("its input size (as trained): {}, each image brought to it by {}\n",
+                             inputs.image_size->extent(), data::resize_name(resize));
+  }
+  if (inputs.normalization || inputs.image_size) {
     const std::string path = about_path(s.out);
     core::write_file_atomically(path, about.dump(2) + "\n");
-    std::cerr << fmt::format("its inputs' normalisation (as trained) in {}: mean {}, std {}\n",
-                             path, fmt::join(normalization.mean, ", "),
-                             fmt::join(normalization.std, ", "));
+    std::cerr << fmt::format("what the model takes, for predict and Python: {}\n", path);
   }
   return 0;
 }
@@ -112,22 +121,51 @@ std::string about_path(const std::string& weights) {
   return fs::path(weights).replace_extension(".json").string();
 }
 
-std::optional<data::Normalization> recorded_normalization(const std::string& weights) {
+TrainedInputs inputs_of(const remote_module::SavedCheckpoint& checkpoint,
+                        const std::string& folder) {
+  TrainedInputs in;
+  const auto text = [&](const char* name) -> std::optional<std::string> {
+    auto value = checkpoint.extra.find(name);
+    if (value == checkpoint.extra.end()) return std::nullopt;
+    return value->second.toStringRef();
+  };
+  try {
+    if (auto n = text("normalize")) in.normalization = data::Normalization::parse(*n);
+    if (auto size = text("image_size")) in.image_size = core::ImageSize::parse(*size);
+    if (auto resize = text("resize")) in.resize = data::parse_resize(*resize);
+  } catch (const std::invalid_argument& e) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("checkpoint \"{}\": {}", folder, e.what()));
+  }
+  return in;
+}
+
+TrainedInputs recorded_inputs(const std::string& weights) {
   const std::string path = about_path(weights);
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  if (!fs::is_regular_file(path, ec)) return {};
+  TrainedInputs in;
   try {
     const nlohmann::json about = nlohmann::json::parse(core::read_whole_file(path));
-    data::Normalization n;
-    n.mean = about.at("normalize").at("mean").get<std::array<double, 3>>();
-    n.std = about.at("normalize").at("std").get<std::array<double, 3>>();
-    return n;
-  } catch (const nlohmann::json::exception& e) {
-    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                     fmt::format("\"{}\", beside the weights \"{}\", has no normalisation as "
-                                 "export writes it: {}",
-                                 path, weights, e.what()));
+    if (about.contains("normalize")) {
+      data::Normalization n;
+      n.mean = about.at("normalize").at("mean").get<std::array<double, 3>>();
+      n.std = about.at("normalize").at("std").get<std::array<double, 3>>();
+      in.normalization = n;
+    }
+    if (about.contains("input")) {
+      const nlohmann::json& input = about.at("input");
+      in.image_size =
+          core::ImageSize(input.at("height").get<int64_t>(), input.at("width").get<int64_t>());
+      in.resize = data::parse_resize(input.at("resize").get<std::string>());
+    }
+  } catch (const std::exception& e) {
+    throw rpc::Error(
+        rpc::ErrorKind::InvalidArgument,
+        fmt::format("\"{}\", beside the weights \"{}\", is not as export writes it: {}", path,
+                    weights, e.what()));
   }
+  return in;
 }
 
 }  // namespace ferry::trainer

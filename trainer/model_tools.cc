@@ -11,6 +11,7 @@
 #include "ferry/core/processes.h"
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
+#include "trainer/image_size_json.h"
 
 namespace ferry::trainer {
 
@@ -21,7 +22,8 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks) {
                              {"batch_size", settings.batch_size}};
   out.update(plan_json(plan));
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> carry{torch::zeros({1, 3, settings.image_size, settings.image_size})};
+  std::vector<at::Tensor> carry{
+      torch::zeros({1, 3, settings.image_size.height, settings.image_size.width})};
   for (size_t k = 0; k < plan.stages.size(); ++k) {
     const PlannedStage& stage = plan.stages[k];
     models::UnetBlocks part(plan.depth, settings.classes, stage.first, stage.last);
@@ -55,9 +57,8 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks) {
     std::cout << out.dump() << std::endl;
     return 0;
   }
-  std::cout << fmt::format("{} for {}x{} inputs, batch {} ({})\n", settings.model,
-                           settings.image_size, settings.image_size, settings.batch_size,
-                           plan.method);
+  std::cout << fmt::format("{} for {} inputs, batch {} ({})\n", settings.model,
+                           settings.image_size.extent(), settings.batch_size, plan.method);
   std::cout << plan_table(plan);
   for (const auto& stage : out["stages"]) {
     std::cout << fmt::format("  {:<8} {:>4} buffers {:>8.1f} MiB  out (one image) {}\n",
@@ -87,14 +88,14 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks) {
   return 0;
 }
 
-int measure_single_process(const std::string& model, int64_t classes, int64_t image_size,
-                           int64_t batch_size, const std::string& optimizer_name,
-                           int64_t memory_budget_mib) {
+int measure_single_process(const std::string& model, int64_t classes,
+                           const core::ImageSize& image_size, int64_t batch_size,
+                           const std::string& optimizer_name, int64_t memory_budget_mib) {
   core::count_tensor_memory();
   core::set_tensor_memory_budget(memory_budget_mib << 20);
   models::Unet net(depth_of(model), classes);
-  at::Tensor x = torch::randn({batch_size, 3, image_size, image_size});
-  at::Tensor target = torch::zeros({batch_size, classes, image_size, image_size});
+  at::Tensor x = torch::randn({batch_size, 3, image_size.height, image_size.width});
+  at::Tensor target = torch::zeros({batch_size, classes, image_size.height, image_size.width});
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (optimizer_name == "sgd") {
     optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
@@ -113,14 +114,15 @@ int measure_single_process(const std::string& model, int64_t classes, int64_t im
   return 0;
 }
 
-double single_process_peak_mib(const std::string& model, int64_t classes, int64_t image_size,
-                               int64_t batch_size, const std::string& optimizer) {
+double single_process_peak_mib(const std::string& model, int64_t classes,
+                               const core::ImageSize& image_size, int64_t batch_size,
+                               const std::string& optimizer) {
   const std::string self = core::executable_path();
   if (self.empty()) return -1;
   std::string command = fmt::format(
       "env -u RANK -u WORLD_SIZE -u SLURM_PROCID '{}' footprint --model {} --classes {} "
       "--image-size {} --batch-size {} --optimizer {}",
-      self, model, classes, image_size, batch_size, optimizer);
+      self, model, classes, image_size.text(), batch_size, optimizer);
   core::CommandOutput ran = core::run_command(command, /*with_stderr=*/false);
   if (ran.status != 0) return -1;
   try {

@@ -21,6 +21,7 @@
 #include "ferry/trainer/fail.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
+#include "trainer/image_size_json.h"
 
 namespace ferry::trainer {
 namespace {
@@ -52,7 +53,7 @@ double first_blocks_s(const PlanRequest& r, int64_t samples, int threads) {
   const int64_t depth = depth_of(r.model);
   const auto blocks = static_cast<int64_t>(models::unet_blocks(depth).size());
   models::UnetBlocks part(depth, r.classes, 0, std::min<int64_t>(4, blocks));
-  at::Tensor image = torch::randn({samples, 3, r.image_size, r.image_size});
+  at::Tensor image = torch::randn({samples, 3, r.image_size.height, r.image_size.width});
   const double s = fastest(2, [&] { part->forward({image}).back().sum().backward(); });
   at::set_num_threads(previous);
   return s;
@@ -136,8 +137,8 @@ CachedCosts costs_for(const PlanRequest& request, const std::string& cache_dir, 
   const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
   const CostKey key = key_of(request, cores, cores_per_worker);
   if (std::optional<CachedCosts> cached = load_costs(dir, key)) {
-    std::cerr << fmt::format("block costs of {} at {} x {}: from {}\n", request.model,
-                             request.image_size, request.image_size, cost_file(dir, key));
+    std::cerr << fmt::format("block costs of {} at {}: from {}\n", request.model,
+                             request.image_size.extent(), cost_file(dir, key));
     return *cached;
   }
   const auto start = Clock::now();
@@ -151,9 +152,9 @@ CachedCosts costs_for(const PlanRequest& request, const std::string& cache_dir, 
                                              request.image_size, sampling);
   costs.machine = measure_machine(request, key.second_samples, cores, cores_per_worker);
   save_costs(dir, key, costs);
-  std::cerr << fmt::format("block costs of {} at {} x {}: measured in {:.0f} s, cached in {}\n",
-                           request.model, request.image_size, request.image_size,
-                           seconds_since(start), cost_file(dir, key));
+  std::cerr << fmt::format("block costs of {} at {}: measured in {:.0f} s, cached in {}\n",
+                           request.model, request.image_size.extent(), seconds_since(start),
+                           cost_file(dir, key));
   return costs;
 }
 
@@ -250,8 +251,8 @@ void check_request(const PlanRequest& r) {
   if (r.optimizer != "sgd" && r.optimizer != "adam" && r.optimizer != "adamw") {
     fail(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", r.optimizer));
   }
-  if (r.image_size % 32 != 0) {
-    fail(fmt::format("--image-size {} is not a multiple of 32", r.image_size));
+  if (r.image_size.height % 32 != 0 || r.image_size.width % 32 != 0) {
+    fail(fmt::format("--image-size {} is not a multiple of 32", r.image_size.text()));
   }
 }
 
@@ -348,7 +349,7 @@ TrainSettings with_plan(const TrainSettings& settings, const nlohmann::json& pla
     const nlohmann::json& winner = plan.at("winner");
     s.plan.model = request.at("model").get<std::string>();
     s.plan.classes = request.at("classes").get<int64_t>();
-    s.plan.image_size = request.at("image_size").get<int64_t>();
+    s.plan.image_size = request.at("image_size").get<core::ImageSize>();
     s.plan.optimizer = request.at("optimizer").get<std::string>();
     const auto budget = static_cast<int64_t>(request.at("memory_budget_mib").get<double>());
     if (budget > 0) s.memory_budget_mib = budget;

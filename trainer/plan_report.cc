@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "ferry/trainer/planner.h"
+#include "trainer/image_size_json.h"
 
 namespace ferry::trainer {
 
@@ -31,7 +32,7 @@ std::string Candidate::flags(const PlanRequest& request,
                              const std::vector<std::string>& block_names) const {
   std::string out = fmt::format(
       "--model {} --classes {} --image-size {} --optimizer {} --batch-size {}", request.model,
-      request.classes, request.image_size, request.optimizer, batch_size);
+      request.classes, request.image_size.text(), request.optimizer, batch_size);
   out += fmt::format(" --stages {}", stages);
   if (stages > 1) out += " --partition " + partition_of(first_blocks(cut, block_names));
   if (replicas > 1) out += fmt::format(" --replicas {}", replicas);

@@ -280,9 +280,9 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
   }
   const double budget = request.budget_mib * kMiB;
   const double state = state_of(heaviest);
-  const std::string where = fmt::format(
-      "{} at {} x {} on {} worker{} of {:.0f} MiB each", request.model, request.image_size,
-      request.image_size, request.workers, request.workers == 1 ? "" : "s", request.budget_mib);
+  const std::string where = fmt::format("{} at {} on {} worker{} of {:.0f} MiB each", request.model,
+                                        request.image_size.extent(), request.workers,
+                                        request.workers == 1 ? "" : "s", request.budget_mib);
   if (state > budget) {
     return fmt::format(
         "nothing fits {}: block {}'s parameters, gradients and {} state alone take {}, more than "

@@ -32,12 +32,18 @@ namespace fs = std::filesystem;
 
 using Model = std::function<at::Tensor(const at::Tensor&)>;
 
-// The weights to predict with, where they came from (for messages), and how their training
-// normalised its images, where that was recorded.
+// The size images are brought to before the model, and how.
+struct Frame {
+  core::ImageSize size;
+  data::Resize resize = data::Resize::pad;
+};
+
+// The weights to predict with, where they came from (for messages), and how their training fed
+// its images, where that was recorded.
 struct Weights {
   c10::Dict<std::string, at::Tensor> state;
   std::string source;
-  std::optional<data::Normalization> normalization;
+  TrainedInputs inputs;
 };
 
 Weights weights_of(const PredictSettings& s) {
@@ -45,16 +51,20 @@ Weights weights_of(const PredictSettings& s) {
     fail("predict needs either --weights FILE or --checkpoint-dir DIR");
   }
   if (!s.weights.empty()) {
-    return {models::read_weights(s.weights), s.weights, recorded_normalization(s.weights)};
+    return {models::read_weights(s.weights), s.weights, recorded_inputs(s.weights)};
   }
   const std::string folder = checkpoint_of_epoch(s.checkpoint_dir, s.epoch);
   const remote_module::SavedCheckpoint checkpoint = remote_module::read_checkpoint(folder);
-  Weights w{remote_module::merged_state(checkpoint), folder, std::nullopt};
-  auto recorded = checkpoint.extra.find("normalize");
-  if (recorded != checkpoint.extra.end()) {
-    w.normalization = data::Normalization::parse(recorded->second.toStringRef());
-  }
-  return w;
+  return {remote_module::merged_state(checkpoint), folder, inputs_of(checkpoint, folder)};
+}
+
+// The flags, else what the weights recorded, else 128 x 128 padded. A model trained on crops
+// predicts padded, so that every pixel of an image gets a class.
+Frame frame_of(const PredictSettings& s, const Weights& weights) {
+  Frame f{s.image_size.value_or(weights.inputs.image_size.value_or(core::ImageSize(128))),
+          s.resize.value_or(weights.inputs.resize.value_or(data::Resize::pad))};
+  if (f.resize == data::Resize::crop) f.resize = data::Resize::pad;
+  return f;
 }
 
 // --normalize, else what the weights recorded, else ImageNet's, as training's default.
@@ -66,7 +76,7 @@ data::Normalization normalization_of(const PredictSettings& s, const Weights& we
       fail(e.what());
     }
   }
-  if (weights.normalization) return *weights.normalization;
+  if (weights.inputs.normalization) return *weights.inputs.normalization;
   log::warn("{} records no normalisation of its inputs: ImageNet's, as training's default",
             weights.source);
   return data::Normalization::parse("imagenet");
@@ -117,7 +127,7 @@ int report_classes(const ClassScores& scores, std::size_t scored, std::string ta
 }
 
 // Every image through `model` in batches; masks written, overlaps reported. Returns the exit code.
-int predict_folder(const Model& model, const data::Normalization& normalization,
+int predict_folder(const Model& model, const data::Normalization& normalization, const Frame& frame,
                    const PredictSettings& s) {
   const Folder folder = folder_of(s.data);
   std::error_code ec;
@@ -139,16 +149,19 @@ int predict_folder(const Model& model, const data::Normalization& normalization,
     std::vector<data::ImageFile> files;
     std::vector<at::Tensor> pixels;
     for (std::size_t i = first; i < last; ++i) {
-      files.push_back(data::read_image(images[i].second, s.image_size));
+      files.push_back(data::read_image(images[i].second, frame.size, frame.resize));
       pixels.push_back(files.back().pixels);
     }
     const at::Tensor logits = model(normalization.apply(torch::stack(pixels)));
     for (std::size_t i = first; i < last; ++i) {
       const auto& [name, path] = images[i];
       const data::ImageFile& file = files[i - first];
-      // Back to the image's own size, as its mask is.
-      at::Tensor full = torch::upsample_bilinear2d(logits.slice(0, i - first, i - first + 1),
-                                                   {file.height, file.width}, false);
+      // The image's part of the frame, back to the image's own size, as its mask is.
+      const data::Box& box = file.box;
+      at::Tensor part = logits.slice(0, i - first, i - first + 1)
+                            .slice(2, box.y, box.y + box.height)
+                            .slice(3, box.x, box.x + box.width);
+      at::Tensor full = torch::upsample_bilinear2d(part, {file.height, file.width}, false);
       // One class: foreground above the threshold; more: each pixel's likeliest class.
       at::Tensor mask =
           s.classes == 1 ? torch::sigmoid(full[0][0]).gt(s.threshold) : full[0].argmax(0);
@@ -203,7 +216,7 @@ int predict_in_this_process(const PredictSettings& s) {
   check_loaded(models::load_state_dict(*net, weights.state), weights, s);
   net->eval();
   return predict_folder([&](const at::Tensor& images) { return net->forward(images); },
-                        normalization_of(s, weights), s);
+                        normalization_of(s, weights), frame_of(s, weights), s);
 }
 
 int predict_on_workers(const PredictSettings& s) {
@@ -212,7 +225,8 @@ int predict_on_workers(const PredictSettings& s) {
   PlanSettings p;
   p.model = s.model;
   p.classes = s.classes;
-  p.image_size = s.image_size;
+  const Frame frame = frame_of(s, weights);
+  p.image_size = frame.size;
   p.batch_size = s.batch_size;
   p.stages = workers == 3 ? 0 : workers;  // three workers: the seams
   const StagePlan plan = plan_stages(p);
@@ -222,7 +236,7 @@ int predict_on_workers(const PredictSettings& s) {
   check_loaded(split.load_state(weights.state), weights, s);
   split.train(false);
   return predict_folder([&](const at::Tensor& images) { return split.forward(images, true); },
-                        normalization_of(s, weights), s);
+                        normalization_of(s, weights), frame, s);
 }
 
 }  // namespace

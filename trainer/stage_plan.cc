@@ -271,7 +271,7 @@ StageMemoryTerms stage_memory_terms(const std::vector<models::BlockCost>& costs,
   // which its blocks do not touch, go past it (RemoteUnet::routes()).
   const std::vector<models::UnetBlock> blocks = models::unet_blocks(depth_of(s.model));
   const int64_t untouched = models::unet_carry_untouched(blocks, range.begin, range.end);
-  const double image = 3.0 * static_cast<double>(s.image_size * s.image_size) * sizeof(float);
+  const double image = 3.0 * static_cast<double>(s.image_size.pixels()) * sizeof(float);
   terms.carry_bytes_per_sample =
       2 * (carry_bytes_per_sample(costs, blocks, image, range.begin - 1, untouched) +
            carry_bytes_per_sample(costs, blocks, image, range.end - 1, untouched));

@@ -191,9 +191,9 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
       row.values.insert(row.values.end(), v.class_dice.begin(), v.class_dice.end());
     }
     run.metrics_log->add(row);
-    run.metrics_log->write_plot(fmt::format("{}, {} stages, {} x {}: loss and IoU by epoch",
-                                            s.plan.model, run.plan.stages.size(), s.plan.image_size,
-                                            s.plan.image_size));
+    run.metrics_log->write_plot(fmt::format("{}, {} stages, {}: loss and IoU by epoch",
+                                            s.plan.model, run.plan.stages.size(),
+                                            s.plan.image_size.extent()));
   }
   const std::vector<double> compute =
       run.compute.add_epoch(epoch, batches, before, after, run.plan, first_places(run));
@@ -230,6 +230,8 @@ void save_checkpoints(Run& run, bool improved) {
   remote_module::NamedValues values = progress_values(run.progress, *run.job);
   // What predict and export need to feed the model as it was trained.
   values["normalize"] = normalization_of(s).to_string();
+  values["image_size"] = s.plan.image_size.text();
+  values["resize"] = data::resize_name(s.resize);
   remote_module::save_checkpoint(s.checkpoint_dir, run.job->split().named(), 2, values);
   if (s.save_best && improved) {
     remote_module::save_checkpoint(best_dir(s), run.job->split().named(), 1, values);

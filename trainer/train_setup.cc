@@ -20,6 +20,7 @@ namespace ferry::trainer {
 DataSplit datasets_of(const TrainSettings& s) {
   data::FolderDataset::Options options;
   options.image_size = s.plan.image_size;
+  options.resize = s.resize;
   options.crop = s.crop;
   options.seed = s.seed;
   options.labels = labels_of(s);

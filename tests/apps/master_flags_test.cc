@@ -12,6 +12,7 @@
 namespace ferry::apps {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -111,6 +112,22 @@ TEST(MasterFlags, ZeroStagesIsRefusedInsteadOfMeaningTheSeams) {
   EXPECT_EQ(parse_error({"train", "--lr=0"}), "--lr: must be above 0, not 0");
 }
 
+TEST(MasterFlags, AnImageSizeIsASideOrTheHeightAndWidthEachAMultipleOf32) {
+  MasterCommandLine line;
+  ASSERT_EQ(parse_error({"train", "--image-size", "192,256", "--resize", "crop"}, line), "");
+  EXPECT_EQ(line.train.plan.image_size, core::ImageSize(192, 256));
+  EXPECT_EQ(line.train.resize, data::Resize::crop);
+  MasterCommandLine predict;
+  ASSERT_EQ(parse_error({"predict", "--data", "d", "--out", "o", "--weights", "w"}, predict), "");
+  EXPECT_FALSE(predict.predict.image_size.has_value());  // as the weights were trained
+  EXPECT_FALSE(predict.predict.resize.has_value());
+  for (const char* bad : {"64,48", "64,64,64", "64x64", ",64"}) {
+    EXPECT_THAT(parse_error({"train", "--image-size", bad}),
+                AllOf(HasSubstr("--image-size: must be S or H,W"), HasSubstr(bad)));
+  }
+  EXPECT_THAT(parse_error({"train", "--resize", "squash"}), HasSubstr("--resize"));
+}
+
 TEST(MasterFlags, TheSharedGroupsFillEachSubCommandsOwnSettings) {
   MasterCommandLine line;
   ASSERT_EQ(parse_error({"train", "--model", "unet-resnet18", "--image-size", "64", "--batch-size",
@@ -142,7 +159,7 @@ TEST(MasterFlags, HelpShowsEveryDefault) {
   EXPECT_THAT(train, HasSubstr("--augment TEXT=flip"));
   EXPECT_THAT(train, HasSubstr("(default bce+dice)"));  // --loss's default follows --classes
   EXPECT_THAT(train, HasSubstr("--lr FLOAT:above 0 to 1000=0.01"));
-  EXPECT_THAT(line.describe_cmd->help(), HasSubstr("--image-size INT:32 to 32768=256"));
+  EXPECT_THAT(line.describe_cmd->help(), HasSubstr("--image-size S|H,W=256"));
   EXPECT_THAT(line.predict_cmd->help(), HasSubstr("--threshold FLOAT:0 to 1=0.5"));
 }
 

@@ -5,11 +5,14 @@
 // worker starts.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
@@ -17,6 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "ferry/models/unet.h"
+#include "ferry/models/weights.h"
+#include "ferry/remote_module/checkpoint.h"
 #include "tests/support/palette_png.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/training_runs.h"
@@ -72,14 +78,14 @@ TEST(Classes, TwoPipelinedStagesLearnTheMultiClassSyntheticSet) {
 }
 
 // Red squares (class 1) and green discs (class 2) on noise, with a border of 255 around each
-// shape, and their names in classes.txt.
+// shape, and their names in classes.txt; 48 wide and 72 high.
 std::string write_classes_folder(const std::string& dir, int count) {
   std::filesystem::create_directories(dir + "/images");
   std::filesystem::create_directories(dir + "/masks");
   std::ofstream(dir + "/classes.txt") << "sky\nbrick\n\nleaf\n";
   cv::RNG rng(11);
   for (int i = 0; i < count; ++i) {
-    cv::Mat image(48, 48, CV_8UC3), ids(48, 48, CV_8UC1, cv::Scalar(0));
+    cv::Mat image(72, 48, CV_8UC3), ids(72, 48, CV_8UC1, cv::Scalar(0));
     rng.fill(image, cv::RNG::UNIFORM, 0, 255);
     const cv::Rect square(rng.uniform(2, 20), rng.uniform(2, 20), 14, 14);
     const cv::Point centre(rng.uniform(30, 40), rng.uniform(30, 40));
@@ -96,16 +102,51 @@ std::string write_classes_folder(const std::string& dir, int count) {
   return dir;
 }
 
+// The export of the checkpoints' latest loads strictly into smp's Unet(classes=3), written out in
+// Python on torchvision's ResNet (tests/support/smp_unet.py), and gives there the logits Ferry's
+// U-Net gives for the same input. Needs Python with torch and torchvision (Debian's, which `make
+// test` installs); without them the check says so, and fails under CI, where it must run.
+void expect_export_loads_into_smp(const std::string& checkpoints) {
+  const std::string model = checkpoints + "/model.pt", io = checkpoints + "/io.pt";
+  CommandResult exported = run(std::string(FERRY_MASTER) + " export --checkpoint-dir " +
+                               checkpoints + " --out " + model);
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  EXPECT_THAT(exported.output,
+              HasSubstr("smp.Unet(\"resnet18\", encoder_weights=None, classes=3)"));
+  ferry::models::Unet net(18, 3);
+  ASSERT_TRUE(ferry::models::load_weights(*net, model).ok());
+  net->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor input = torch::randn({2, 3, 64, 32}, at::detail::createCPUGenerator(5));
+  c10::Dict<std::string, at::Tensor> tensors;
+  tensors.insert("input", input);
+  tensors.insert("logits", net->forward(input));
+  ferry::remote_module::save_state_dict(tensors, io);
+  if (run("/usr/bin/python3 -c 'import torch, torchvision'").status != 0) {
+    if (std::getenv("CI") != nullptr) FAIL() << "no Python with torch and torchvision";
+    std::cerr << "not checked: no Python with torch and torchvision to load the export\n";
+    return;
+  }
+  CommandResult python = run("/usr/bin/python3 " FERRY_SOURCE_DIR "/tests/support/smp_unet.py " +
+                             model + " 18 3 " + io);
+  EXPECT_EQ(python.status, 0) << python.output;
+  EXPECT_THAT(python.output, HasSubstr("logits (2, 3, 64, 32): largest difference"));
+  std::cerr << "smp's U-Net in Python: " << python.output;
+}
+
+// At a size of another aspect than the images' (64 high, 32 wide): padded to it in training, and
+// predicted at the size the checkpoint records, each mask at its image's size.
 TEST(Classes, AFolderOfPaletteMasksTrainsWithItsNamesAndPredictWritesClassIds) {
   const auto& temp = ferry::testing::process_temp_dir();
   const std::string data = write_classes_folder(temp.file("palette-data"), 12);
   const std::string validation = write_classes_folder(temp.file("palette-validation"), 3);
   const std::string checkpoints = temp.file("palette-checkpoints"), out = temp.file("palette-out");
-  CommandResult r = run(std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
-                        " train --model unet-resnet18 --classes 3 --ignore-index 255 --data " +
-                        data + " --val-data " + validation +
-                        " --image-size 32 --batch-size 4 --epochs 2 --stages 2 --checkpoint-dir " +
-                        checkpoints + " --metrics-file " + checkpoints + ".json");
+  CommandResult r =
+      run(std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
+          " train --model unet-resnet18 --classes 3 --ignore-index 255 --data " + data +
+          " --val-data " + validation +
+          " --image-size 64,32 --batch-size 4 --epochs 2 --stages 2 --checkpoint-dir " +
+          checkpoints + " --metrics-file " + checkpoints + ".json");
   ASSERT_EQ(r.status, 0) << r.output;
   // Every image of --data trains (three batches of four), those of --val-data validate.
   EXPECT_THAT(r.output, HasSubstr("validation: 3 image/mask pairs from " + validation)) << r.output;
@@ -114,17 +155,21 @@ TEST(Classes, AFolderOfPaletteMasksTrainsWithItsNamesAndPredictWritesClassIds) {
   std::remove((checkpoints + ".json").c_str());
   EXPECT_THAT(r.output, HasSubstr("IoU by class: sky ")) << r.output;
   EXPECT_THAT(r.output, HasSubstr(", leaf ")) << r.output;
+  const std::string latest = ferry::remote_module::latest_checkpoint_folder(checkpoints);
+  EXPECT_EQ(ferry::remote_module::read_checkpoint_value(latest, "image_size").toStringRef(),
+            "64,32");
+  EXPECT_EQ(ferry::remote_module::read_checkpoint_value(latest, "resize").toStringRef(), "pad");
 
   CommandResult p = run(std::string(FERRY_MASTER) +
                         " predict --model unet-resnet18 --classes 3 --ignore-index 255"
-                        " --image-size 32 --overlay --data " +
+                        " --overlay --data " +
                         data + " --checkpoint-dir " + checkpoints + " --out " + out);
   ASSERT_EQ(p.status, 0) << p.output;
   EXPECT_THAT(p.output, HasSubstr("overall over 12 images with masks")) << p.output;
   EXPECT_THAT(p.output, HasSubstr("mIoU ")) << p.output;
   cv::Mat written = cv::imread(out + "/image0.png", cv::IMREAD_UNCHANGED);
   ASSERT_FALSE(written.empty());
-  EXPECT_EQ(written.size(), cv::Size(48, 48));  // the image's own size
+  EXPECT_EQ(written.size(), cv::Size(48, 72));  // the image's own size
   double low, high;
   cv::minMaxLoc(written, &low, &high);
   EXPECT_LE(high, 2);  // class ids, not 0 and 255
@@ -133,6 +178,7 @@ TEST(Classes, AFolderOfPaletteMasksTrainsWithItsNamesAndPredictWritesClassIds) {
   const cv::Mat image = cv::imread(data + "/images/image0.png", cv::IMREAD_COLOR);
   ASSERT_EQ(overlay.size(), image.size());
   EXPECT_EQ(cv::countNonZero(written > 0) > 0, cv::norm(overlay, image, cv::NORM_INF) > 0);
+  expect_export_loads_into_smp(checkpoints);
   std::filesystem::remove_all(data);
   std::filesystem::remove_all(validation);
   std::filesystem::remove_all(checkpoints);

@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -152,12 +154,23 @@ std::string write_images(const std::string& dir) {
   return dir;
 }
 
-// What the weights give for a 32 x 32 image, computed here: normalised as training's default
-// (ImageNet's means and deviations), foreground where the logit is above zero (probability
+// What the weights give for an image, computed here: brought to 32 x 32 as training did (padded,
+// keeping its aspect), normalised as training's default (ImageNet's means and deviations), its
+// part of the logits back at its own size, foreground where the logit is above zero (probability
 // above one half).
 at::Tensor expected_mask(ferry::models::Unet& net, const std::string& path) {
   cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR), rgb;
-  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  // Scaled by one factor to fit, centred.
+  const double scale = std::min(32.0 / bgr.rows, 32.0 / bgr.cols);
+  const cv::Rect box = [&] {
+    const int width = static_cast<int>(std::lround(bgr.cols * scale));
+    const int height = static_cast<int>(std::lround(bgr.rows * scale));
+    return cv::Rect((32 - width) / 2, (32 - height) / 2, width, height);
+  }();
+  cv::resize(bgr, rgb, box.size(), 0, 0, cv::INTER_AREA);
+  cv::copyMakeBorder(rgb, rgb, box.y, 32 - box.y - box.height, box.x, 32 - box.x - box.width,
+                     cv::BORDER_CONSTANT, cv::Scalar());
+  cv::cvtColor(rgb, rgb, cv::COLOR_BGR2RGB);
   const at::Tensor mean = torch::tensor({0.485f, 0.456f, 0.406f}).view({3, 1, 1});
   const at::Tensor std = torch::tensor({0.229f, 0.224f, 0.225f}).view({3, 1, 1});
   at::Tensor image = torch::from_blob(rgb.data, {32, 32, 3}, at::kByte)
@@ -168,7 +181,9 @@ at::Tensor expected_mask(ferry::models::Unet& net, const std::string& path) {
                          .div(std)
                          .unsqueeze(0);
   torch::NoGradGuard no_grad;
-  return net->forward(image)[0][0].gt(0);
+  const at::Tensor part =
+      net->forward(image).slice(2, box.y, box.y + box.height).slice(3, box.x, box.x + box.width);
+  return torch::upsample_bilinear2d(part, {bgr.rows, bgr.cols}, false)[0][0].gt(0);
 }
 
 at::Tensor mask_file(const std::string& path) {
@@ -194,12 +209,14 @@ TEST_F(TrainedModel, PredictWritesTheMasksOfTheWeightsAndScoresThem) {
   const auto about = nlohmann::json::parse(std::ifstream(dir_ + "/predict-model.json"));
   EXPECT_EQ(about["normalize"]["mean"], nlohmann::json::parse("[0.485, 0.456, 0.406]"));
   EXPECT_EQ(about["model"], "smp.Unet(\"resnet18\", encoder_weights=None, classes=1)");
+  EXPECT_EQ(about["input"],
+            nlohmann::json::parse(R"({"height": 32, "width": 32, "resize": "pad"})"));
   EXPECT_THAT(alone.output, Not(HasSubstr("records no normalisation")));
 
   ferry::models::Unet net(18, 1);
   ASSERT_TRUE(ferry::models::load_weights(*net, model).ok());
   net->eval();
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 5; ++i) {
     const std::string name = "image" + std::to_string(i);
     const at::Tensor written = mask_file(dir_ + "/alone/" + name + ".png");
     ASSERT_TRUE(written.defined()) << name;
@@ -207,7 +224,7 @@ TEST_F(TrainedModel, PredictWritesTheMasksOfTheWeightsAndScoresThem) {
     // Only a logit within rounding of zero could come out differently.
     EXPECT_LE(written.ne(expected).sum().item<int64_t>(), 2) << name;
   }
-  // The larger image's mask has its size.
+  // The larger image's mask has its size (it was padded to the frame and taken back out).
   EXPECT_EQ(mask_file(dir_ + "/alone/image4.png").sizes(), (std::vector<int64_t>{40, 48}));
 
   // The scores are those of the written masks against the true ones.
@@ -232,9 +249,10 @@ TEST_F(TrainedModel, PredictWritesTheMasksOfTheWeightsAndScoresThem) {
   EXPECT_EQ(line.substr(0, 8), "overall,");
   EXPECT_NEAR(std::stod(line.substr(8)), intersection / united, 1e-12) << line;
 
-  // Split over two workers, from the checkpoint itself: the same masks.
-  CommandResult split = run(std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER + args +
-                            " --checkpoint-dir " + dir_ + "/ckpt --out " + dir_ + "/split");
+  // Split over two workers, from the checkpoint itself, at the size it records: the same masks.
+  CommandResult split = run(std::string(FERRY_LAUNCH) + " --nproc 3 -- " + FERRY_MASTER +
+                            " predict --model unet-resnet18 --data " + data + " --checkpoint-dir " +
+                            dir_ + "/ckpt --out " + dir_ + "/split");
   ASSERT_EQ(split.status, 0) << split.output;
   for (int i = 0; i < 5; ++i) {
     const std::string name = "image" + std::to_string(i) + ".png";

@@ -62,7 +62,9 @@ TEST_F(FolderData, PairsFilesByNameResizesAndReadsBothMaskConventions) {
   write_pair("a.png", "a.png", 40, 30, 20);
   write_pair("b.png", "b.png", 64, 64, 16, /*on=*/1);
   write_pair("c.png", "c.png", 32, 32, 8);
-  FolderDataset set(dir(), sized(32));
+  FolderDataset::Options stretched = sized(32);
+  stretched.resize = Resize::stretch;
+  FolderDataset set(dir(), stretched);
   ASSERT_EQ(set.size(), 3u);
   for (std::size_t i = 0; i < set.size(); ++i) {
     Sample s = set.get(i);
@@ -151,7 +153,7 @@ TEST_F(FolderData, ALoaderThreadsFailureComesOutOfNextNamingTheFile) {
 // its own size; a written mask read back.
 TEST_F(FolderData, SingleImagesAndMasksReadAsTheDataSetReadsThemAndMasksWriteBack) {
   write_pair("a.png", "a.png", 12, 8, 6, 1);
-  ImageFile image = read_image(file("images/a.png"), 4);
+  ImageFile image = read_image(file("images/a.png"), 4, Resize::pad);
   EXPECT_EQ(image.height, 8);
   EXPECT_EQ(image.width, 12);
   FolderDataset set(dir(), sized(4));
@@ -169,7 +171,7 @@ TEST_F(FolderData, SingleImagesAndMasksReadAsTheDataSetReadsThemAndMasksWriteBac
   EXPECT_EQ(cv::imread(file("from-bool.png"), cv::IMREAD_GRAYSCALE).at<uchar>(0, 0), 255);
 
   EXPECT_NE(error_of([&] {
-              read_image(file("images/none.png"), 4);
+              read_image(file("images/none.png"), 4, Resize::pad);
             }).find("cannot read \"" + file("images/none.png") + "\""),
             std::string::npos);
   EXPECT_NE(error_of([&] {
@@ -284,6 +286,77 @@ TEST_F(FolderData, RotationsScaledCropsAndColourMoveImageAndMaskTogether) {
   EXPECT_FALSE(Augmentation::parse("none").any());
 }
 
+TEST(BoxInFrame, PadFitsInsideCropCoversStretchFillsEachKeepingTheAspectButStretch) {
+  const core::ImageSize square(32);
+  // 40 wide and 30 high: a pad scales it to 32 x 24, centred; a crop to 43 x 32.
+  const Box pad = box_in_frame(30, 40, square, Resize::pad);
+  EXPECT_EQ((std::vector<int64_t>{pad.x, pad.y, pad.width, pad.height}),
+            (std::vector<int64_t>{0, 4, 32, 24}));
+  const Box crop = box_in_frame(30, 40, square, Resize::crop);
+  EXPECT_EQ((std::vector<int64_t>{crop.x, crop.y, crop.width, crop.height}),
+            (std::vector<int64_t>{-5, 0, 43, 32}));
+  const Box stretch = box_in_frame(30, 40, square, Resize::stretch);
+  EXPECT_EQ((std::vector<int64_t>{stretch.x, stretch.y, stretch.width, stretch.height}),
+            (std::vector<int64_t>{0, 0, 32, 32}));
+  // An image of the frame's aspect fills it whichever way.
+  for (Resize r : {Resize::pad, Resize::crop, Resize::stretch}) {
+    const Box b = box_in_frame(480, 640, core::ImageSize(192, 256), r);
+    EXPECT_EQ((std::vector<int64_t>{b.x, b.y, b.width, b.height}),
+              (std::vector<int64_t>{0, 0, 256, 192}))
+        << resize_name(r);
+    EXPECT_EQ(parse_resize(resize_name(r)), r);
+  }
+  EXPECT_NE(error_of([] { parse_resize("squash"); }).find("--resize \"squash\""),
+            std::string::npos);
+}
+
+TEST_F(FolderData, APaddedImageKeepsItsAspectItsMaskFramedByTheIgnoreIndexACropTakesItsMiddle) {
+  write_pair("a.png", "a.png", 40, 30, 20, /*on=*/1);
+  FolderDataset::Options options = sized(32);
+  options.labels = {3, 255};
+  FolderDataset padded(dir(), options);
+  Sample s = padded.get(0);
+  ASSERT_EQ(s.mask.sizes(), (std::vector<int64_t>{1, 32, 32}));
+  // Rows 0-3 and 28-31 are the frame: black, and ignored.
+  EXPECT_TRUE(s.mask[0].slice(0, 0, 4).eq(255).all().item<bool>());
+  EXPECT_TRUE(s.mask[0].slice(0, 28, 32).eq(255).all().item<bool>());
+  EXPECT_EQ(s.image.slice(1, 0, 4).abs().sum().item<float>(), 0.0f);
+  // Within, the red half is class 1, undistorted: 16 of 32 columns on every row.
+  const at::Tensor inside = s.mask[0].slice(0, 4, 28);
+  EXPECT_TRUE(inside.eq(1).sum(1).eq(16).all().item<bool>());
+  EXPECT_TRUE(inside.slice(1, 16, 32).eq(0).all().item<bool>());
+
+  options.resize = Resize::crop;
+  Sample middle = FolderDataset(dir(), options).get(0);
+  ASSERT_EQ(middle.mask.sizes(), (std::vector<int64_t>{1, 32, 32}));
+  EXPECT_FALSE(middle.mask.eq(255).any().item<bool>());
+  // Scaled to 43 x 32 (red in its first 21 or 22 columns), columns 5 to 36 kept.
+  const int64_t red = middle.mask[0][0].eq(1).sum().item<int64_t>();
+  EXPECT_GE(red, 16);
+  EXPECT_LE(red, 17);
+}
+
+TEST_F(FolderData, ASizeThatIsNotSquareComesOutHeightByWidthAndTurnsOnlyByAHalf) {
+  write_pair("a.png", "a.png", 64, 48, 16);
+  FolderDataset::Options options = sized(0);
+  options.image_size = core::ImageSize(24, 32);
+  options.augment = Augmentation::parse("flip,rot90");
+  FolderDataset set(dir(), options);
+  for (int draw = 0; draw < 12; ++draw) {
+    Sample s = set.get(0);
+    ASSERT_EQ(s.image.sizes(), (std::vector<int64_t>{3, 24, 32}));
+    ASSERT_EQ(s.mask.sizes(), (std::vector<int64_t>{1, 24, 32}));
+    // The same aspect, so no frame: a quarter of the columns red, whole, whichever the turn.
+    EXPECT_FLOAT_EQ(s.mask.mean().item<float>(), 0.25f) << draw;
+    expect_mask_follows_red(s);
+  }
+  ImageFile file_read = read_image(file("images/a.png"), core::ImageSize(24, 32), Resize::pad);
+  EXPECT_EQ(file_read.pixels.sizes(), (std::vector<int64_t>{3, 24, 32}));
+  EXPECT_EQ((std::vector<int64_t>{file_read.box.x, file_read.box.y, file_read.box.width,
+                                  file_read.box.height}),
+            (std::vector<int64_t>{0, 0, 32, 24}));
+}
+
 TEST_F(FolderData, GreyAndRgbaImagesReadAsRgb) {
   write_pair("grey.png", "grey.png", 8, 8, 4);
   write_pair("rgba.png", "rgba.png", 8, 8, 4);
@@ -315,6 +388,17 @@ TEST(Synthetic, TheMultiClassSetDrawsAClassPerKindOfShapeDeterministically) {
             (std::vector<std::string>{"background", "ellipse", "polygon"}));
   EXPECT_NE(error_of([] { SyntheticDataset(4, 32, 0, 5); }).find("--classes 5: the synthetic set"),
             std::string::npos);
+}
+
+TEST(Synthetic, ASizeThatIsNotSquareIsTheMiddleOfTheSquareOfItsLongerSide) {
+  for (int64_t classes : {1, 3}) {
+    const Sample wide = SyntheticDataset(4, core::ImageSize(32, 64), 5, classes).get(2);
+    const Sample square = SyntheticDataset(4, 64, 5, classes).get(2);
+    ASSERT_EQ(wide.image.sizes(), (std::vector<int64_t>{3, 32, 64}));
+    ASSERT_EQ(wide.mask.sizes(), (std::vector<int64_t>{1, 32, 64}));
+    EXPECT_TRUE(wide.image.equal(square.image.slice(1, 16, 48)));
+    EXPECT_TRUE(wide.mask.equal(square.mask.slice(1, 16, 48)));
+  }
 }
 
 // A mask of class ids writes as grey levels and reads back the same, of 8 or 16 bits.

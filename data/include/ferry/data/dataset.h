@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/core/image_size.h"
+
 namespace ferry::data {
 
 // How a mask's values read. Value type.
@@ -46,11 +48,13 @@ class Dataset {
 // Filled ellipses and convex polygons on textured noise, with their masks: deterministic from
 // (seed, index), so a run needs nothing downloaded and two runs see the same data. With one
 // class the mask is their union; with 2 to 4, a class per kind of shape (synthetic_class_names),
-// each kind with a texture of its own, a shape drawn later covering those before it.
+// each kind with a texture of its own, a shape drawn later covering those before it. A size that
+// is not square is the middle of the square of its longer side.
 class SyntheticDataset final : public Dataset {
  public:
   // Throws std::invalid_argument for classes outside 1 to 4.
-  SyntheticDataset(std::size_t count, int64_t image_size, std::uint64_t seed, int64_t classes = 1);
+  SyntheticDataset(std::size_t count, core::ImageSize image_size, std::uint64_t seed,
+                   int64_t classes = 1);
   std::size_t size() const override { return count_; }
   Sample get(std::size_t index) const override;
 
@@ -59,7 +63,8 @@ class SyntheticDataset final : public Dataset {
   Sample get_classes(std::size_t index) const;
 
   std::size_t count_;
-  int64_t image_size_;
+  core::ImageSize size_;
+  int64_t image_size_;  // the side of the square drawn
   std::uint64_t seed_;
   int64_t classes_;
 };
@@ -72,8 +77,8 @@ std::vector<std::string> synthetic_class_names(int64_t classes);
 // Value type.
 struct Augmentation {
   bool flip = false;   // horizontally and vertically, each at even odds
-  bool rot90 = false;  // by 0, 90, 180 or 270 degrees
-  bool scale = false;  // a square of a quarter to all of the image's area, resized to the size
+  bool rot90 = false;  // by 0, 90, 180 or 270 degrees (0 or 180 to a size that is not square)
+  bool scale = false;  // a part of a quarter to all of the image's area, of the size's aspect
   bool color = false;  // brightness and contrast each by up to 20% (the image only)
   bool any() const { return flip || rot90 || scale || color; }
   // "flip,rot90,scale,color", any of them, or "none". Throws std::invalid_argument naming the
@@ -81,16 +86,35 @@ struct Augmentation {
   static Augmentation parse(const std::string& text);
 };
 
+// How an image whose shape differs from the size's reaches it.
+enum class Resize {
+  stretch,  // to the size, each side on its own (the shapes in it distorted)
+  pad,      // scaled to fit inside, keeping its aspect, centred; black around it
+  crop,     // scaled to cover, keeping its aspect; its middle
+};
+// "stretch", "pad" or "crop". Throws std::invalid_argument naming the text and the flag.
+Resize parse_resize(const std::string& text);
+const char* resize_name(Resize resize);
+
+// Where an image lands in the model's frame: its top-left corner and size after scaling (a crop's
+// box is larger than the frame and starts left of and above it). Value type.
+struct Box {
+  int64_t x = 0, y = 0, width = 0, height = 0;
+};
+// The box of an image of `height` x `width` in `frame` under `resize`.
+Box box_in_frame(int64_t height, int64_t width, const core::ImageSize& frame, Resize resize);
+
 // Images and masks from a folder: DIR/images/NAME.{png,jpg,jpeg} with DIR/masks/NAME.* (any of
 // those extensions), paired by NAME. Images are read as RGB (a grey or RGBA one converted, and
-// said once); masks as read_mask reads them. Each sample comes out at
-// image_size x image_size: resized, or with `crop` cut out of the image (at random when
-// augmented, else from the centre), or with `augment.scale` a random square of it resized; then
-// augmented as `augment` says.
+// said once); masks as read_mask reads them. Each sample comes out at `image_size`: brought to
+// it as `resize` says (a padded mask's frame holds the ignore index, or the background), or with
+// `crop` cut out of the image (at random when augmented, else from the centre), or with
+// `augment.scale` a random part of it of the size's aspect; then augmented as `augment` says.
 class FolderDataset final : public Dataset {
  public:
   struct Options {
-    int64_t image_size = 256;
+    core::ImageSize image_size = 256;
+    Resize resize = Resize::pad;
     bool crop = false;
     Augmentation augment;
     std::uint64_t seed = 0;
@@ -114,14 +138,16 @@ class FolderDataset final : public Dataset {
 // std::invalid_argument naming the folder if it is none, or two files of one name.
 std::map<std::string, std::string> image_files(const std::string& dir);
 
-// An image file as the model takes it, at image_size x image_size as FolderDataset resizes it
-// (area averaging; RGB in [0, 1], [3, S, S]), with the size it had. Throws std::invalid_argument
-// naming the file.
+// An image file as the model takes it, at `image_size` as FolderDataset brings it there (area
+// averaging; RGB in [0, 1], [3, H, W]), with the size it had and where it lies in the frame, so
+// that what a model makes of it can be taken back to the file's own size. Throws
+// std::invalid_argument naming the file.
 struct ImageFile {
   at::Tensor pixels;
   int64_t height = 0, width = 0;
+  Box box;
 };
-ImageFile read_image(const std::string& path, int64_t image_size);
+ImageFile read_image(const std::string& path, const core::ImageSize& image_size, Resize resize);
 
 // A mask file at its own size as FolderDataset reads it, [H, W]: with one class, of 0 and 1
 // (float; a file of 0 and 255 reads as 0 and 1, a JPEG is thresholded at half its range); with

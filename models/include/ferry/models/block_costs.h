@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "ferry/core/image_size.h"
+
 namespace ferry::models {
 
 // Seconds of one pass (a forward or a backward) over `samples` samples. Value type.
@@ -94,7 +96,8 @@ std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSamplin
 // measure_blocks over the blocks of a U-Net-ResNet-`depth` on random images of `image_size`.
 // Throws std::invalid_argument for an unknown depth or an image size the encoder cannot halve
 // five times.
-std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes, int64_t image_size,
+std::vector<BlockCost> measure_unet_blocks(int64_t depth, int64_t classes,
+                                           const core::ImageSize& image_size,
                                            const CostSampling& sampling = {}, int64_t seed = 0);
 
 }  // namespace ferry::models

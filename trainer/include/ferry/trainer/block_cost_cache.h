@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/core/image_size.h"
 #include "ferry/models/block_costs.h"
 #include "ferry/trainer/planner.h"
 
@@ -20,7 +21,7 @@ namespace ferry::trainer {
 struct CostKey {
   std::string model;
   int64_t classes = 1;
-  int64_t image_size = 0;
+  core::ImageSize image_size = 0;
   int64_t samples = 0, second_samples = 0;  // the sizes blocks are timed at
   int threads = 1;
   std::string machine;  // this_machine()

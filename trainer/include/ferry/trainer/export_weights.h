@@ -8,7 +8,9 @@
 #include <optional>
 #include <string>
 
+#include "ferry/core/image_size.h"
 #include "ferry/data/dataset.h"
+#include "ferry/remote_module/checkpoint.h"
 
 namespace ferry::trainer {
 
@@ -28,16 +30,30 @@ struct ExportSettings {
   std::string out;
 };
 
+// How training fed its images to the model, as far as its checkpoint or export records it: what
+// predict needs to feed the model alike. Value type.
+struct TrainedInputs {
+  std::optional<data::Normalization> normalization;
+  std::optional<core::ImageSize> image_size;
+  std::optional<data::Resize> resize;
+};
+
+// What a checkpoint records of its inputs (its values "normalize", "image_size", "resize").
+// Throws rpc::Error(InvalidArgument) naming the folder when one is malformed.
+TrainedInputs inputs_of(const remote_module::SavedCheckpoint& checkpoint,
+                        const std::string& folder);
+
 // Writes the chosen checkpoint's stages as one state dict to `out` and says what it wrote; and
-// beside it, in about_path(out), a JSON object of the smp model to load it into ("model") and of
-// how its inputs were normalised in training ("normalize": {"mean": [3], "std": [3]}), for
-// predict and for Python. Returns the exit code.
+// beside it, in about_path(out), a JSON object of the smp model to load it into ("model"), how
+// its inputs were normalised in training ("normalize": {"mean": [3], "std": [3]}) and the size
+// they were brought to ("input": {"height", "width", "resize"}), for predict and for Python.
+// Returns the exit code.
 int export_weights(const ExportSettings& settings);
 
 // The JSON file beside an export: OUT with the extension .json.
 std::string about_path(const std::string& weights);
-// The normalisation the JSON beside `weights` records, if there is one; throws
-// rpc::Error(InvalidArgument) naming the file when it is there but malformed.
-std::optional<data::Normalization> recorded_normalization(const std::string& weights);
+// What the JSON beside `weights` records, if there is one; throws rpc::Error(InvalidArgument)
+// naming the file when it is there but malformed.
+TrainedInputs recorded_inputs(const std::string& weights);
 
 }  // namespace ferry::trainer

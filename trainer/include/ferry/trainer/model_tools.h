@@ -18,13 +18,14 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks);
 // prints its peaks as the last line, {"peak_rss_mib", "peak_tensor_mib"} (tensor memory as the
 // allocator counts it). What the split saves is measured against this. With a budget (MiB, 0:
 // none), a step that does not fit it throws c10::OutOfMemoryError.
-int measure_single_process(const std::string& model, int64_t classes, int64_t image_size,
-                           int64_t batch_size, const std::string& optimizer,
-                           int64_t memory_budget_mib = 0);
+int measure_single_process(const std::string& model, int64_t classes,
+                           const core::ImageSize& image_size, int64_t batch_size,
+                           const std::string& optimizer, int64_t memory_budget_mib = 0);
 
 // Runs `ferry-master footprint` as a fresh process (so nothing of this one counts) and returns
 // the peak memory it reports, or -1.
-double single_process_peak_mib(const std::string& model, int64_t classes, int64_t image_size,
-                               int64_t batch_size, const std::string& optimizer);
+double single_process_peak_mib(const std::string& model, int64_t classes,
+                               const core::ImageSize& image_size, int64_t batch_size,
+                               const std::string& optimizer);
 
 }  // namespace ferry::trainer

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/core/image_size.h"
 #include "ferry/models/block_costs.h"
 #include "ferry/pipeline/partition.h"
 
@@ -31,7 +32,7 @@ struct MachineCosts {
 struct PlanRequest {
   std::string model = "unet-resnet34";
   int64_t classes = 1;
-  int64_t image_size = 128;
+  core::ImageSize image_size = 128;
   std::string optimizer = "adam";
   int workers = 1;
   double budget_mib = 0;  // each worker's tensor memory; 0: none

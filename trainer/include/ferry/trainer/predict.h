@@ -9,12 +9,18 @@
 #include <string>
 #include <vector>
 
+#include "ferry/core/image_size.h"
+#include "ferry/data/dataset.h"
+
 namespace ferry::trainer {
 
 struct PredictSettings {
   std::string model = "unet-resnet34";
   int64_t classes = 1;
-  int64_t image_size = 128;    // as trained: every image is resized to it, its mask back
+  // Every image is brought to this size as `resize` says, its mask taken back to the image's own.
+  // Empty: as the weights' training recorded, else 128 and pad.
+  std::optional<core::ImageSize> image_size;
+  std::optional<data::Resize> resize;
   std::string weights;         // a weights file (an export, torch.save or TorchScript) ...
   std::string checkpoint_dir;  // ... or a checkpoint directory, at `epoch` (0: the latest)
   int epoch = 0;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/core/image_size.h"
 #include "ferry/models/block_costs.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/partition.h"
@@ -20,7 +21,7 @@ namespace ferry::trainer {
 struct PlanSettings {
   std::string model = "unet-resnet34";
   int64_t classes = 1;
-  int64_t image_size = 128;
+  core::ImageSize image_size = 128;
   int64_t batch_size = 8;
   int stages = 0;                  // 0: the three seams (unless `partition` is set)
   std::string balance = "memory";  // memory | time | parameters

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/data/dataset.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
 
@@ -24,8 +25,10 @@ struct TrainSettings {
   std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: round robin
   int64_t memory_budget_mib = 0;  // every rank's tensor memory bound; 0: FERRY_MEMORY_BUDGET_MIB
   std::string data = "synthetic";
-  int64_t samples = 512;    // of the synthetic set
-  bool crop = false;        // folder images: crop to image_size instead of resizing
+  int64_t samples = 512;  // of the synthetic set
+  // How a folder image of another shape than the plan's image size reaches it.
+  data::Resize resize = data::Resize::pad;
+  bool crop = false;        // folder images: cut image_size out instead of resizing
   std::string weights;      // initial weights file, if set
   bool via_master = false;  // activations through the master instead of stage to stage
   // Pipelined steps: "gpipe", "1f1b" or "zb" over `microbatches` micro-batches; empty for plain

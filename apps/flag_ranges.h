@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace ferry::apps {
 
@@ -46,5 +47,23 @@ inline CLI::Validator in_range(double least, double most, bool least_excluded = 
 
 // A count of something: 1 or more, at most `most`.
 inline CLI::Validator count_up_to(double most) { return in_range(1, most); }
+
+// One of the words `allowed`, refused before anything starts with all of them listed: "--pipeline:
+// must be gpipe, 1f1b or zb, not \"foo\"".
+inline CLI::Validator one_of(std::vector<std::string> allowed) {
+  std::string listed;
+  for (std::size_t k = 0; k < allowed.size(); ++k) {
+    if (k > 0) listed += k + 1 == allowed.size() ? " or " : ", ";
+    listed += allowed[k];
+  }
+  return CLI::Validator(
+      [allowed, listed](std::string& text) -> std::string {
+        for (const std::string& word : allowed) {
+          if (text == word) return "";
+        }
+        return fmt::format("must be {}, not \"{}\"", listed, text);
+      },
+      "");
+}
 
 }  // namespace ferry::apps

@@ -63,7 +63,7 @@ void add_resize_flag(CLI::App* cmd, std::function<void(data::Resize)> set,
          "keeping its aspect, the rest black), crop (scaled to cover, keeping its aspect, its "
          "middle) or stretch" +
              what)
-      ->check(CLI::IsMember({"pad", "crop", "stretch"}));
+      ->check(one_of({"pad", "crop", "stretch"}));
 }
 
 void add_model_flags(CLI::App* cmd, std::string& model, std::int64_t& classes) {
@@ -95,7 +95,8 @@ void add_batch_flag(CLI::App* cmd, std::int64_t& batch_size, const std::string& 
 }
 
 void add_optimizer_flag(CLI::App* cmd, std::string& optimizer, const std::string& what) {
-  cmd->add_option("--optimizer", optimizer, "sgd|adam|adamw" + what);
+  cmd->add_option("--optimizer", optimizer, "sgd|adam|adamw" + what)
+      ->check(one_of({"sgd", "adam", "adamw"}));
 }
 
 void add_cut_flags(CLI::App* cmd, trainer::PlanSettings& plan) {
@@ -103,7 +104,8 @@ void add_cut_flags(CLI::App* cmd, trainer::PlanSettings& plan) {
                   "cut the U-Net into this many balanced stages (default: its 3 seams)")
       ->check(count_up_to(kMaxWorkers));
   cmd->add_option("--balance", plan.balance,
-                  "what --stages balances: memory|time|parameters (measured per block)");
+                  "what --stages balances: memory|time|parameters (measured per block)")
+      ->check(one_of({"memory", "time", "parameters"}));
   cmd->add_option("--partition", plan.partition,
                   "cut by hand: the first block of each stage after the first, e.g. "
                   "layer3.0,decoder.0 (see describe --blocks)");
@@ -154,8 +156,8 @@ void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   add_batch_flag(cmd, t.plan.batch_size, "images per step (per replica)");
   cmd->add_option("--loss", t.loss,
                   "with --classes 1: bce|dice|focal|bce+dice (default bce+dice); with more: "
-                  "ce|dice|focal|ce+dice (default ce+dice), as smp's losses; or a loss a "
-                  "--plugin registers");
+                  "ce|dice|focal|ce+dice (default ce+dice), as smp's losses; mse with either; or "
+                  "a loss a --plugin registers");
   add_ignore_flag(cmd, t.ignore_index);
   cmd->add_option("--class-weights", t.class_weights,
                   "the cross-entropy's weight of each class, W0,W1,... (ce, ce+dice)")
@@ -169,7 +171,7 @@ void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
                   "where steps compute the loss: last-stage (only its value comes to the "
                   "master), master (the logits come to the master) or auto (the last stage in "
                   "pipelined steps, the master in plain ones)")
-      ->check(CLI::IsMember({"auto", "last-stage", "master"}));
+      ->check(one_of({"auto", "last-stage", "master"}));
   cmd->add_option("--seed", t.seed, "seed of weights, data and shuffling")
       ->check(in_range(0, static_cast<double>(std::numeric_limits<std::int64_t>::max())));
 }
@@ -183,7 +185,8 @@ void add_optimization_flags(CLI::App* cmd, trainer::TrainSettings& t) {
       ->check(count_up_to(kMaxCount));
   cmd->add_option("--lr-schedule", t.lr_schedule,
                   "the learning rate per optimizer step: constant|step|cosine|onecycle (saved in "
-                  "checkpoints; --resume goes on along the same curve)");
+                  "checkpoints; --resume goes on along the same curve)")
+      ->check(one_of({"constant", "step", "cosine", "onecycle"}));
   cmd->add_option("--warmup-steps", t.warmup_steps,
                   "optimizer steps of linear warm-up (-1: none; onecycle: 30% of the run)")
       ->check(in_range(0, kMaxCount * kMaxCount));
@@ -195,7 +198,8 @@ void add_optimization_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--monitor", t.monitor,
                   "the validation metric that picks the best epoch: "
                   "val_loss|val_iou|val_dice|val_miou "
-                  "(empty: val_loss where --save-best or --early-stop-patience needs one)");
+                  "(empty: val_loss where --save-best or --early-stop-patience needs one)")
+      ->check(one_of({"val_loss", "val_iou", "val_dice", "val_miou"}));
   cmd->add_flag("--save-best", t.save_best,
                 "keep the best epoch's checkpoint in CHECKPOINT_DIR/best beside the latest");
   cmd->add_option("--early-stop-patience", t.early_stop_patience,
@@ -203,7 +207,8 @@ void add_optimization_flags(CLI::App* cmd, trainer::TrainSettings& t) {
       ->check(in_range(0, kMaxCount));
   cmd->add_option("--precision", t.precision,
                   "32 (or 32-true), or bf16-mixed: stages compute under bfloat16 autocast and "
-                  "send bfloat16 activations and gradients; weights stay float32");
+                  "send bfloat16 activations and gradients; weights stay float32")
+      ->check(one_of({"32", "32-true", "bf16-mixed"}));
   cmd->add_flag("--freeze-batchnorm", t.freeze_batchnorm,
                 "keep every batch norm's running statistics and affine parameters as loaded "
                 "(for small batches, fine-tuning from pretrained weights)");
@@ -234,7 +239,8 @@ void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--pipeline", t.pipeline,
                   "pipeline the steps: gpipe (all forwards, then all backwards), 1f1b (one "
                   "forward, one backward; less activation memory) or zb (1f1b with each "
-                  "backward's weight gradients deferred to fill the bubble)");
+                  "backward's weight gradients deferred to fill the bubble)")
+      ->check(one_of({"gpipe", "1f1b", "zb"}));
   cmd->add_option("--microbatches", t.microbatches,
                   "micro-batches per batch in a pipelined step (1: the naive schedule)")
       ->check(count_up_to(kMaxCount));
@@ -246,7 +252,7 @@ void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
                   "--rebalance-after batches, then after epochs out of balance: auto (when "
                   "--balance time cuts), on or off")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "on", "off"}));
+      ->check(one_of({"auto", "on", "off"}));
   cmd->add_option("--rebalance-after", t.rebalance_after,
                   "the first re-balance looks after this many batches of the first epoch (its "
                   "first step warms up and is not measured); below 2, or an epoch that short: "

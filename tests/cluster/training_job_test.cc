@@ -309,7 +309,7 @@ TEST(TrainingJob, BadStageSettingsAreClearErrors) {
   const std::pair<std::string, std::string> cases[] = {
       {" --stages 99", "--stages 99: the U-Net has 15 blocks, so 1 to 15 stages"},
       {" --stages 2 --balance speed",
-       "--balance must be memory, time or parameters, not \"speed\""},
+       "--balance: must be memory, time or parameters, not \"speed\""},
       {" --partition layer9.0", "--partition layer9.0: \"layer9.0\" is not the name of a block"},
       {" --partition layer3.0 --stages 3", "--partition layer3.0 makes 2 stages but --stages is 3"},
       {" --stages 2 --placement stage5=master",

@@ -248,13 +248,12 @@ TEST(TrainingJob, BadTrainingSettingsAreClearErrorsBeforeAnyStageIsBuilt) {
                           " --model unet-resnet18";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {" --lr-schedule linear",
-       "--lr-schedule: learning-rate schedule \"linear\" is none of constant, step, cosine, "
-       "onecycle"},
+       "--lr-schedule: must be constant, step, cosine or onecycle, not \"linear\""},
       {" --lr-schedule cosine --warmup-steps 8",
        "8 warm-up steps leave none of the run's 8 optimizer steps"},
       {" --save-best", "--save-best needs --checkpoint-dir"},
       {" --monitor val_acc",
-       "--monitor must be val_loss, val_iou, val_dice or val_miou, not \"val_acc\""},
+       "--monitor: must be val_loss, val_iou, val_dice or val_miou, not \"val_acc\""},
       {" --accumulate 0", "--accumulate"},
       {" --loss lovasz", "--loss: unknown loss \"lovasz\""},
       {" --replicas 2",

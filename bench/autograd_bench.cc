@@ -17,6 +17,7 @@
 #include "bench/stats.h"
 #include "ferry/core/local_world.h"
 #include "ferry/core/process_memory.h"
+#include "ferry/core/processes.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/dist_autograd/optimizer.h"
 #include "ferry/models/compare.h"
@@ -181,7 +182,7 @@ int run_autograd_bench(const AutogradBenchSettings& settings) {
 
   int port = core::pick_free_port();
   std::vector<pid_t> workers;
-  std::string worker_binary = binary_dir(settings.self_path) + "/ferry-worker";
+  std::string worker_binary = core::executable_dir() + "/ferry-worker";
   for (int rank = 1; rank <= 3; ++rank) {
     auto env = core::loopback_world_env(rank, 4, port);
     env["OMP_NUM_THREADS"] = std::to_string(threads);

@@ -59,7 +59,7 @@ class ChaosWorld {
         "--checkpoint-dir", dir + "/ckpt"};
     // clang-format on
     if (resume) args.push_back("--resume");
-    const std::string bin = binary_dir(s.self_path);
+    const std::string bin = core::executable_dir();
     master_ = spawn_process(bin + "/ferry-master", args, env(0), log_);
     for (int rank = 1; rank < world_size; ++rank) {
       workers_["worker" + std::to_string(rank)] =
@@ -140,10 +140,10 @@ nlohmann::ordered_json kill_json(const Kill& k) {
 }
 
 // Writes the last checkpoint as one state dict and loads it with Python's torch.load.
-nlohmann::ordered_json check_in_python(const ChaosBenchSettings& s, const std::string& dir) {
+nlohmann::ordered_json check_in_python(const std::string& dir) {
   nlohmann::ordered_json out;
   const std::string model = dir + "/model.pt";
-  const int exported = run_process(binary_dir(s.self_path) + "/ferry-master",
+  const int exported = run_process(core::executable_dir() + "/ferry-master",
                                    {"export", "--checkpoint-dir", dir + "/ckpt", "--out", model},
                                    {}, dir + "/export.log");
   out["exported"] = exported == 0;
@@ -278,7 +278,7 @@ int run_chaos_bench(const ChaosBenchSettings& s) {
   j["wall_s"] = wall_s;
   if (!out.ended.empty()) j["ended"] = out.ended;
   j["each_kill"] = each;
-  if (out.completed) j["final_checkpoint"] = check_in_python(s, dir);
+  if (out.completed) j["final_checkpoint"] = check_in_python(dir);
   if (s.work_dir.empty()) fs::remove_all(dir);
   std::cout << j.dump() << std::endl;
   const bool all = out.completed && survived == static_cast<int>(out.kills.size());

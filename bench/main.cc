@@ -14,14 +14,13 @@
 #include "bench/rpc_bench.h"
 #include "bench/train_bench.h"
 #include "ferry/core/local_world.h"
+#include "ferry/core/processes.h"
 
 namespace {
 
 std::string self_path(const char* argv0) {
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return argv0;
-  return std::string(buf, n);
+  const std::string self = ferry::core::executable_path();
+  return self.empty() ? argv0 : self;
 }
 
 // Each sub-command's flags, into its settings.

@@ -30,8 +30,8 @@ class Bench {
  public:
   explicit Bench(const MemoryBenchSettings& s)
       : s_(s),
-        master_(binary_dir(s.self_path) + "/ferry-master"),
-        launch_(binary_dir(s.self_path) + "/ferry-launch"),
+        master_(core::executable_dir() + "/ferry-master"),
+        launch_(core::executable_dir() + "/ferry-launch"),
         model_(fmt::format("unet-resnet{}", s.depth)),
         metrics_(fmt::format("/tmp/ferry-memory-bench-{}.json", getpid())) {}
   ~Bench() { std::filesystem::remove(metrics_); }

@@ -15,6 +15,7 @@
 #include "bench/stats.h"
 #include "ferry/core/local_world.h"
 #include "ferry/core/process_memory.h"
+#include "ferry/core/processes.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/pipeline.h"
@@ -366,7 +367,7 @@ int run_pipeline_bench(const PipelineBenchSettings& s) {
   }
   int port = core::pick_free_port();
   std::vector<pid_t> workers;
-  std::string worker_binary = binary_dir(s.self_path) + "/ferry-worker";
+  std::string worker_binary = core::executable_dir() + "/ferry-worker";
   for (int rank = 1; rank <= p; ++rank) {
     auto env = core::loopback_world_env(rank, p + 1, port);
     env["OMP_NUM_THREADS"] = "1";

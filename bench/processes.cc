@@ -51,8 +51,4 @@ void init_loopback_master(const std::string& name, int world_size, int port) {
   rpc::init(rpc::loopback_options(name, 0, world_size, port));
 }
 
-std::string binary_dir(const std::string& self_path) {
-  return self_path.substr(0, self_path.rfind('/'));
-}
-
 }  // namespace ferry::bench

@@ -24,7 +24,5 @@ int run_process(const std::string& binary, const std::vector<std::string>& args,
 void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
 // Joins that world as its rank 0, named `name` (rpc::init).
 void init_loopback_master(const std::string& name, int world_size, int port);
-// The folder this binary lives in (other Ferry binaries are built beside it).
-std::string binary_dir(const std::string& self_path);
 
 }  // namespace ferry::bench

@@ -15,6 +15,7 @@
 
 #include "bench/processes.h"
 #include "bench/stats.h"
+#include "ferry/core/processes.h"
 
 namespace ferry::bench {
 namespace {
@@ -36,7 +37,7 @@ void run_job(const TrainBenchSettings& s, int replicas, const std::string& preci
   // clang-format off
   std::vector<std::string> args = {
       "--nproc", std::to_string(1 + s.stages * replicas), "--",
-      binary_dir(s.self_path) + "/ferry-master", "train",
+      core::executable_dir() + "/ferry-master", "train",
       "--model", s.model, "--image-size", std::to_string(s.image_size),
       "--samples", std::to_string(train_images + train_images / 4), "--epochs", "2",
       "--batch-size", std::to_string(batch), "--replicas", std::to_string(replicas),
@@ -50,7 +51,7 @@ void run_job(const TrainBenchSettings& s, int replicas, const std::string& preci
   } else {
     args.insert(args.end(), {"--partition", s.partition});
   }
-  const int status = run_process(binary_dir(s.self_path) + "/ferry-launch", args,
+  const int status = run_process(core::executable_dir() + "/ferry-launch", args,
                                  {{"OMP_NUM_THREADS", "1"}}, s.log_file);
   if (status != 0) {
     throw std::runtime_error(

@@ -15,7 +15,6 @@
 
 #include "ferry/core/files.h"
 #include "ferry/rpc/error.h"
-#include "remote_module/fail.h"
 #include "remote_module/stage_here.h"
 
 namespace ferry::remote_module {
@@ -29,7 +28,7 @@ void write_atomically(const fs::path& path, const std::vector<char>& bytes) {
   try {
     core::write_file_atomically(path.string(), std::string_view(bytes.data(), bytes.size()));
   } catch (const std::runtime_error& e) {
-    fail(e.what());
+    rpc::refuse(e.what());
   }
 }
 
@@ -38,7 +37,7 @@ std::vector<char> read_file(const fs::path& path) {
     const std::string bytes = core::read_whole_file(path.string());
     return std::vector<char>(bytes.begin(), bytes.end());
   } catch (const std::runtime_error& e) {
-    fail(e.what());
+    rpc::refuse(e.what());
   }
 }
 
@@ -68,13 +67,14 @@ std::string save_checkpoint(const std::string& dir, const NamedStages& stages, i
                             const NamedValues& extra) {
   for (const auto& [name, module] : stages) {
     if (extra.count(name)) {
-      fail(fmt::format("checkpoint value \"{}\" has the name of a stage", name));
+      rpc::refuse(fmt::format("checkpoint value \"{}\" has the name of a stage", name));
     }
   }
   fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) fail(fmt::format("cannot create checkpoint directory \"{}\": {}", dir, ec.message()));
+  if (ec)
+    rpc::refuse(fmt::format("cannot create checkpoint directory \"{}\": {}", dir, ec.message()));
   std::vector<int> numbers = existing(root);
   int next = numbers.empty() ? 0 : numbers.back() + 1;
   fs::path folder = root / fmt::format("ckpt-{}", next);
@@ -125,8 +125,8 @@ nlohmann::json read_manifest(const fs::path& folder) {
   try {
     return nlohmann::json::parse(read_file(folder / "manifest.json"));
   } catch (const nlohmann::json::exception& e) {
-    fail(fmt::format("\"{}\" is not a checkpoint manifest: {}", (folder / "manifest.json").string(),
-                     e.what()));
+    rpc::refuse(fmt::format("\"{}\" is not a checkpoint manifest: {}",
+                            (folder / "manifest.json").string(), e.what()));
   }
 }
 
@@ -141,8 +141,8 @@ c10::Dict<std::string, at::Tensor> read_state(const fs::path& file) {
   try {
     return torch::pickle_load(bytes).to<c10::Dict<std::string, at::Tensor>>();
   } catch (const c10::Error& e) {
-    fail(fmt::format("\"{}\" is not a state dict of tensors: {}", file.string(),
-                     e.what_without_backtrace()));
+    rpc::refuse(fmt::format("\"{}\" is not a state dict of tensors: {}", file.string(),
+                            e.what_without_backtrace()));
   }
 }
 
@@ -177,10 +177,15 @@ std::string first_names(const std::vector<std::string>& names) {
       names.size() > kShown ? fmt::format(" and {} more", names.size() - kShown) : std::string());
 }
 
+bool has_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / "LATEST", ec);
+}
+
 std::string latest_checkpoint_folder(const std::string& dir) {
   fs::path root(dir);
-  if (!fs::exists(root / "LATEST")) {
-    fail(fmt::format("no checkpoint in \"{}\" (it has no LATEST file)", dir));
+  if (!has_checkpoint(dir)) {
+    rpc::refuse(fmt::format("no checkpoint in \"{}\" (it has no LATEST file)", dir));
   }
   std::vector<char> bytes = read_file(root / "LATEST");
   std::string latest(bytes.begin(), bytes.end());
@@ -219,7 +224,7 @@ c10::IValue read_checkpoint_value(const std::string& folder, const std::string& 
       return torch::pickle_load(read_file(fs::path(folder) / entry.at("file").get<std::string>()));
     }
   }
-  fail(fmt::format("checkpoint \"{}\" saved no value \"{}\"", folder, name));
+  rpc::refuse(fmt::format("checkpoint \"{}\" saved no value \"{}\"", folder, name));
 }
 
 c10::Dict<std::string, at::Tensor> merged_state(const SavedCheckpoint& checkpoint) {
@@ -229,8 +234,9 @@ c10::Dict<std::string, at::Tensor> merged_state(const SavedCheckpoint& checkpoin
     for (const auto& item : state) {
       auto [it, fresh] = stage_of.emplace(item.key(), stage);
       if (!fresh) {
-        fail(fmt::format("checkpoint \"{}\": stages \"{}\" and \"{}\" both have tensor \"{}\"",
-                         checkpoint.folder, it->second, stage, item.key()));
+        rpc::refuse(
+            fmt::format("checkpoint \"{}\": stages \"{}\" and \"{}\" both have tensor \"{}\"",
+                        checkpoint.folder, it->second, stage, item.key()));
       }
       whole.insert(item.key(), item.value());
     }
@@ -248,8 +254,8 @@ NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
   for (const auto& entry : manifest.at("stages")) saved.push_back(entry.at("name"));
   for (const auto& [name, module] : stages) {
     if (std::find(saved.begin(), saved.end(), name) == saved.end()) {
-      fail(fmt::format("checkpoint \"{}\" has no stage \"{}\" (it has: {})", folder.string(), name,
-                       fmt::join(saved, ", ")));
+      rpc::refuse(fmt::format("checkpoint \"{}\" has no stage \"{}\" (it has: {})", folder.string(),
+                              name, fmt::join(saved, ", ")));
     }
     restore_stage(name, module, read_state(folder / (name + ".pt")),
                   fmt::format("\"{}\"", folder.string()));
@@ -275,16 +281,16 @@ void load_state_by_tensor_name(std::map<std::string, at::Tensor> state, const Na
       state.erase(it);
     }
     if (!missing.empty()) {
-      fail(fmt::format("{} has no tensor for {} of stage \"{}\"'s: {}", source, missing.size(),
-                       name, first_names(missing)));
+      rpc::refuse(fmt::format("{} has no tensor for {} of stage \"{}\"'s: {}", source,
+                              missing.size(), name, first_names(missing)));
     }
     parts.push_back(std::move(part));
   }
   if (!state.empty()) {
     std::vector<std::string> left;
     for (const auto& [name, tensor] : state) left.push_back(name);
-    fail(fmt::format("{} has {} tensors that no stage has: {}", source, left.size(),
-                     first_names(left)));
+    rpc::refuse(fmt::format("{} has {} tensors that no stage has: {}", source, left.size(),
+                            first_names(left)));
   }
   for (size_t k = 0; k < stages.size(); ++k) {
     restore_stage(stages[k].first, stages[k].second, parts[k], source);

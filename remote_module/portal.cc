@@ -21,7 +21,6 @@
 
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
-#include "remote_module/fail.h"
 #include "remote_module/portal_flow.h"
 
 namespace ferry::remote_module {
@@ -141,11 +140,11 @@ std::vector<at::Tensor> output_tensors(const Routes& routes, int64_t index,
                                        const c10::IValue& output) {
   const auto& hops = routes.at(static_cast<size_t>(index));
   if (!output.isTensorList() || output.toTensorList().size() != hops.size()) {
-    fail(fmt::format("stage {} returned {}, but its routes place a list of {} tensors", index,
-                     output.isTensorList()
-                         ? fmt::format("a list of {} tensors", output.toTensorList().size())
-                         : output.tagKind(),
-                     hops.size()));
+    rpc::refuse(fmt::format(
+        "stage {} returned {}, but its routes place a list of {} tensors", index,
+        output.isTensorList() ? fmt::format("a list of {} tensors", output.toTensorList().size())
+                              : output.tagKind(),
+        hops.size()));
   }
   return output.toTensorVector();
 }
@@ -161,9 +160,11 @@ c10::impl::GenericList int_list(const std::vector<int64_t>& values) {
 void check_routes(const Routes& routes, size_t stages) {
   if (routes.empty()) return;
   if (routes.size() != stages) {
-    fail(fmt::format("routes are given for {} stages of a chain of {}", routes.size(), stages));
+    rpc::refuse(
+        fmt::format("routes are given for {} stages of a chain of {}", routes.size(), stages));
   }
-  if (!routes.back().empty()) fail("the last stage's output is the chain's: it has no routes");
+  if (!routes.back().empty())
+    rpc::refuse("the last stage's output is the chain's: it has no routes");
   std::vector<std::vector<int>> filled(stages);
   for (size_t s = 0; s < stages; ++s) {
     filled[s].assign(static_cast<size_t>(routed_input_size(routes, static_cast<int64_t>(s))), 0);
@@ -172,7 +173,7 @@ void check_routes(const Routes& routes, size_t stages) {
     for (size_t q = 0; q < routes[s].size(); ++q) {
       const Hop& hop = routes[s][q];
       if (hop.stage <= static_cast<int64_t>(s) || hop.stage >= static_cast<int64_t>(stages)) {
-        fail(
+        rpc::refuse(
             fmt::format("element {} of stage {}'s output is routed to stage {}: it must go to a "
                         "later stage of the {}",
                         q, s, hop.stage, stages));
@@ -180,7 +181,7 @@ void check_routes(const Routes& routes, size_t stages) {
       auto& slots = filled[static_cast<size_t>(hop.stage)];
       if (hop.position < 0 || hop.position >= static_cast<int64_t>(slots.size()) ||
           slots[static_cast<size_t>(hop.position)]++ > 0) {
-        fail(
+        rpc::refuse(
             fmt::format("element {} of stage {}'s output is routed to position {} of stage {}'s "
                         "input, which has {} positions, each filled once",
                         q, s, hop.position, hop.stage, slots.size()));
@@ -208,11 +209,11 @@ c10::IValue routes_to_ivalue(const Routes& routes) {
 }
 
 Routes routes_from_ivalue(const c10::IValue& value) {
-  if (!value.isList()) fail("routes must be a list of int lists");
+  if (!value.isList()) rpc::refuse("routes must be a list of int lists");
   Routes routes;
   for (const c10::IValue& stage : value.toListRef()) {
     if (!stage.isIntList() || stage.toIntList().size() % 2 != 0) {
-      fail("each stage's routes must be a list of (stage, position) ints");
+      rpc::refuse("each stage's routes must be a list of (stage, position) ints");
     }
     std::vector<int64_t> flat = stage.toIntVector();
     std::vector<Hop> hops;
@@ -231,7 +232,7 @@ Gathered gather_portals(const Routes& routes, const std::vector<std::string>& wo
                         int64_t index, const Flow& flow, const c10::IValue& from_before) {
   if (!from_before.isTuple() || from_before.toTupleRef().elements().size() != 1 ||
       !from_before.toTupleRef().elements()[0].isTensorList()) {
-    fail(fmt::format("stage {} of a routed chain takes one list of tensors", index));
+    rpc::refuse(fmt::format("stage {} of a routed chain takes one list of tensors", index));
   }
   const std::vector<at::Tensor> main = from_before.toTupleRef().elements()[0].toTensorVector();
   std::vector<at::Tensor> inputs(static_cast<size_t>(routed_input_size(routes, index)));
@@ -245,8 +246,9 @@ Gathered gather_portals(const Routes& routes, const std::vector<std::string>& wo
       at::Tensor& slot = inputs[static_cast<size_t>(hops[q].position)];
       if (s + 1 == index) {
         if (next_main == main.size()) {
-          fail(fmt::format("stage {} got {} tensors from the stage before, which routes more to it",
-                           index, main.size()));
+          rpc::refuse(
+              fmt::format("stage {} got {} tensors from the stage before, which routes more to it",
+                          index, main.size()));
         }
         slot = main[next_main++];
         continue;
@@ -264,8 +266,8 @@ Gathered gather_portals(const Routes& routes, const std::vector<std::string>& wo
     }
   }
   if (next_main != main.size()) {
-    fail(fmt::format("stage {} got {} tensors from the stage before, which routes {} to it", index,
-                     main.size(), next_main));
+    rpc::refuse(fmt::format("stage {} got {} tensors from the stage before, which routes {} to it",
+                            index, main.size(), next_main));
   }
   out.inputs = c10::ivalue::Tuple::create({c10::List<at::Tensor>(std::move(inputs))});
   return out;
@@ -299,7 +301,7 @@ c10::IValue join_portals(const Routes& routes, const std::vector<std::string>& w
   }
   if (portals.empty() || !at::GradMode::is_enabled()) return c10::List<at::Tensor>(main);
   if (main.empty() || !main.back().requires_grad()) {
-    fail(
+    rpc::refuse(
         fmt::format("stage {} routes nothing that requires grad to the next stage, so the "
                     "gradients of what it sends further cannot join its backward",
                     index));

@@ -31,6 +31,8 @@ const char* to_string(ErrorKind kind) {
   return "Unknown";
 }
 
+void refuse(const std::string& message) { throw Error(ErrorKind::InvalidArgument, message); }
+
 bool is_lost(ErrorKind kind) { return kind == ErrorKind::PeerDied || kind == ErrorKind::Timeout; }
 
 bool is_lost(const Error& e) { return is_lost(e.kind()); }

@@ -110,10 +110,19 @@ Reply StoreTable::compare_set(const Request& request) {
   return reply;
 }
 
+std::size_t StoreTable::waiting() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waiting_;
+}
+
 Reply StoreTable::await_keys(const Request& request) {
   const auto timeout = std::chrono::milliseconds(std::max<std::int64_t>(request.timeout_ms, 0));
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!changed_.wait_for(lock, timeout, [&] { return closed_ || has_all(request.keys); })) {
+  ++waiting_;
+  const bool woken =
+      changed_.wait_for(lock, timeout, [&] { return closed_ || has_all(request.keys); });
+  --waiting_;
+  if (!woken) {
     return refused(fmt::format("waited {} ms for store keys that did not appear: {}",
                                timeout.count(), fmt::join(request.keys, ", ")));
   }

@@ -20,6 +20,8 @@ class StoreTable {
   Reply apply(const Request& request);
   // Every call waiting now or later fails at once: the server is going away.
   void close();
+  // The calls waiting for keys now.
+  std::size_t waiting();
 
  private:
   Reply add(const Request& request);
@@ -31,6 +33,7 @@ class StoreTable {
   std::condition_variable changed_;
   std::map<std::string, std::string> values_;
   bool closed_ = false;
+  std::size_t waiting_ = 0;
 };
 
 }  // namespace ferry::rpc::store

@@ -4,7 +4,7 @@
 
 #include <utility>
 
-#include "ferry/trainer/fail.h"
+#include "ferry/rpc/error.h"
 
 namespace ferry::trainer {
 
@@ -12,11 +12,11 @@ EpochMonitor::EpochMonitor(std::string metric, int patience)
     : metric_(std::move(metric)), patience_(patience) {
   if (metric_ != "val_loss" && metric_ != "val_iou" && metric_ != "val_dice" &&
       metric_ != "val_miou") {
-    fail(fmt::format("--monitor must be val_loss, val_iou, val_dice or val_miou, not \"{}\"",
-                     metric_));
+    rpc::refuse(fmt::format("--monitor must be val_loss, val_iou, val_dice or val_miou, not \"{}\"",
+                            metric_));
   }
   if (patience_ < 0) {
-    fail(fmt::format("--early-stop-patience must be 0 (never) or more, not {}", patience_));
+    rpc::refuse(fmt::format("--early-stop-patience must be 0 (never) or more, not {}", patience_));
   }
   lower_is_better_ = metric_ == "val_loss";
 }

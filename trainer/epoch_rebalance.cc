@@ -6,7 +6,7 @@
 
 #include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
-#include "ferry/trainer/fail.h"
+#include "ferry/rpc/error.h"
 #include "ferry/trainer/rebalance.h"
 
 namespace ferry::trainer {
@@ -17,8 +17,8 @@ EpochRebalance::EpochRebalance(const TrainSettings& s, PlanSettings plan_setting
   if (s.rebalance_to.empty()) return;
   forced_ = ranges_at_cuts(plan.costs, "--rebalance-to", s.rebalance_to);
   if (forced_.size() != plan.stages.size()) {
-    fail(fmt::format("--rebalance-to {} makes {} stages but the job has {}", s.rebalance_to,
-                     forced_.size(), plan.stages.size()));
+    rpc::refuse(fmt::format("--rebalance-to {} makes {} stages but the job has {}", s.rebalance_to,
+                            forced_.size(), plan.stages.size()));
   }
 }
 

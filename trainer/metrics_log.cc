@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "ferry/core/files.h"
-#include "ferry/trainer/fail.h"
+#include "ferry/rpc/error.h"
 
 namespace ferry::trainer {
 namespace {
@@ -184,14 +184,15 @@ std::vector<EpochFigures> parse_metrics_csv(const std::string& text,
   std::istringstream in(text);
   std::string line;
   if (!std::getline(in, line) || line != header_of(columns)) {
-    fail(fmt::format("its header is \"{}\", not \"{}\"", line, header_of(columns)));
+    rpc::refuse(fmt::format("its header is \"{}\", not \"{}\"", line, header_of(columns)));
   }
   std::vector<EpochFigures> rows;
   for (int number = 2; std::getline(in, line); ++number) {
     if (line.empty()) continue;
     std::vector<std::string> cells = split_line(line);
     if (cells.size() != columns.size() + 1) {
-      fail(fmt::format("line {} has {} cells, not {}", number, cells.size(), columns.size() + 1));
+      rpc::refuse(
+          fmt::format("line {} has {} cells, not {}", number, cells.size(), columns.size() + 1));
     }
     EpochFigures row;
     double epoch = 0;
@@ -202,7 +203,7 @@ std::vector<EpochFigures> parse_metrics_csv(const std::string& text,
       numbers = cells[k].empty() || read_number(cells[k], &value);
       row.values.push_back(value);
     }
-    if (!numbers) fail(fmt::format("line {} is not numbers: \"{}\"", number, line));
+    if (!numbers) rpc::refuse(fmt::format("line {} is not numbers: \"{}\"", number, line));
     rows.push_back(std::move(row));
   }
   return rows;
@@ -227,7 +228,7 @@ MetricsLog::MetricsLog(std::string dir, std::vector<std::string> columns)
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) {
-    fail(fmt::format("cannot make log directory \"{}\": {}", dir_, ec.message()));
+    rpc::refuse(fmt::format("cannot make log directory \"{}\": {}", dir_, ec.message()));
   }
 }
 
@@ -254,8 +255,8 @@ void MetricsLog::truncate_after(int epoch) {
 
 void MetricsLog::add(const EpochFigures& figures) {
   if (figures.values.size() != columns_.size()) {
-    fail(fmt::format("a metrics row of {} values for {} columns", figures.values.size(),
-                     columns_.size()));
+    rpc::refuse(fmt::format("a metrics row of {} values for {} columns", figures.values.size(),
+                            columns_.size()));
   }
   truncate_after(figures.epoch - 1);
   rows_.push_back(figures);

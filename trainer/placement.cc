@@ -10,8 +10,8 @@
 
 #include "ferry/core/process_memory.h"
 #include "ferry/models/unet_blocks.h"
+#include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
-#include "ferry/trainer/fail.h"
 
 namespace ferry::trainer {
 std::vector<std::string> replica_stage_names(const StagePlan& plan, int replicas) {
@@ -36,15 +36,15 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
   std::vector<std::string> names = world;
   if (spares > 0) {
     if (static_cast<int>(names.size()) < 2 + spares) {
-      fail(fmt::format("--spares {} leaves no worker for the stages in a world of {}", spares,
-                       names.size()));
+      rpc::refuse(fmt::format("--spares {} leaves no worker for the stages in a world of {}",
+                              spares, names.size()));
     }
     names.resize(names.size() - spares);
   }
   // Each replica gets workers of its own (their parameters are averaged between processes).
   const std::size_t available = names.size() == 1 ? 0 : names.size() - 1;
   if (replicas > 1 && available < static_cast<std::size_t>(replicas)) {
-    fail(fmt::format(
+    rpc::refuse(fmt::format(
         "--replicas {} needs a worker of its own for each replica at least; the "
         "world has {} besides the master{}",
         replicas, available, spares > 0 ? fmt::format(" and the {} spares", spares) : ""));
@@ -63,14 +63,14 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
     auto eq = item.find('=');
     auto it = std::find(stage_names.begin(), stage_names.end(), item.substr(0, eq));
     if (eq == std::string::npos || it == stage_names.end()) {
-      fail(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}", item,
-                       fmt::join(stage_names, ", ")));
+      rpc::refuse(fmt::format("--placement: \"{}\" is not stage=worker with a stage among {}", item,
+                              fmt::join(stage_names, ", ")));
     }
     // "worker2" or "worker2/cuda:0"
     std::string place = item.substr(eq + 1);
     if (std::find(world.begin(), world.end(), worker_of(place)) == world.end()) {
-      fail(fmt::format("--placement: \"{}\" names no worker of the world ({})", item,
-                       fmt::join(world, ", ")));
+      rpc::refuse(fmt::format("--placement: \"{}\" names no worker of the world ({})", item,
+                              fmt::join(world, ", ")));
     }
     out[it - stage_names.begin()] = place;
   }

@@ -17,8 +17,8 @@
 #include "ferry/core/processes.h"
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
+#include "ferry/rpc/error.h"
 #include "ferry/trainer/block_cost_cache.h"
-#include "ferry/trainer/fail.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
 #include "trainer/image_size_json.h"
@@ -249,10 +249,10 @@ void verify_best(std::vector<Candidate>& candidates, const PlanRequest& request,
 void check_request(const PlanRequest& r) {
   depth_of(r.model);
   if (r.optimizer != "sgd" && r.optimizer != "adam" && r.optimizer != "adamw") {
-    fail(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", r.optimizer));
+    rpc::refuse(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", r.optimizer));
   }
   if (r.image_size.height % 32 != 0 || r.image_size.width % 32 != 0) {
-    fail(fmt::format("--image-size {} is not a multiple of 32", r.image_size.text()));
+    rpc::refuse(fmt::format("--image-size {} is not a multiple of 32", r.image_size.text()));
   }
 }
 
@@ -260,7 +260,7 @@ std::vector<Candidate> ranked(const CachedCosts& costs, const PlanRequest& reque
   try {
     return plan_candidates(costs.blocks, costs.machine, request);
   } catch (const NothingFits& e) {
-    fail(e.what());
+    rpc::refuse(e.what());
   }
 }
 
@@ -333,11 +333,11 @@ nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int work
 
 nlohmann::json read_plan_file(const std::string& path) {
   std::ifstream in(path);
-  if (!in) fail(fmt::format("--plan {}: cannot read it", path));
+  if (!in) rpc::refuse(fmt::format("--plan {}: cannot read it", path));
   try {
     return nlohmann::json::parse(in);
   } catch (const std::exception& e) {
-    fail(fmt::format("--plan {}: not JSON ({})", path, e.what()));
+    rpc::refuse(fmt::format("--plan {}: not JSON ({})", path, e.what()));
   }
 }
 
@@ -362,7 +362,8 @@ TrainSettings with_plan(const TrainSettings& settings, const nlohmann::json& pla
     s.microbatches = winner.at("microbatches").get<int>();
     s.checkpoint_activations = winner.at("recompute").get<bool>();
   } catch (const nlohmann::json::exception& e) {
-    fail(fmt::format("--plan {}: not a plan of `ferry-master plan --json` ({})", source, e.what()));
+    rpc::refuse(
+        fmt::format("--plan {}: not a plan of `ferry-master plan --json` ({})", source, e.what()));
   }
   return s;
 }

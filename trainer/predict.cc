@@ -15,9 +15,9 @@
 #include "ferry/models/unet.h"
 #include "ferry/models/weights.h"
 #include "ferry/remote_module/checkpoint.h"
+#include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/export_weights.h"
-#include "ferry/trainer/fail.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
 #include "ferry/trainer/worker_loop.h"
@@ -48,7 +48,7 @@ struct Weights {
 
 Weights weights_of(const PredictSettings& s) {
   if (s.weights.empty() == s.checkpoint_dir.empty()) {
-    fail("predict needs either --weights FILE or --checkpoint-dir DIR");
+    rpc::refuse("predict needs either --weights FILE or --checkpoint-dir DIR");
   }
   if (!s.weights.empty()) {
     return {models::read_weights(s.weights), s.weights, recorded_inputs(s.weights)};
@@ -73,7 +73,7 @@ data::Normalization normalization_of(const PredictSettings& s, const Weights& we
     try {
       return data::Normalization::parse(s.normalize);
     } catch (const std::invalid_argument& e) {
-      fail(e.what());
+      rpc::refuse(e.what());
     }
   }
   if (weights.inputs.normalization) return *weights.inputs.normalization;
@@ -85,8 +85,9 @@ data::Normalization normalization_of(const PredictSettings& s, const Weights& we
 void check_loaded(const models::LoadReport& report, const Weights& weights,
                   const PredictSettings& s) {
   if (!report.ok()) {
-    fail(fmt::format("the weights in \"{}\" are not a whole {} with {} class{}: {}", weights.source,
-                     s.model, s.classes, s.classes == 1 ? "" : "es", report.describe()));
+    rpc::refuse(fmt::format("the weights in \"{}\" are not a whole {} with {} class{}: {}",
+                            weights.source, s.model, s.classes, s.classes == 1 ? "" : "es",
+                            report.describe()));
   }
 }
 
@@ -102,7 +103,8 @@ Folder folder_of(const std::string& dir) {
   const bool laid_out = fs::is_directory(images, ec);
   f.images = data::image_files(laid_out ? images.string() : dir);
   if (f.images.empty()) {
-    fail(fmt::format("--data: no PNG or JPEG files in \"{}\"", laid_out ? images.string() : dir));
+    rpc::refuse(
+        fmt::format("--data: no PNG or JPEG files in \"{}\"", laid_out ? images.string() : dir));
   }
   const fs::path masks = fs::path(dir) / "masks";
   if (laid_out && fs::is_directory(masks, ec)) f.masks = data::image_files(masks.string());
@@ -132,7 +134,7 @@ int predict_folder(const Model& model, const data::Normalization& normalization,
   const Folder folder = folder_of(s.data);
   std::error_code ec;
   fs::create_directories(s.out, ec);
-  if (ec) fail(fmt::format("--out: cannot make \"{}\": {}", s.out, ec.message()));
+  if (ec) rpc::refuse(fmt::format("--out: cannot make \"{}\": {}", s.out, ec.message()));
   std::vector<std::pair<std::string, std::string>> images(folder.images.begin(),
                                                           folder.images.end());
   const std::size_t batches = (images.size() + s.batch_size - 1) / s.batch_size;
@@ -173,8 +175,9 @@ int predict_folder(const Model& model, const data::Normalization& normalization,
       if (truth_file == folder.masks.end()) continue;
       at::Tensor truth = data::read_mask(truth_file->second, {s.classes, s.ignore_index});
       if (truth.size(0) != file.height || truth.size(1) != file.width) {
-        fail(fmt::format("mask \"{}\" is {}x{} but its image \"{}\" is {}x{}", truth_file->second,
-                         truth.size(1), truth.size(0), path, file.width, file.height));
+        rpc::refuse(fmt::format("mask \"{}\" is {}x{} but its image \"{}\" is {}x{}",
+                                truth_file->second, truth.size(1), truth.size(0), path, file.width,
+                                file.height));
       }
       if (s.classes > 1) {
         ClassCounts counts(s.classes, s.ignore_index);
@@ -262,12 +265,12 @@ Overlap overlap_of(const at::Tensor& predicted, const at::Tensor& truth) {
 }
 
 int run_prediction(const PredictSettings& s) {
-  if (s.classes < 1) fail(fmt::format("--classes must be 1 or more, not {}", s.classes));
+  if (s.classes < 1) rpc::refuse(fmt::format("--classes must be 1 or more, not {}", s.classes));
   if (!(s.threshold > 0 && s.threshold < 1)) {
-    fail(fmt::format("--threshold must be between 0 and 1, not {}", s.threshold));
+    rpc::refuse(fmt::format("--threshold must be between 0 and 1, not {}", s.threshold));
   }
-  if (s.data.empty() || s.out.empty()) fail("predict needs --data DIR and --out DIR");
-  if (s.batch_size < 1) fail("--batch-size must be 1 or more");
+  if (s.data.empty() || s.out.empty()) rpc::refuse("predict needs --data DIR and --out DIR");
+  if (s.batch_size < 1) rpc::refuse("--batch-size must be 1 or more");
   depth_of(s.model);
   if (!rpc::world_in_environment()) return predict_in_this_process(s);
 

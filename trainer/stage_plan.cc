@@ -10,7 +10,6 @@
 #include "ferry/models/unet_blocks.h"
 #include "ferry/pipeline/partition.h"
 #include "ferry/rpc/error.h"
-#include "ferry/trainer/fail.h"
 
 namespace ferry::trainer {
 
@@ -94,8 +93,8 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
   if (!s.partition.empty()) {
     std::vector<pipeline::Range> ranges = ranges_at_cuts(costs, "--partition", s.partition);
     if (s.stages > 0 && static_cast<int>(ranges.size()) != s.stages) {
-      fail(fmt::format("--partition {} makes {} stages but --stages is {}", s.partition,
-                       ranges.size(), s.stages));
+      rpc::refuse(fmt::format("--partition {} makes {} stages but --stages is {}", s.partition,
+                              ranges.size(), s.stages));
     }
     method = "manual";
     return ranges;
@@ -109,8 +108,8 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
     return ranges;
   }
   if (s.stages < 1 || s.stages > static_cast<int>(costs.size())) {
-    fail(fmt::format("--stages {}: the U-Net has {} blocks, so 1 to {} stages", s.stages,
-                     costs.size(), costs.size()));
+    rpc::refuse(fmt::format("--stages {}: the U-Net has {} blocks, so 1 to {} stages", s.stages,
+                            costs.size(), costs.size()));
   }
   method = "balanced by " + s.balance;
   if (s.balance == "memory") return pipeline::partition_min_max(memory, s.stages, time);
@@ -118,7 +117,7 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
   if (s.balance == "parameters") {
     return pipeline::partition_min_max(parameter_costs(costs), s.stages, time);
   }
-  fail(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
+  rpc::refuse(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
 }
 
 }  // namespace
@@ -143,7 +142,7 @@ std::vector<pipeline::Range> ranges_at_cuts(const std::vector<models::BlockCost>
   try {
     return pipeline::ranges_from_cuts(names, cuts);
   } catch (const std::invalid_argument& e) {
-    fail(
+    rpc::refuse(
         fmt::format("{} {}: {} (the blocks: stem, layer1.0, ..., decoder.0, ..., head; "
                     "`ferry-master describe --blocks` lists them)",
                     flag, cuts, e.what()));
@@ -160,7 +159,7 @@ int64_t depth_of(const std::string& model) {
     }
   }
   if (depth == 0) {
-    fail(
+    rpc::refuse(
         fmt::format("unknown model \"{}\" (models: unet-resnet18, unet-resnet34, unet-resnet50, "
                     "unet-resnet101, unet-resnet152)",
                     model));
@@ -281,18 +280,18 @@ StageMemoryTerms stage_memory_terms(const std::vector<models::BlockCost>& costs,
 StagePlan plan_stages(const PlanSettings& s) {
   StagePlan plan;
   plan.depth = depth_of(s.model);
-  if (s.stages < 0) fail(fmt::format("--stages {} is not a number of stages", s.stages));
+  if (s.stages < 0) rpc::refuse(fmt::format("--stages {} is not a number of stages", s.stages));
   if (s.balance != "memory" && s.balance != "time" && s.balance != "parameters") {
-    fail(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
+    rpc::refuse(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
   }
-  if (s.batch_size < 1) fail(fmt::format("--batch-size {} is not a batch", s.batch_size));
+  if (s.batch_size < 1) rpc::refuse(fmt::format("--batch-size {} is not a batch", s.batch_size));
   if (s.microbatches < 1) {
-    fail(fmt::format("--microbatches {} is not a number of micro-batches", s.microbatches));
+    rpc::refuse(fmt::format("--microbatches {} is not a number of micro-batches", s.microbatches));
   }
   if (s.neighbours < 0)
-    fail(fmt::format("--neighbours {} is not a number of stages", s.neighbours));
+    rpc::refuse(fmt::format("--neighbours {} is not a number of stages", s.neighbours));
   if (s.neighbours > 0 && s.threads != 1) {
-    fail(
+    rpc::refuse(
         fmt::format("--neighbours {} needs --threads 1: the stages beside each other compute "
                     "on one core each, and so does the one timed beside them",
                     s.neighbours));

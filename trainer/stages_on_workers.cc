@@ -9,8 +9,8 @@
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/remote_module/state_handover.h"
+#include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
-#include "ferry/trainer/fail.h"
 #include "trainer/train_setup.h"
 
 namespace ferry::trainer {
@@ -22,8 +22,8 @@ using models::RemoteUnet;
 void load_weights(RemoteUnet& split, const TrainSettings& s) {
   models::LoadReport report = split.load_weights(s.weights);
   if (report.loaded == 0) {
-    fail(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
-                     report.describe()));
+    rpc::refuse(fmt::format("--weights {}: no tensor in it fits the model ({})", s.weights,
+                            report.describe()));
   }
   if (report.ok()) {
     log::info("weights loaded from {}", s.weights);
@@ -44,7 +44,7 @@ void take_step_statistics(const StagesOnWorkers& job) {
     layers += remote_module::RemoteModule::take_step_statistics(
         copies, fmt::format("ferry/batchnorm/{}/{}/{}/", rpc::self().rank, build, k));
   }
-  if (layers == 0) fail("--sync-batchnorm: no stage of the model has a batch norm");
+  if (layers == 0) rpc::refuse("--sync-batchnorm: no stage of the model has a batch norm");
   log::info("batch norms: statistics of the whole step ({} layers{})", layers,
             job.replicas.size() > 1 ? fmt::format(", summed over {} replicas", job.replicas.size())
                                     : std::string());

@@ -23,9 +23,9 @@
 #include "ferry/dist_autograd/lr_schedule.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/checkpoint.h"
+#include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/epoch_monitor.h"
-#include "ferry/trainer/fail.h"
 #include "ferry/trainer/metrics_log.h"
 #include "ferry/trainer/model_tools.h"
 #include "ferry/trainer/plan_command.h"
@@ -87,7 +87,7 @@ void load_data(Run& run) {
   run.train_loader = std::make_unique<data::BatchLoader>(
       train_set, train_indices, global_batch, s.seed, /*drop_last=*/true, s.loader_threads);
   if (run.train_loader->batches() == 0) {
-    fail(fmt::format(
+    rpc::refuse(fmt::format(
         "{} training images do not make one batch of {}{}", train_indices.size(), global_batch,
         s.replicas > 1 ? fmt::format(" ({} replicas of {})", s.replicas, s.plan.batch_size) : ""));
   }
@@ -153,7 +153,7 @@ void start(Run& run) {
   const TrainSettings& s = run.s;
   run.job = build_stages(s, run.plan, run.workers);
   if (s.resume) {
-    if (s.checkpoint_dir.empty()) fail("--resume needs --checkpoint-dir");
+    if (s.checkpoint_dir.empty()) rpc::refuse("--resume needs --checkpoint-dir");
     restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
     log::info("resumed from {} after epoch {} (optimizer step {})", s.checkpoint_dir,
               run.progress.epoch, run.progress.step);
@@ -337,8 +337,7 @@ void take_over(Run& run, const rpc::Error& e) {
   // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
   run.job.reset();
   run.job = build_stages(s, run.plan, run.workers);
-  const bool saved = !s.checkpoint_dir.empty() &&
-                     std::filesystem::exists(std::filesystem::path(s.checkpoint_dir) / "LATEST");
+  const bool saved = !s.checkpoint_dir.empty() && remote_module::has_checkpoint(s.checkpoint_dir);
   run.progress = Progress{0, 0, monitor_of(s)};
   if (saved) restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
   log::warn("training goes on from epoch {}{}", run.progress.epoch + 1,

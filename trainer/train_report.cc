@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ferry/dist_autograd/context.h"
+#include "ferry/remote_module/checkpoint.h"
 #include "ferry/trainer/rebalance.h"
 
 namespace ferry::trainer {
@@ -131,11 +132,8 @@ void report_best(const EpochMonitor& monitor, const std::string& best_dir, int s
   metrics["monitor"] = monitor.metric();
   metrics["best_epoch"] = monitor.best_epoch();
   metrics["best_value"] = monitor.best_value();
-  if (!best_dir.empty()) {
-    std::ifstream latest(std::filesystem::path(best_dir) / "LATEST");
-    std::string folder;
-    std::getline(latest, folder);
-    const std::string path = (std::filesystem::path(best_dir) / folder).string();
+  if (!best_dir.empty() && remote_module::has_checkpoint(best_dir)) {
+    const std::string path = remote_module::latest_checkpoint_folder(best_dir);
     line += fmt::format("; its checkpoint: {} (--checkpoint-dir {} --resume starts from it)", path,
                         best_dir);
     metrics["best_checkpoint"] = path;

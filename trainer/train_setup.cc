@@ -13,7 +13,6 @@
 #include "ferry/core/process_memory.h"
 #include "ferry/remote_module/loss.h"
 #include "ferry/rpc/error.h"
-#include "ferry/trainer/fail.h"
 
 namespace ferry::trainer {
 
@@ -58,7 +57,7 @@ data::Augmentation augmentation_of(const TrainSettings& s) {
   try {
     return data::Augmentation::parse(s.augment);
   } catch (const std::invalid_argument& e) {
-    fail(e.what());
+    rpc::refuse(e.what());
   }
 }
 
@@ -66,7 +65,7 @@ data::Normalization normalization_of(const TrainSettings& s) {
   try {
     return data::Normalization::parse(s.normalize);
   } catch (const std::invalid_argument& e) {
-    fail(e.what());
+    rpc::refuse(e.what());
   }
 }
 
@@ -104,15 +103,15 @@ std::vector<std::string> class_names_of(const TrainSettings& s) {
     return names;
   }
   if (static_cast<std::int64_t>(names.size()) != counted) {
-    fail(fmt::format("{} names {} classes, but --classes {} {}", source, names.size(),
-                     s.plan.classes,
-                     s.plan.classes == 1 ? "counts 2 (background and foreground)"
-                                         : fmt::format("counts {}", counted)));
+    rpc::refuse(fmt::format("{} names {} classes, but --classes {} {}", source, names.size(),
+                            s.plan.classes,
+                            s.plan.classes == 1 ? "counts 2 (background and foreground)"
+                                                : fmt::format("counts {}", counted)));
   }
   for (const std::string& name : names) {
     if (name.empty() || name.find_first_of(",\"") != std::string::npos) {
-      fail(fmt::format("{}: the class name \"{}\" must be non-empty, without commas or quotes",
-                       source, name));
+      rpc::refuse(fmt::format(
+          "{}: the class name \"{}\" must be non-empty, without commas or quotes", source, name));
     }
   }
   return names;
@@ -130,18 +129,18 @@ dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
   if (s.plan.optimizer == "sgd") return dist_autograd::OptimizerSpec::sgd(s.lr, 0.9, 1e-4);
   if (s.plan.optimizer == "adam") return dist_autograd::OptimizerSpec::adam(s.lr);
   if (s.plan.optimizer == "adamw") return dist_autograd::OptimizerSpec::adamw(s.lr);
-  fail(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.plan.optimizer));
+  rpc::refuse(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.plan.optimizer));
 }
 
 void check_sync_batchnorm(const TrainSettings& s) {
   if (!s.sync_batchnorm) return;
   if (s.freeze_batchnorm) {
-    fail(
+    rpc::refuse(
         "--sync-batchnorm with --freeze-batchnorm: frozen batch norms take no batch statistics "
         "to synchronise");
   }
   if (s.via_master) {
-    fail("--sync-batchnorm needs pipelined steps; --via-master (the naive split) is not");
+    rpc::refuse("--sync-batchnorm needs pipelined steps; --via-master (the naive split) is not");
   }
   bool interleaved = false;
   try {
@@ -151,7 +150,7 @@ void check_sync_batchnorm(const TrainSettings& s) {
     // pipeline_of says what is wrong with it.
   }
   if (s.replicas > 1 && interleaved) {
-    fail(fmt::format(
+    rpc::refuse(fmt::format(
         "--sync-batchnorm with --replicas and --pipeline {0}: under {0} a stage's forwards "
         "and backwards interleave differently in each replica, and the replicas' batch norms "
         "must sum their statistics in the same order; use --pipeline gpipe",
@@ -167,17 +166,17 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
   bool wanted = !s.pipeline.empty() || s.microbatches > 1 || s.checkpoint_activations ||
                 !s.trace_file.empty() || s.sync_batchnorm;
   if (!wanted) return nullptr;
-  if (s.via_master) fail("--via-master is the naive split; it cannot be pipelined");
+  if (s.via_master) rpc::refuse("--via-master is the naive split; it cannot be pipelined");
   pipeline::PipelineOptions options;
   try {
     options.schedule = pipeline::parse_schedule(s.pipeline.empty() ? "gpipe" : s.pipeline);
   } catch (const std::invalid_argument& e) {
-    fail(fmt::format("--pipeline: {}", e.what()));
+    rpc::refuse(fmt::format("--pipeline: {}", e.what()));
   }
   options.microbatches = s.microbatches;
   if (s.microbatches > s.plan.batch_size) {
-    fail(fmt::format("--microbatches {} is more than the {} images of a batch", s.microbatches,
-                     s.plan.batch_size));
+    rpc::refuse(fmt::format("--microbatches {} is more than the {} images of a batch",
+                            s.microbatches, s.plan.batch_size));
   }
   if (s.checkpoint_activations) {
     for (size_t k = 0; k < split.stages().size(); ++k) {
@@ -236,20 +235,21 @@ dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total
     return dist_autograd::LrSchedule::parse(s.lr_schedule, s.lr, total_steps, s.warmup_steps,
                                             s.lr_step_size, s.lr_gamma);
   } catch (const std::invalid_argument& e) {
-    fail(fmt::format("--lr-schedule: {}", e.what()));
+    rpc::refuse(fmt::format("--lr-schedule: {}", e.what()));
   }
 }
 
 // The monitor the settings ask for, if any; fails on settings that cannot work together.
 std::optional<EpochMonitor> monitor_of(const TrainSettings& s) {
   if (s.save_best && s.checkpoint_dir.empty()) {
-    fail("--save-best needs --checkpoint-dir: the best epoch's checkpoint goes to its best/");
+    rpc::refuse(
+        "--save-best needs --checkpoint-dir: the best epoch's checkpoint goes to its best/");
   }
   if (s.monitor.empty() && !s.save_best && s.early_stop_patience == 0) return std::nullopt;
   try {
     return EpochMonitor(s.monitor.empty() ? "val_loss" : s.monitor, s.early_stop_patience);
   } catch (const std::invalid_argument& e) {
-    fail(e.what());
+    rpc::refuse(e.what());
   }
 }
 
@@ -257,7 +257,7 @@ remote_module::Precision precision_of(const TrainSettings& s) {
   try {
     return remote_module::parse_precision(s.precision);
   } catch (const std::invalid_argument& e) {
-    fail(fmt::format("--precision: {}", e.what()));
+    rpc::refuse(fmt::format("--precision: {}", e.what()));
   }
 }
 
@@ -268,32 +268,33 @@ void check_classes(const TrainSettings& s) {
   const std::int64_t k = s.plan.classes;
   const std::string name = remote_module::LossSpec::parse(loss_spec(s)).name;
   if (k > 1 && (name == "bce" || name == "bce+dice")) {
-    fail(
+    rpc::refuse(
         fmt::format("--loss {} compares one logit per pixel with masks of 0 and 1; with "
                     "--classes {} use ce, dice, focal or ce+dice",
                     name, k));
   }
   if (k == 1 && (name == "ce" || name == "ce+dice")) {
-    fail(
+    rpc::refuse(
         fmt::format("--loss {} needs --classes 2 or more; with one class use bce, dice, focal "
                     "or bce+dice",
                     name));
   }
   if (!s.class_weights.empty() && static_cast<std::int64_t>(s.class_weights.size()) != k) {
-    fail(fmt::format("--class-weights has {} values for --classes {}", s.class_weights.size(), k));
+    rpc::refuse(
+        fmt::format("--class-weights has {} values for --classes {}", s.class_weights.size(), k));
   }
   for (double w : s.class_weights) {
-    if (!(w >= 0)) fail(fmt::format("--class-weights must be 0 or more, not {}", w));
+    if (!(w >= 0)) rpc::refuse(fmt::format("--class-weights must be 0 or more, not {}", w));
   }
   if (s.ignore_index && *s.ignore_index >= 0 && *s.ignore_index < std::max<std::int64_t>(k, 2)) {
-    fail(fmt::format("--ignore-index {} is the id of one of the classes (0 to {})", *s.ignore_index,
-                     std::max<std::int64_t>(k, 2) - 1));
+    rpc::refuse(fmt::format("--ignore-index {} is the id of one of the classes (0 to {})",
+                            *s.ignore_index, std::max<std::int64_t>(k, 2) - 1));
   }
   if (s.data == "synthetic") {
     try {
       data::SyntheticDataset(0, s.plan.image_size, s.seed, k);
     } catch (const std::invalid_argument& e) {
-      fail(e.what());
+      rpc::refuse(e.what());
     }
   }
   class_names_of(s);
@@ -309,7 +310,7 @@ void check_settings(const TrainSettings& s) {
   } catch (const rpc::Error& e) {
     const std::vector<std::string> known = remote_module::registered_losses();
     const bool registered = std::find(known.begin(), known.end(), s.loss) != known.end();
-    fail(fmt::format(
+    rpc::refuse(fmt::format(
         "--loss: {}{}", e.what(),
         registered || s.loss.empty() ? "" : " (a loss of your own comes with --plugin)"));
   }
@@ -317,10 +318,11 @@ void check_settings(const TrainSettings& s) {
   normalization_of(s);
   augmentation_of(s);
   if (s.loss_on != "auto" && s.loss_on != "last-stage" && s.loss_on != "master") {
-    fail(fmt::format("--loss-on must be auto, last-stage or master, not \"{}\"", s.loss_on));
+    rpc::refuse(fmt::format("--loss-on must be auto, last-stage or master, not \"{}\"", s.loss_on));
   }
-  if (s.accumulate < 1) fail(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
-  if (s.replicas < 1) fail(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
+  if (s.accumulate < 1)
+    rpc::refuse(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
+  if (s.replicas < 1) rpc::refuse(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
   precision_of(s);
   check_sync_batchnorm(s);
 }

@@ -48,6 +48,11 @@ TEST(Environment, ALogLevelIsCheckedWhereTheAgentStartsAndNeverThrowsFromALogCal
   ::setenv("FERRY_LOG_LEVEL", "loud", 1);
   EXPECT_THAT(error_of([] { check_log_level_in_environment(); }),
               HasSubstr("FERRY_LOG_LEVEL=\"loud\" is not one of trace, debug, info, warn"));
+  // A log call under the bad level neither throws nor is lost: it logs at info meanwhile.
+  ::testing::internal::CaptureStderr();
+  EXPECT_NO_THROW(log::warn("logged under FERRY_LOG_LEVEL={}", "loud"));
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("logged under FERRY_LOG_LEVEL=loud"));
   ::setenv("FERRY_LOG_LEVEL", "debug", 1);
   EXPECT_NO_THROW(check_log_level_in_environment());
   ::unsetenv("FERRY_LOG_LEVEL");

@@ -16,6 +16,7 @@
 #include "rpc/store_table.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
+#include "tests/support/wait.h"
 
 namespace ferry::rpc::store {
 namespace {
@@ -98,7 +99,8 @@ TEST(StoreTable, AGetWaitsForItsKeyAndOtherwiseTimesOutNamingIt) {
   EXPECT_FALSE(missing.ok);
   EXPECT_EQ(missing.error, "waited 20 ms for store keys that did not appear: late");
   std::thread setter([&] {
-    std::this_thread::sleep_for(milliseconds(20));
+    // Set once the get waits for it, so the wait is what finds it.
+    ferry::testing::wait_until([&] { return table.waiting() == 1; }, std::chrono::seconds(10));
     Request set = one(Op::Set, "late");
     set.value = "here";
     table.apply(set);
@@ -109,15 +111,28 @@ TEST(StoreTable, AGetWaitsForItsKeyAndOtherwiseTimesOutNamingIt) {
   EXPECT_EQ(found.value, "here");
 }
 
+// The calls are waiting when the table closes (the table says so first), and each fails at once
+// though it would wait ten minutes; a call after the close fails without waiting.
 TEST(StoreTable, ClosingWakesEveryWaitingCall) {
   StoreTable table;
-  Reply reply;
-  std::thread waiter([&] { reply = table.apply(getting("never", 600000)); });
-  std::this_thread::sleep_for(milliseconds(20));
+  Reply replies[2];
+  std::thread waiters[2];
+  for (int k = 0; k < 2; ++k) {
+    waiters[k] = std::thread([&, k] { replies[k] = table.apply(getting("never", 600000)); });
+  }
+  const bool both_waiting =
+      ferry::testing::wait_until([&] { return table.waiting() == 2; }, std::chrono::seconds(10));
   table.close();
-  waiter.join();
-  EXPECT_FALSE(reply.ok);
-  EXPECT_EQ(reply.error, "the store is closing");
+  for (std::thread& waiter : waiters) waiter.join();
+  ASSERT_TRUE(both_waiting);
+  EXPECT_EQ(table.waiting(), 0u);
+  for (const Reply& reply : replies) {
+    EXPECT_FALSE(reply.ok);
+    EXPECT_EQ(reply.error, "the store is closing");
+  }
+  const Reply late = table.apply(getting("never", 600000));
+  EXPECT_FALSE(late.ok);
+  EXPECT_EQ(late.error, "the store is closing");
 }
 
 ServerSettings settings_with(const std::string& secret) {

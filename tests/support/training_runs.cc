@@ -71,10 +71,7 @@ bool parses_as_svg(const std::string& path) {
 }
 
 std::string latest_checkpoint(const std::string& dir) {
-  std::ifstream latest(dir + "/LATEST");
-  std::string folder;
-  latest >> folder;
-  return dir + "/" + folder;
+  return remote_module::latest_checkpoint_folder(dir);
 }
 
 std::string rewind_checkpoint(const std::string& dir) {

@@ -53,6 +53,8 @@ struct SavedCheckpoint {
 // The complete checkpoints of `dir` (those with a manifest), oldest first; none when `dir` is
 // not there.
 std::vector<std::string> checkpoint_folders(const std::string& dir);
+// Whether `dir` holds a complete checkpoint (has a LATEST).
+bool has_checkpoint(const std::string& dir);
 // The folder that `dir`'s LATEST names; rpc::Error(InvalidArgument) naming `dir` if none.
 std::string latest_checkpoint_folder(const std::string& dir);
 // Reads a checkpoint folder; rpc::Error(InvalidArgument) naming the folder or file if a file is

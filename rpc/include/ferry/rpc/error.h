@@ -52,6 +52,10 @@ class Error : public std::runtime_error {
   std::string worker_;
 };
 
+// Throws Error(InvalidArgument, message): how the layers above refuse a value, a setting or a file
+// they were given (a flag, a config, routes, a checkpoint), `message` naming it and what was wrong.
+[[noreturn]] void refuse(const std::string& message);
+
 // Whether `e` means its worker is gone for the caller: it died (PeerDied) or stopped answering
 // (Timeout). A spare may take over such a worker; no other kind of error is a reason to.
 bool is_lost(ErrorKind kind);

@@ -1,17 +1,15 @@
 #include "apps/master_flags.h"
 
-#include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "apps/flag_ranges.h"
 #include "ferry/core/image_size.h"
-#include "ferry/core/text.h"
 #include "ferry/data/dataset.h"
 #include "ferry/trainer/model_tools.h"
 
@@ -27,17 +25,17 @@ constexpr double kMaxImageSize = 1 << 15;  // pixels a side
 CLI::Validator image_size_check() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        const std::vector<std::string> sides = core::split(text, ',');
-        if (sides.size() > 2) return fmt::format("must be S or H,W, not \"{}\"", text);
-        for (const std::string& side : sides) {
-          char* end = nullptr;
-          errno = 0;
-          const long long value = std::strtoll(side.c_str(), &end, 10);
-          if (side.empty() || *end != '\0' || errno == ERANGE || value < 32 ||
-              value > kMaxImageSize || value % 32 != 0) {
-            return fmt::format("must be S or H,W, each a multiple of 32 from 32 to {}, not \"{}\"",
-                               bound_text(kMaxImageSize), text);
-          }
+        const std::string refused =
+            fmt::format("must be S or H,W, each a multiple of 32 from 32 to {}, not \"{}\"",
+                        bound_text(kMaxImageSize), text);
+        core::ImageSize size;
+        try {
+          size = core::ImageSize::parse(text);
+        } catch (const std::invalid_argument&) {
+          return refused;
+        }
+        for (const std::int64_t side : {size.height, size.width}) {
+          if (side < 32 || side > kMaxImageSize || side % 32 != 0) return refused;
         }
         return {};
       },

@@ -10,6 +10,7 @@
 
 #include "apps/flag_ranges.h"
 #include "ferry/core/image_size.h"
+#include "ferry/core/processes.h"
 #include "ferry/data/dataset.h"
 #include "ferry/trainer/model_tools.h"
 
@@ -466,6 +467,9 @@ MasterCommandLine::MasterCommandLine() {
   add_export(*this);
   add_predict(*this);
   add_plan(*this);
+  // The programs the trainer starts are this one and the launcher installed beside it.
+  train.master_program = plan.master = core::executable_path();
+  plan.launcher = core::executable_dir() + "/ferry-launch";
 }
 
 int run_master_command(const MasterCommandLine& l) {

@@ -1,10 +1,13 @@
 #include "ferry/core/processes.h"
 
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -16,15 +19,22 @@ namespace ferry::core {
 
 pid_t spawn_process(const std::vector<std::string>& command,
                     const std::map<std::string, std::string>& env, int output_fd) {
+  return spawn_process(command, ChildEnvironment{env, {}}, output_fd);
+}
+
+pid_t spawn_process(const std::vector<std::string>& command, const ChildEnvironment& env,
+                    int output_fd, bool stderr_too) {
   if (command.empty()) throw std::runtime_error("cannot start an empty command");
   // A variable set in `env` replaces this process's own: a second entry would not, since a
   // program's getenv finds the first.
   std::vector<std::string> env_strings;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     std::string kv(*entry);
-    if (!env.count(kv.substr(0, kv.find('=')))) env_strings.push_back(std::move(kv));
+    const std::string name = kv.substr(0, kv.find('='));
+    const bool unset = std::find(env.unset.begin(), env.unset.end(), name) != env.unset.end();
+    if (!env.set.count(name) && !unset) env_strings.push_back(std::move(kv));
   }
-  for (const auto& [key, value] : env) env_strings.push_back(key + "=" + value);
+  for (const auto& [key, value] : env.set) env_strings.push_back(key + "=" + value);
   std::vector<char*> envp;
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -36,7 +46,7 @@ pid_t spawn_process(const std::vector<std::string>& command,
   posix_spawn_file_actions_init(&actions);
   if (output_fd >= 0) {
     posix_spawn_file_actions_adddup2(&actions, output_fd, STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, output_fd, STDERR_FILENO);
+    if (stderr_too) posix_spawn_file_actions_adddup2(&actions, output_fd, STDERR_FILENO);
   }
   pid_t pid = -1;
   const int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
@@ -70,6 +80,43 @@ CommandOutput run_command(const std::string& command, bool with_stderr) {
   while (std::fgets(buf.data(), buf.size(), pipe) != nullptr) result.output += buf.data();
   const int status = pclose(pipe);
   result.status = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+CommandOutput run_process(const std::vector<std::string>& command, const ChildEnvironment& env,
+                          bool with_stderr) {
+  CommandOutput result;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    result.output = std::string("cannot make a pipe: ") + std::strerror(errno);
+    return result;
+  }
+  pid_t pid = -1;
+  try {
+    pid = spawn_process(command, env, fds[1], with_stderr);
+  } catch (const std::exception& e) {
+    close(fds[0]);
+    close(fds[1]);
+    result.output = e.what();
+    return result;
+  }
+  close(fds[1]);
+  std::array<char, 4096> buf;
+  for (;;) {
+    const ssize_t n = read(fds[0], buf.data(), buf.size());
+    if (n > 0) {
+      result.output.append(buf.data(), static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  close(fds[0]);
+  int status = 0;
+  pid_t waited = -1;
+  do {
+    waited = waitpid(pid, &status, 0);
+  } while (waited < 0 && errno == EINTR);
+  result.status = waited == pid && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
 }
 

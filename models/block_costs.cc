@@ -53,6 +53,8 @@ PassTimes run_blocks(const BlockChain& chain, int64_t first, int64_t last,
     times.forward_s.push_back(seconds_since(start));
     const at::Tensor& made = outputs.back();
     const double live = static_cast<double>(core::tensor_memory().live_bytes - before);
+    const std::int64_t held = core::tensor_memory().live_bytes;
+    if (memory != nullptr) core::reset_tensor_memory_peak();
     start = Clock::now();
     made.backward(torch::ones_like(made));
     times.backward_s.push_back(seconds_since(start));
@@ -68,6 +70,8 @@ PassTimes run_blocks(const BlockChain& chain, int64_t first, int64_t last,
     }
     cost.output_bytes_per_sample = static_cast<double>(made.nbytes()) / n;
     cost.activation_bytes_per_sample = std::max(live / n, cost.output_bytes_per_sample);
+    cost.backward_extra_bytes_per_sample =
+        static_cast<double>(std::max<std::int64_t>(core::tensor_memory().peak_bytes - held, 0)) / n;
     for (const at::Tensor& t : outputs) {
       cost.carry_bytes_per_sample += static_cast<double>(t.nbytes()) / n;
     }
@@ -225,6 +229,16 @@ BlockChain unet_chain(int64_t depth, int64_t classes, core::ImageSize image_size
   return chain;
 }
 
+// A backward's extra bytes per sample from its bytes per sample at two sizes: the slope between
+// them, leaving out what does not grow with the samples (the temporaries of the parameters'
+// gradients, which a stage's memory counts once as the gradients themselves).
+double extra_per_sample(int64_t small, double small_per_sample, int64_t large,
+                        double large_per_sample) {
+  if (small == large) return small_per_sample;
+  const double n1 = static_cast<double>(small), n2 = static_cast<double>(large);
+  return std::max(0.0, (n1 * small_per_sample - n2 * large_per_sample) / (n1 - n2));
+}
+
 }  // namespace
 
 PassCost fit_pass_cost(int64_t small, double small_s, int64_t large, double large_s) {
@@ -258,8 +272,13 @@ std::vector<BlockCost> measure_blocks(const BlockChain& chain, const CostSamplin
   for (int i = 0; i < sampling.neighbours; ++i) neighbours.push_back(chain.copy());
   const PassTimes at_run =
       median_times(chain, sampling.samples, timed, neighbours, sampling.cut, &costs);
-  const PassTimes at_second = median_times(chain, second, timed, neighbours, sampling.cut, nullptr);
+  std::vector<BlockCost> at_second_memory(costs.size());
+  const PassTimes at_second =
+      median_times(chain, second, timed, neighbours, sampling.cut, &at_second_memory);
   for (size_t k = 0; k < costs.size(); ++k) {
+    costs[k].backward_extra_bytes_per_sample =
+        extra_per_sample(sampling.samples, costs[k].backward_extra_bytes_per_sample, second,
+                         at_second_memory[k].backward_extra_bytes_per_sample);
     costs[k].forward =
         fit_pass_cost(sampling.samples, at_run.forward_s[k], second, at_second.forward_s[k]);
     costs[k].backward =

@@ -32,6 +32,7 @@ nlohmann::ordered_json block_json(const models::BlockCost& c) {
           {"parameters", c.parameters},
           {"parameter_bytes", c.parameter_bytes},
           {"activation_bytes_per_sample", c.activation_bytes_per_sample},
+          {"backward_extra_bytes_per_sample", c.backward_extra_bytes_per_sample},
           {"output_bytes_per_sample", c.output_bytes_per_sample},
           {"carry_bytes_per_sample", c.carry_bytes_per_sample},
           {"largest_parameter_bytes", c.largest_parameter_bytes},
@@ -45,6 +46,7 @@ models::BlockCost block_of(const nlohmann::json& j) {
   c.parameters = j.at("parameters").get<int64_t>();
   c.parameter_bytes = j.at("parameter_bytes").get<int64_t>();
   c.activation_bytes_per_sample = j.at("activation_bytes_per_sample").get<double>();
+  c.backward_extra_bytes_per_sample = j.at("backward_extra_bytes_per_sample").get<double>();
   c.output_bytes_per_sample = j.at("output_bytes_per_sample").get<double>();
   c.carry_bytes_per_sample = j.at("carry_bytes_per_sample").get<double>();
   c.largest_parameter_bytes = j.at("largest_parameter_bytes").get<int64_t>();
@@ -96,7 +98,15 @@ nlohmann::ordered_json CostKey::json() const {
 std::string this_machine() {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  return fmt::format("{}; {}; {} cores", host, cpu_model(), std::thread::hardware_concurrency());
+  // oneDNN's kernels, and so the blocks' memory and time, follow the instructions it may use.
+  std::string isa;
+  for (const char* name : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') {
+      isa += fmt::format("; {}={}", name, value);
+    }
+  }
+  return fmt::format("{}; {}; {} cores{}", host, cpu_model(), std::thread::hardware_concurrency(),
+                     isa);
 }
 
 std::string ferry_version() { return FERRY_VERSION; }

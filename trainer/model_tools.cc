@@ -11,6 +11,7 @@
 #include "ferry/core/processes.h"
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
+#include "ferry/rpc/error.h"
 #include "trainer/image_size_json.h"
 
 namespace ferry::trainer {
@@ -102,8 +103,11 @@ int measure_single_process(const std::string& model, int64_t classes,
                                                     torch::optim::SGDOptions(0.01).momentum(0.9));
   } else if (optimizer_name == "adamw") {
     optimizer = std::make_unique<torch::optim::AdamW>(net->parameters());
-  } else {
+  } else if (optimizer_name == "adam") {
     optimizer = std::make_unique<torch::optim::Adam>(net->parameters());
+  } else {
+    rpc::refuse(fmt::format("footprint: --optimizer must be sgd, adam or adamw, not \"{}\"",
+                            optimizer_name));
   }
   torch::binary_cross_entropy_with_logits(net->forward(x), target).backward();
   optimizer->step();
@@ -114,16 +118,12 @@ int measure_single_process(const std::string& model, int64_t classes,
   return 0;
 }
 
-double single_process_peak_mib(const std::string& model, int64_t classes,
-                               const core::ImageSize& image_size, int64_t batch_size,
-                               const std::string& optimizer) {
-  const std::string self = core::executable_path();
-  if (self.empty()) return -1;
-  std::string command = fmt::format(
-      "env -u RANK -u WORLD_SIZE -u SLURM_PROCID '{}' footprint --model {} --classes {} "
-      "--image-size {} --batch-size {} --optimizer {}",
-      self, model, classes, image_size.text(), batch_size, optimizer);
-  core::CommandOutput ran = core::run_command(command, /*with_stderr=*/false);
+double single_process_peak_mib(const std::string& master_program, const PlanSettings& plan) {
+  const core::CommandOutput ran = core::run_process(
+      {master_program, "footprint", "--model", plan.model, "--classes",
+       std::to_string(plan.classes), "--image-size", plan.image_size.text(), "--batch-size",
+       std::to_string(plan.batch_size), "--optimizer", plan.optimizer},
+      {{}, {"RANK", "WORLD_SIZE", "SLURM_PROCID"}}, /*with_stderr=*/false);
   if (ran.status != 0) return -1;
   try {
     return nlohmann::json::parse(ran.last_line()).at("peak_rss_mib").get<double>();

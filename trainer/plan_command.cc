@@ -22,6 +22,7 @@
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
 #include "trainer/image_size_json.h"
+#include "trainer/plan_checks.h"
 
 namespace ferry::trainer {
 namespace {
@@ -172,78 +173,71 @@ std::string tail_of(const std::string& text, size_t lines) {
   return at == std::string::npos ? text : text.substr(at + 1);
 }
 
+// Where a job ran out of memory, as its error says: ", at stage ... on worker ..." (the part
+// of its first out-of-memory line before the advice), or "" if it does not say.
+std::string where_out_of_memory(const std::string& output) {
+  const size_t at = output.find("out of memory: ");
+  if (at == std::string::npos) return "";
+  const size_t line_start = output.rfind('\n', at);
+  const size_t begin = line_start == std::string::npos ? 0 : line_start + 1;
+  std::string line = output.substr(begin, output.find('\n', at) - begin);
+  if (const size_t advice = line.find("; to fit,"); advice != std::string::npos) {
+    line.resize(advice);
+  }
+  const size_t failed = line.find("failed: ");
+  return ": " + (failed == std::string::npos ? line : line.substr(failed + 8));
+}
+
 // Two epochs of one step each on a fresh local world under the budget: the second step's images
 // per second, and every stage's peak over the run.
-void verify(Candidate& c, const PlanRequest& request, const std::vector<std::string>& names) {
-  const std::string dir = core::executable_dir();
+StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
+                     const std::vector<std::string>& names) {
   const std::string metrics =
       (std::filesystem::temp_directory_path() / fmt::format("ferry-plan-{}.json", getpid()))
           .string();
   const int64_t batch = c.global_batch();
-  const int64_t samples = batch + std::max<int64_t>(1, batch / 4);
-  const std::string command = fmt::format(
-      "env -u RANK -u WORLD_SIZE -u SLURM_PROCID FERRY_LOG_LEVEL=warn '{}/ferry-launch' --nproc "
-      "{} -- '{}/ferry-master' train {} --samples {} --epochs 2 --metrics-file '{}'",
-      dir, c.stages * c.replicas + 1, dir, c.flags(request, names), samples, metrics);
+  std::vector<std::string> command = {
+      s.launcher, "--nproc", std::to_string(c.stages * c.replicas + 1), "--", s.master, "train"};
+  for (std::string& word : c.arguments(s.request, names)) command.push_back(std::move(word));
+  for (const std::string& word :
+       {std::string("--samples"), std::to_string(batch + std::max<int64_t>(1, batch / 4)),
+        std::string("--epochs"), std::string("2"), std::string("--metrics-file"), metrics}) {
+    command.push_back(word);
+  }
+  // The job is a world of its own, not a rank of one this process may belong to.
+  const core::ChildEnvironment env{{{"FERRY_LOG_LEVEL", "warn"}},
+                                   {"RANK", "WORLD_SIZE", "SLURM_PROCID"}};
   const auto start = Clock::now();
-  core::CommandOutput ran = core::run_command(command);
+  const core::CommandOutput ran = core::run_process(command, env);
+  StepCheck out;
   if (ran.status != 0) {
-    c.verify_error = ran.status == kExitOutOfMemory
-                         ? "out of memory under the budget"
-                         : fmt::format("exit {}: {}", ran.status, tail_of(ran.output, 3));
-    std::cerr << fmt::format("  {}: {}\n", c.describe(), c.verify_error);
+    out.out_of_memory = ran.status == kExitOutOfMemory;
+    out.error = out.out_of_memory ? "out of memory under the budget" + where_out_of_memory(ran.output)
+                                  : fmt::format("exit {}: {}", ran.status, tail_of(ran.output, 3));
+    std::cerr << fmt::format("  {}, batch {}: {}\n", c.describe(), batch, out.error);
     std::filesystem::remove(metrics);
-    return;
+    return out;
   }
   try {
-    const nlohmann::json out = nlohmann::json::parse(std::ifstream(metrics));
-    c.measured_images_per_s = out.at("epochs").back().at("images_per_s").get<double>();
-    c.measured_peak_mib.clear();
-    for (const auto& stage : out.at("stages")) {
-      c.measured_peak_mib.push_back(stage.at("worker_peak_tensor_mib").get<double>());
+    const nlohmann::json m = nlohmann::json::parse(std::ifstream(metrics));
+    out.images_per_s = m.at("epochs").back().at("images_per_s").get<double>();
+    for (const auto& stage : m.at("stages")) {
+      out.peak_mib.push_back(stage.at("worker_peak_tensor_mib").get<double>());
     }
   } catch (const std::exception& e) {
-    c.verify_error = fmt::format("its metrics could not be read: {}", e.what());
+    out.error = fmt::format("its metrics could not be read: {}", e.what());
+    std::filesystem::remove(metrics);
+    return out;
   }
   std::filesystem::remove(metrics);
+  double peak = 0;
+  for (double p : out.peak_mib) peak = std::max(peak, p);
   std::cerr << fmt::format(
       "  {}, batch {}: {:.2f} images/s (estimated {:.2f}), largest peak "
       "{:.0f} MiB (estimated {:.0f}); checked in {:.0f} s\n",
-      c.describe(), batch, c.measured_images_per_s, c.predicted_images_per_s(),
-      c.measured_largest_peak_mib(), c.predicted_largest_peak_mib(), seconds_since(start));
-}
-
-bool one_process(const Candidate& c) {
-  return c.stages == 1 && c.replicas == 1 && c.schedule == "plain";
-}
-
-// Checks the first `count` candidates that run (and the one-process one, which a plan must beat)
-// and moves them to the front, the best measured first: the largest batch, then the most images
-// per second. The rest keep their predicted order.
-void verify_best(std::vector<Candidate>& candidates, const PlanRequest& request,
-                 const std::vector<std::string>& names, int count) {
-  if (count <= 0) return;
-  std::cerr << "checking the best candidates with real steps:\n";
-  int good = 0;
-  const size_t tries = std::min(candidates.size(), static_cast<size_t>(2 * count));
-  for (size_t k = 0; k < tries && good < count; ++k) {
-    verify(candidates[k], request, names);
-    if (candidates[k].verified()) ++good;
-  }
-  auto single = std::find_if(candidates.begin(), candidates.end(), one_process);
-  if (!request.largest_batch && single != candidates.end() && !single->verified() &&
-      single->verify_error.empty()) {
-    verify(*single, request, names);
-  }
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [&](const Candidate& a, const Candidate& b) {
-                     if (a.verified() != b.verified()) return a.verified();
-                     if (!a.verified()) return false;
-                     if (request.largest_batch && a.global_batch() != b.global_batch()) {
-                       return a.global_batch() > b.global_batch();
-                     }
-                     return a.measured_images_per_s > b.measured_images_per_s;
-                   });
+      c.describe(), batch, out.images_per_s, c.predicted_images_per_s(), peak,
+      c.predicted_largest_peak_mib(), seconds_since(start));
+  return out;
 }
 
 void check_request(const PlanRequest& r) {
@@ -282,10 +276,25 @@ int run_plan(const PlanCommandSettings& s) {
         s.request.workers, s.request.workers == 1 ? "" : "s",
         s.request.budget_mib > 0 ? fmt::format(" of {:.0f} MiB", s.request.budget_mib) : "",
         search_s);
-    verify_best(candidates, s.request, names, s.verify);
+    int passed = 0;
+    if (s.verify > 0) {
+      std::cerr << "checking the best candidates with real steps:\n";
+      passed = check_candidates(
+          candidates, {costs.blocks, costs.machine}, s.request,
+          [&](const Candidate& c) { return real_steps(c, s, names); },
+          {s.verify, 2 * s.verify, 4});
+    }
     const Candidate& winner = candidates.front();
     std::cerr << "\n" << candidates_table(candidates, static_cast<size_t>(s.rows));
     std::cerr << fmt::format("planned in {:.0f} s\n", seconds_since(start));
+    if (s.verify > 0 && passed == 0) {
+      std::cerr << fmt::format(
+          "ferry-master plan: none of the candidates checked passed its real steps (see above); "
+          "the estimates alone are no plan. Try a larger --memory-budget-mib or a smaller "
+          "batch{}, or --verify 0 for estimates only\n",
+          s.request.largest_batch ? " (--max-batch)" : "");
+      return 1;
+    }
     const std::string flags = winner.flags(s.request, names);
     if (s.json) {
       std::cout << plan_document(s.request, names, candidates, winner).dump() << std::endl;

@@ -28,29 +28,46 @@ std::string Candidate::describe() const {
   return out;
 }
 
+std::vector<std::string> Candidate::arguments(const PlanRequest& request,
+                                             const std::vector<std::string>& block_names) const {
+  std::vector<std::string> out = {"--model",      request.model,
+                                  "--classes",    std::to_string(request.classes),
+                                  "--image-size", request.image_size.text(),
+                                  "--optimizer",  request.optimizer,
+                                  "--batch-size", std::to_string(batch_size),
+                                  "--stages",     std::to_string(stages)};
+  auto add = [&out](std::initializer_list<std::string> words) {
+    out.insert(out.end(), words.begin(), words.end());
+  };
+  if (stages > 1) add({"--partition", partition_of(first_blocks(cut, block_names))});
+  if (replicas > 1) add({"--replicas", std::to_string(replicas)});
+  if (schedule != "plain") {
+    add({"--pipeline", schedule, "--microbatches", std::to_string(microbatches)});
+  }
+  if (recompute) add({"--checkpoint-activations"});
+  if (request.budget_mib > 0) {
+    add({"--memory-budget-mib", fmt::format("{:.0f}", request.budget_mib)});
+  }
+  return out;
+}
+
 std::string Candidate::flags(const PlanRequest& request,
                              const std::vector<std::string>& block_names) const {
-  std::string out = fmt::format(
-      "--model {} --classes {} --image-size {} --optimizer {} --batch-size {}", request.model,
-      request.classes, request.image_size.text(), request.optimizer, batch_size);
-  out += fmt::format(" --stages {}", stages);
-  if (stages > 1) out += " --partition " + partition_of(first_blocks(cut, block_names));
-  if (replicas > 1) out += fmt::format(" --replicas {}", replicas);
-  if (schedule != "plain")
-    out += fmt::format(" --pipeline {} --microbatches {}", schedule, microbatches);
-  if (recompute) out += " --checkpoint-activations";
-  if (request.budget_mib > 0) out += fmt::format(" --memory-budget-mib {:.0f}", request.budget_mib);
-  return out;
+  return fmt::format("{}", fmt::join(arguments(request, block_names), " "));
 }
 
 std::string candidates_table(const std::vector<Candidate>& candidates, size_t rows) {
   std::string out =
-      fmt::format("{:>4} {:<38} {:>6} {:>10} {:>10} {:>9} {:>9}\n", "rank", "configuration",
-                  "batch", "est. peak", "peak", "est. img/s", "img/s");
+      fmt::format("{:>4} {:<38} {:>12} {:>10} {:>10} {:>9} {:>9}\n", "rank", "configuration",
+                  "batch (est.)", "est. peak", "peak", "est. img/s", "img/s");
   for (size_t k = 0; k < candidates.size() && k < rows; ++k) {
     const Candidate& c = candidates[k];
-    out += fmt::format("{:>4} {:<38} {:>6} {:>10.0f} {:>10} {:>9.2f} {:>9}\n", k + 1, c.describe(),
-                       c.global_batch(), c.predicted_largest_peak_mib(),
+    const std::string batch =
+        c.predicted_batch_size > 0
+            ? fmt::format("{} ({})", c.global_batch(), c.predicted_batch_size * c.replicas)
+            : std::to_string(c.global_batch());
+    out += fmt::format("{:>4} {:<38} {:>12} {:>10.0f} {:>10} {:>9.2f} {:>9}\n", k + 1,
+                       c.describe(), batch, c.predicted_largest_peak_mib(),
                        c.verified() ? fmt::format("{:.0f}", c.measured_largest_peak_mib())
                                     : (c.verify_error.empty() ? "-" : "failed"),
                        c.predicted_images_per_s(),
@@ -71,6 +88,10 @@ nlohmann::ordered_json plan_document(const PlanRequest& request,
                                {"recompute", c.recompute},
                                {"batch_size", c.batch_size},
                                {"global_batch", c.global_batch()},
+                               {"predicted_global_batch",
+                                (c.predicted_batch_size > 0 ? c.predicted_batch_size
+                                                            : c.batch_size) *
+                                    c.replicas},
                                {"first_blocks", first_blocks(c.cut, block_names)},
                                {"predicted_peak_mib", c.predicted_largest_peak_mib()},
                                {"predicted_stage_peak_mib", c.predicted_peak_mib},

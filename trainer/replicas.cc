@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -50,7 +51,8 @@ double Validation::of(const std::string& metric) const {
 }
 
 Validation validate(std::vector<Replica>& replicas, data::BatchLoader& loader,
-                    const std::string& loss, bool direct, const data::MaskLabels& labels) {
+                    const std::string& loss, bool direct, const data::MaskLabels& labels,
+                    int64_t piece) {
   for (Replica& replica : replicas) replica.split.train(false);
   loader.start_epoch(0);
   const remote_module::LossFunction loss_fn = remote_module::loss_function(loss);
@@ -66,10 +68,14 @@ Validation validate(std::vector<Replica>& replicas, data::BatchLoader& loader,
       if (images.size(0) == 0) return;
       at::Tensor masks = share_of(batch->masks, r, replicas.size());
       torch::NoGradGuard no_grad;  // per thread
-      at::Tensor logits = replicas[r].split.forward(images, direct);
       Sums& s = sums[r];
-      s.loss += loss_fn(logits, masks).item<double>() * images.size(0);
-      s.counts.add(logits, masks);
+      for (int64_t at = 0; at < images.size(0); at += piece) {
+        const int64_t n = std::min(piece, images.size(0) - at);
+        at::Tensor logits = replicas[r].split.forward(images.narrow(0, at, n), direct);
+        const at::Tensor part = masks.narrow(0, at, n);
+        s.loss += loss_fn(logits, part).item<double>() * static_cast<double>(n);
+        s.counts.add(logits, part);
+      }
       s.images += images.size(0);
     });
   }

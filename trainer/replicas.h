@@ -40,10 +40,12 @@ struct Validation {
 };
 
 // Every image of `loader` through the replicas (each batch shared among them, in eval mode and
-// without gradients): the mean loss per image (`loss` a LossSpec's text), and IoU and Dice over
-// all pixels, of each class and their means (ClassScores), leaving out pixels of the ignore
+// without gradients, `piece` images at a time so that a stage holds no more than a training
+// micro-batch's forward): the mean loss per image (`loss` a LossSpec's text), and IoU and Dice
+// over all pixels, of each class and their means (ClassScores), leaving out pixels of the ignore
 // index.
 Validation validate(std::vector<Replica>& replicas, data::BatchLoader& loader,
-                    const std::string& loss, bool direct, const data::MaskLabels& labels);
+                    const std::string& loss, bool direct, const data::MaskLabels& labels,
+                    int64_t piece);
 
 }  // namespace ferry::trainer

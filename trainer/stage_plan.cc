@@ -248,9 +248,12 @@ double StageMemoryTerms::peak_bytes(int64_t held_samples, int64_t microbatch, bo
                                     bool recompute) const {
   const auto held = static_cast<double>(held_samples);
   const double step = (summed ? 3 : 2) * parameter_bytes + step_temporary_bytes;
-  const double backward =
-      parameter_bytes + carry_bytes_per_sample * held +
-      activation_bytes_per_sample * (recompute ? static_cast<double>(microbatch) : held);
+  // The micro-batch whose backward runs holds its working set; without recomputation the other
+  // micro-batches in flight hold their whole activations meanwhile.
+  const double others = recompute ? 0 : std::max(held - static_cast<double>(microbatch), 0.0);
+  const double backward = parameter_bytes + carry_bytes_per_sample * held +
+                          activation_bytes_per_sample * others +
+                          working_bytes_per_sample * static_cast<double>(microbatch);
   return parameter_bytes + state_bytes + std::max(step, backward);
 }
 
@@ -262,6 +265,10 @@ StageMemoryTerms stage_memory_terms(const std::vector<models::BlockCost>& costs,
     const models::BlockCost& c = costs.at(static_cast<size_t>(k));
     largest = std::max(largest, c.largest_parameter_bytes);
     terms.parameter_bytes += static_cast<double>(c.parameter_bytes);
+    terms.working_bytes_per_sample =
+        std::max(terms.working_bytes_per_sample,
+                 terms.activation_bytes_per_sample + c.activation_bytes_per_sample +
+                     c.backward_extra_bytes_per_sample);
     terms.activation_bytes_per_sample += c.activation_bytes_per_sample;
   }
   terms.state_bytes = terms.parameter_bytes * optimizer_state_copies(s.optimizer);

@@ -295,7 +295,8 @@ bool run_epoch(Run& run, int epoch) {
   run.data_wait_s += times.data_wait_s;
   align_replicas(job);
   const Validation v =
-      validate(job.replicas, *run.validation_loader, loss_spec(s), !s.via_master, labels_of(s));
+      validate(job.replicas, *run.validation_loader, loss_spec(s), !s.via_master, labels_of(s),
+               microbatch_samples(s.plan.batch_size, s.microbatches));
   run.last_validation = v;
   const std::size_t batches = times.batches - before_batch;
   record_epoch(run, epoch, times, v, before, after, batches);
@@ -460,8 +461,7 @@ void report(Run& run) {
   report_stages(run, measured);
   report_buckets(run);
   if (s.compare_single_process) {
-    const double whole = single_process_peak_mib(s.plan.model, s.plan.classes, s.plan.image_size,
-                                                 s.plan.batch_size, s.plan.optimizer);
+    const double whole = single_process_peak_mib(s.master_program, s.plan);
     std::cerr << fmt::format(
         "the whole model trained in one process (same batch) peaks at {:.0f} MiB\n", whole);
     run.metrics["single_process_peak_mib"] = whole;

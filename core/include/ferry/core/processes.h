@@ -11,10 +11,20 @@
 
 namespace ferry::core {
 
+// How a child's environment differs from this process's: variables set over it, and variables
+// it does not inherit.
+struct ChildEnvironment {
+  std::map<std::string, std::string> set;
+  std::vector<std::string> unset;
+};
+
 // Starts `command` (its program, found on PATH when the name has no slash, then its arguments)
-// with this process's environment and `env` over it; with `output_fd` >= 0, its stdout and
-// stderr go there. Returns its pid. Throws std::runtime_error naming the program if it cannot
-// start.
+// with this process's environment changed by `env`; with `output_fd` >= 0, its stdout goes
+// there, and its stderr too unless `stderr_too` is false. Returns its pid. Throws
+// std::runtime_error naming the program if it cannot start.
+pid_t spawn_process(const std::vector<std::string>& command, const ChildEnvironment& env,
+                    int output_fd = -1, bool stderr_too = true);
+// The same with variables set only.
 pid_t spawn_process(const std::vector<std::string>& command,
                     const std::map<std::string, std::string>& env, int output_fd = -1);
 
@@ -30,8 +40,15 @@ struct CommandOutput {
 };
 
 // Runs `command` through the shell and keeps what it prints, with its stderr unless
-// `with_stderr` is false (then it goes where this process's does).
+// `with_stderr` is false (then it goes where this process's does). For tests and tools that
+// compose shell lines; a library runs its programs with run_process.
 CommandOutput run_command(const std::string& command, bool with_stderr = true);
+
+// Runs `command` (as spawn_process starts it, no shell between) until it exits and keeps what
+// it prints, with its stderr unless `with_stderr` is false (then it goes where this process's
+// does). A program that cannot start gives status -1 and the reason as its output.
+CommandOutput run_process(const std::vector<std::string>& command, const ChildEnvironment& env,
+                          bool with_stderr = true);
 
 // This process's executable, as the kernel names it; "" if it cannot say.
 std::string executable_path();

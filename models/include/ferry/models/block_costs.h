@@ -40,6 +40,11 @@ struct BlockCost {
   // Tensor bytes its forward leaves allocated until its backward (what autograd saved, and its
   // output), per sample, as the allocator counts them.
   double activation_bytes_per_sample = 0;
+  // What its backward allocates at its peak beyond what the forward left (the gradient of its
+  // output and of its inner tensors, and the kernels' workspace), per sample: the part that grows
+  // with the samples, from its peaks at both sizes. A stage's backward holds it on top of the
+  // activations of the blocks before this one.
+  double backward_extra_bytes_per_sample = 0;
   double output_bytes_per_sample = 0;  // the tensor it makes
   double carry_bytes_per_sample = 0;   // everything it passes on: its output and the skips
   int64_t largest_parameter_bytes = 0;

@@ -22,10 +22,9 @@ int measure_single_process(const std::string& model, int64_t classes,
                            const core::ImageSize& image_size, int64_t batch_size,
                            const std::string& optimizer, int64_t memory_budget_mib = 0);
 
-// Runs `ferry-master footprint` as a fresh process (so nothing of this one counts) and returns
-// the peak memory it reports, or -1.
-double single_process_peak_mib(const std::string& model, int64_t classes,
-                               const core::ImageSize& image_size, int64_t batch_size,
-                               const std::string& optimizer);
+// Runs `master_program footprint` (ferry-master's) as a fresh process, so that nothing of this
+// one counts, for the model, image size, batch and optimizer of `plan`; returns the peak memory
+// it reports, or -1.
+double single_process_peak_mib(const std::string& master_program, const PlanSettings& plan);
 
 }  // namespace ferry::trainer

@@ -23,10 +23,13 @@ struct PlanCommandSettings {
   // extra threads then add little, docs/planning.md), a host's cores where each has its own.
   int cores_per_worker = 1;
   bool json = false;  // the plan as one JSON object, last on stdout
+  // The programs that run a candidate's real steps: `launcher --nproc N -- master train FLAGS`.
+  std::string launcher = "ferry-launch";
+  std::string master = "ferry-master";
 };
 
-// Runs `plan`; returns the exit code (2 for settings that cannot work or nothing that fits, with
-// the reason).
+// Runs `plan`; returns the exit code (2 for settings that cannot work or nothing that fits, 1
+// when no candidate checked passed its real steps, with the reason).
 int run_plan(const PlanCommandSettings& settings);
 
 // The plan of a training job's settings on `workers` workers (train --plan auto): its model,

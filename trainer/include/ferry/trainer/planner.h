@@ -50,6 +50,9 @@ struct Candidate {
   int microbatches = 1;
   bool recompute = false;
   int64_t batch_size = 0;  // per replica: the step's batch is batch_size x replicas
+  // The batch the estimates gave, where real steps ran out of memory there and found a smaller
+  // one (plan_checks.h); 0 otherwise.
+  int64_t predicted_batch_size = 0;
   std::vector<pipeline::Range> cut;
   std::vector<double> predicted_peak_mib;  // per stage
   double predicted_step_s = 0;
@@ -65,7 +68,10 @@ struct Candidate {
   bool verified() const { return measured_images_per_s >= 0; }
   // "2 stages x 2 replicas, 1f1b x 8, recomputed"
   std::string describe() const;
-  // The `ferry-master train` flags that train it (the cut by block name, from `block_names`).
+  // The `ferry-master train` arguments that train it (the cut by block name, from
+  // `block_names`), and the same as one line.
+  std::vector<std::string> arguments(const PlanRequest& request,
+                                     const std::vector<std::string>& block_names) const;
   std::string flags(const PlanRequest& request, const std::vector<std::string>& block_names) const;
 };
 
@@ -92,8 +98,9 @@ std::vector<std::string> first_blocks(const std::vector<pipeline::Range>& cut,
 // comma-separated ("" for one stage).
 std::string partition_of(const std::vector<std::string>& first_blocks);
 
-// The ranked table (plan_report.cc): configuration, predicted and (where verified) measured largest
-// peak per worker and images per second.
+// The ranked table (plan_report.cc): configuration, batch (and the estimates' batch where real
+// steps found a smaller one), predicted and (where verified) measured largest peak per worker and
+// images per second.
 std::string candidates_table(const std::vector<Candidate>& candidates, size_t rows);
 
 // {"request", "winner": {settings, "flags"}, "candidates": [...]}: what `plan --json` prints and

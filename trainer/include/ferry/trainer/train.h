@@ -109,6 +109,8 @@ struct TrainSettings {
   // DIR/metrics.csv (a row per epoch) and DIR/metrics.svg (loss and IoU curves), if set.
   std::string log_dir;
   bool compare_single_process = false;  // also measure the whole model's step in one process
+  // The program whose `footprint` sub-command measures that step (ferry-master).
+  std::string master_program = "ferry-master";
 };
 
 // Runs as rank 0 of the world described by the environment. Returns the exit code; a failure

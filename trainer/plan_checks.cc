@@ -72,8 +72,8 @@ int check_candidates(std::vector<Candidate>& candidates, const PlanCosts& costs,
     const StepCheck first = check(c);
     record(c, first);
     if (!first.passed() && first.out_of_memory && request.largest_batch) {
-      back_off(c, c.batch_size, std::max(c.microbatches, 1), first_try, budget.backoff_steps,
-               costs, request, check);
+      back_off(c, c.batch_size, std::max(c.microbatches, 1), first_try, budget.backoff_steps, costs,
+               request, check);
       if (c.verified()) {
         first_try = std::min(first_try, static_cast<double>(c.batch_size) /
                                             static_cast<double>(c.predicted_batch_size));

@@ -212,8 +212,9 @@ StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
   StepCheck out;
   if (ran.status != 0) {
     out.out_of_memory = ran.status == kExitOutOfMemory;
-    out.error = out.out_of_memory ? "out of memory under the budget" + where_out_of_memory(ran.output)
-                                  : fmt::format("exit {}: {}", ran.status, tail_of(ran.output, 3));
+    out.error = out.out_of_memory
+                    ? "out of memory under the budget" + where_out_of_memory(ran.output)
+                    : fmt::format("exit {}: {}", ran.status, tail_of(ran.output, 3));
     std::cerr << fmt::format("  {}, batch {}: {}\n", c.describe(), batch, out.error);
     std::filesystem::remove(metrics);
     return out;
@@ -279,10 +280,9 @@ int run_plan(const PlanCommandSettings& s) {
     int passed = 0;
     if (s.verify > 0) {
       std::cerr << "checking the best candidates with real steps:\n";
-      passed = check_candidates(
-          candidates, {costs.blocks, costs.machine}, s.request,
-          [&](const Candidate& c) { return real_steps(c, s, names); },
-          {s.verify, 2 * s.verify, 4});
+      passed = check_candidates(candidates, {costs.blocks, costs.machine}, s.request,
+                                [&](const Candidate& c) { return real_steps(c, s, names); },
+                                {s.verify, 2 * s.verify, 4});
     }
     const Candidate& winner = candidates.front();
     std::cerr << "\n" << candidates_table(candidates, static_cast<size_t>(s.rows));

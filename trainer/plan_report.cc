@@ -29,7 +29,7 @@ std::string Candidate::describe() const {
 }
 
 std::vector<std::string> Candidate::arguments(const PlanRequest& request,
-                                             const std::vector<std::string>& block_names) const {
+                                              const std::vector<std::string>& block_names) const {
   std::vector<std::string> out = {"--model",      request.model,
                                   "--classes",    std::to_string(request.classes),
                                   "--image-size", request.image_size.text(),
@@ -66,8 +66,8 @@ std::string candidates_table(const std::vector<Candidate>& candidates, size_t ro
         c.predicted_batch_size > 0
             ? fmt::format("{} ({})", c.global_batch(), c.predicted_batch_size * c.replicas)
             : std::to_string(c.global_batch());
-    out += fmt::format("{:>4} {:<38} {:>12} {:>10.0f} {:>10} {:>9.2f} {:>9}\n", k + 1,
-                       c.describe(), batch, c.predicted_largest_peak_mib(),
+    out += fmt::format("{:>4} {:<38} {:>12} {:>10.0f} {:>10} {:>9.2f} {:>9}\n", k + 1, c.describe(),
+                       batch, c.predicted_largest_peak_mib(),
                        c.verified() ? fmt::format("{:.0f}", c.measured_largest_peak_mib())
                                     : (c.verify_error.empty() ? "-" : "failed"),
                        c.predicted_images_per_s(),
@@ -81,21 +81,20 @@ nlohmann::ordered_json plan_document(const PlanRequest& request,
                                      const std::vector<Candidate>& candidates,
                                      const Candidate& winner) {
   auto settings = [&](const Candidate& c) {
-    nlohmann::ordered_json out{{"stages", c.stages},
-                               {"replicas", c.replicas},
-                               {"schedule", c.schedule},
-                               {"microbatches", c.microbatches},
-                               {"recompute", c.recompute},
-                               {"batch_size", c.batch_size},
-                               {"global_batch", c.global_batch()},
-                               {"predicted_global_batch",
-                                (c.predicted_batch_size > 0 ? c.predicted_batch_size
-                                                            : c.batch_size) *
-                                    c.replicas},
-                               {"first_blocks", first_blocks(c.cut, block_names)},
-                               {"predicted_peak_mib", c.predicted_largest_peak_mib()},
-                               {"predicted_stage_peak_mib", c.predicted_peak_mib},
-                               {"predicted_images_per_s", c.predicted_images_per_s()}};
+    nlohmann::ordered_json out{
+        {"stages", c.stages},
+        {"replicas", c.replicas},
+        {"schedule", c.schedule},
+        {"microbatches", c.microbatches},
+        {"recompute", c.recompute},
+        {"batch_size", c.batch_size},
+        {"global_batch", c.global_batch()},
+        {"predicted_global_batch",
+         (c.predicted_batch_size > 0 ? c.predicted_batch_size : c.batch_size) * c.replicas},
+        {"first_blocks", first_blocks(c.cut, block_names)},
+        {"predicted_peak_mib", c.predicted_largest_peak_mib()},
+        {"predicted_stage_peak_mib", c.predicted_peak_mib},
+        {"predicted_images_per_s", c.predicted_images_per_s()}};
     if (c.verified()) {
       out["measured_peak_mib"] = c.measured_largest_peak_mib();
       out["measured_stage_peak_mib"] = c.measured_peak_mib;

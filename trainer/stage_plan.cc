@@ -266,9 +266,9 @@ StageMemoryTerms stage_memory_terms(const std::vector<models::BlockCost>& costs,
     largest = std::max(largest, c.largest_parameter_bytes);
     terms.parameter_bytes += static_cast<double>(c.parameter_bytes);
     terms.working_bytes_per_sample =
-        std::max(terms.working_bytes_per_sample,
-                 terms.activation_bytes_per_sample + c.activation_bytes_per_sample +
-                     c.backward_extra_bytes_per_sample);
+        std::max(terms.working_bytes_per_sample, terms.activation_bytes_per_sample +
+                                                     c.activation_bytes_per_sample +
+                                                     c.backward_extra_bytes_per_sample);
     terms.activation_bytes_per_sample += c.activation_bytes_per_sample;
   }
   terms.state_bytes = terms.parameter_bytes * optimizer_state_copies(s.optimizer);

@@ -85,14 +85,13 @@ TEST_F(PlanChecks, ACandidateThatFailedItsCheckIsNeverTheWinner) {
     ASSERT_GE(candidates.size(), 6u);
     const std::vector<Candidate> ranked = candidates;
     int calls = 0;
-    const int passed = check_candidates(
-        candidates, costs_, request,
-        [&](const Candidate&) {
-          StepCheck failed;
-          failed.error = "exit 1: a fake launcher's failure";
-          return ++calls <= failing ? failed : passes(10.0 + calls);
-        },
-        {2, 6, 6});
+    const int passed = check_candidates(candidates, costs_, request,
+                                        [&](const Candidate&) {
+                                          StepCheck failed;
+                                          failed.error = "exit 1: a fake launcher's failure";
+                                          return ++calls <= failing ? failed : passes(10.0 + calls);
+                                        },
+                                        {2, 6, 6});
     ASSERT_GT(passed, 0) << failing << " failing";
     EXPECT_TRUE(candidates.front().verified()) << failing << " failing";
     EXPECT_TRUE(candidates.front().verify_error.empty());
@@ -114,13 +113,12 @@ TEST_F(PlanChecks, WhenEveryCheckFailsNoneCountsAsPassed) {
   PlanRequest request = largest_batch_request();
   std::vector<Candidate> candidates = plan_candidates(blocks_, machine_, request);
   int calls = 0;
-  const int passed = check_candidates(
-      candidates, costs_, request,
-      [&](const Candidate&) {
-        ++calls;
-        return out_of_memory();
-      },
-      {3, 4, 5});
+  const int passed = check_candidates(candidates, costs_, request,
+                                      [&](const Candidate&) {
+                                        ++calls;
+                                        return out_of_memory();
+                                      },
+                                      {3, 4, 5});
   EXPECT_EQ(passed, 0);
   EXPECT_FALSE(candidates.front().verified());
   EXPECT_FALSE(candidates.front().verify_error.empty());
@@ -139,15 +137,14 @@ TEST_F(PlanChecks, ALaterBackOffStartsWhereTheFirstEnded) {
     estimated[static_cast<int64_t>(k) + 1] = candidates[k].batch_size;
   }
   std::map<int64_t, std::vector<int64_t>> tried;
-  const int passed = check_candidates(
-      candidates, costs_, request,
-      [&](const Candidate& c) {
-        tried[c.microbatches].push_back(c.batch_size);
-        return c.batch_size * 10 <= estimated[c.microbatches] * 6
-                   ? passes(static_cast<double>(c.batch_size))
-                   : out_of_memory();
-      },
-      {3, 3, 4});
+  const int passed = check_candidates(candidates, costs_, request,
+                                      [&](const Candidate& c) {
+                                        tried[c.microbatches].push_back(c.batch_size);
+                                        return c.batch_size * 10 <= estimated[c.microbatches] * 6
+                                                   ? passes(static_cast<double>(c.batch_size))
+                                                   : out_of_memory();
+                                      },
+                                      {3, 3, 4});
   EXPECT_EQ(passed, 3);
   ASSERT_EQ(tried.size(), 3u);
   for (auto& [rank, batches] : tried) {

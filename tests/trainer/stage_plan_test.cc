@@ -17,9 +17,9 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::DoubleNear;
+using ::testing::ElementsAre;
 using ::testing::Ge;
 using ::testing::Le;
-using ::testing::ElementsAre;
 
 TEST(CostSampling, BlocksAreTimedAtTheMicroBatchAndAtASecondSize) {
   models::CostSampling pipelined = cost_sampling(128, 8, 1);

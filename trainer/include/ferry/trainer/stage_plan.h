@@ -63,8 +63,9 @@ struct StageMemoryTerms {
   // What its blocks' forwards keep until their backward, per sample.
   double activation_bytes_per_sample = 0;
   // The most its backward of one micro-batch holds, per sample: the activations of the blocks up
-  // to one block and that block's backward beyond them (BlockCost::backward_extra_bytes_per_sample),
-  // at the block where their sum is largest. At least activation_bytes_per_sample.
+  // to one block and that block's backward beyond them
+  // (BlockCost::backward_extra_bytes_per_sample), at the block where their sum is largest. At least
+  // activation_bytes_per_sample.
   double working_bytes_per_sample = 0;
   // With `held_samples` in flight, in micro-batches of `microbatch` samples (`summed`: more than
   // one micro-batch per step).

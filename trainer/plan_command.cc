@@ -133,6 +133,13 @@ CostKey key_of(const PlanRequest& r, int cores, int cores_per_worker) {
           ferry_version()};
 }
 
+// Where a plan's block costs are cached: the folder and what the key takes besides the request.
+nlohmann::ordered_json costs_source(const std::string& cache_dir, int cores, int cores_per_worker) {
+  return {{"cache_dir", cache_dir.empty() ? default_cache_dir() : cache_dir},
+          {"cores", cores},
+          {"cores_per_worker", cores_per_worker}};
+}
+
 CachedCosts costs_for(const PlanRequest& request, const std::string& cache_dir, int cores,
                       int cores_per_worker) {
   const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
@@ -259,6 +266,30 @@ std::vector<Candidate> ranked(const CachedCosts& costs, const PlanRequest& reque
   }
 }
 
+// The block costs a plan document was made from, where this machine's cache still holds them
+// (the same model, sizes, machine and version); none for a plan without its source (an older
+// plan) or made elsewhere: the job measures them then.
+std::vector<models::BlockCost> cached_costs_of(const nlohmann::json& plan,
+                                               const std::string& source) {
+  if (!plan.contains("block_costs")) return {};
+  const nlohmann::json& where = plan.at("block_costs");
+  const nlohmann::json& r = plan.at("request");
+  PlanRequest request;
+  request.model = r.at("model").get<std::string>();
+  request.classes = r.at("classes").get<int64_t>();
+  request.image_size = r.at("image_size").get<core::ImageSize>();
+  request.batch_size = r.at("batch_size").get<int64_t>();
+  request.largest_batch = r.at("largest_batch").get<bool>();
+  const std::string dir = where.at("cache_dir").get<std::string>();
+  const CostKey key =
+      key_of(request, where.at("cores").get<int>(), where.at("cores_per_worker").get<int>());
+  std::optional<CachedCosts> cached = load_costs(dir, key);
+  if (!cached) return {};
+  std::cerr << fmt::format("block costs of {} at {}: from {} (--plan {})\n", request.model,
+                           request.image_size.extent(), cost_file(dir, key), source);
+  return cached->blocks;
+}
+
 }  // namespace
 
 int run_plan(const PlanCommandSettings& s) {
@@ -266,8 +297,8 @@ int run_plan(const PlanCommandSettings& s) {
     check_request(s.request);
     const auto start = Clock::now();
     const int cores = cores_of(s.cores);
-    const CachedCosts costs =
-        costs_for(s.request, s.cache_dir, cores, std::clamp(s.cores_per_worker, 1, cores));
+    const int cores_per_worker = std::clamp(s.cores_per_worker, 1, cores);
+    const CachedCosts costs = costs_for(s.request, s.cache_dir, cores, cores_per_worker);
     const auto searched = Clock::now();
     std::vector<Candidate> candidates = ranked(costs, s.request);
     const double search_s = seconds_since(searched);
@@ -297,7 +328,9 @@ int run_plan(const PlanCommandSettings& s) {
     }
     const std::string flags = winner.flags(s.request, names);
     if (s.json) {
-      std::cout << plan_document(s.request, names, candidates, winner).dump() << std::endl;
+      nlohmann::ordered_json document = plan_document(s.request, names, candidates, winner);
+      document["block_costs"] = costs_source(s.cache_dir, cores, cores_per_worker);
+      std::cout << document.dump() << std::endl;
     } else {
       std::cout << fmt::format("\nfastest{}: {}\nferry-master train {}\n",
                                winner.verified() ? " (checked)" : " (estimated)", winner.describe(),
@@ -337,7 +370,9 @@ nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int work
   std::cerr << "--plan auto: estimated, not checked with real steps\n"
             << candidates_table(candidates, 8);
   std::cerr << "ferry-master train " << candidates.front().flags(request, names) << "\n";
-  return plan_document(request, names, candidates, candidates.front());
+  nlohmann::ordered_json document = plan_document(request, names, candidates, candidates.front());
+  document["block_costs"] = costs_source("", cores_of(0), 1);
+  return document;
 }
 
 nlohmann::json read_plan_file(const std::string& path) {
@@ -370,6 +405,7 @@ TrainSettings with_plan(const TrainSettings& settings, const nlohmann::json& pla
     s.pipeline = schedule == "plain" ? "" : schedule;
     s.microbatches = winner.at("microbatches").get<int>();
     s.checkpoint_activations = winner.at("recompute").get<bool>();
+    s.planned_costs = cached_costs_of(plan, source);
   } catch (const nlohmann::json::exception& e) {
     rpc::refuse(
         fmt::format("--plan {}: not a plan of `ferry-master plan --json` ({})", source, e.what()));

@@ -95,15 +95,20 @@ int parts_of(const Candidate& c) {
 int64_t microbatch_of(const Candidate& c) { return microbatch_samples(c.batch_size, parts_of(c)); }
 
 // The samples stage `s` of `c` holds activations for at once: the batch, or under 1F1B and the
-// zero-bubble schedule the micro-batches ahead of it, at most p - s.
+// zero-bubble schedule the micro-batches ahead of it, at most p - s; the zero-bubble schedule's
+// last stage holds one more whose weight pass waits.
 int64_t held_by(const Candidate& c, int s) {
   if (c.schedule == "plain" || c.schedule == "gpipe") return c.batch_size;
-  return std::min<int64_t>(c.batch_size, microbatch_of(c) * std::min(parts_of(c), c.stages - s));
+  const int last = c.schedule == "zb" && s + 1 == c.stages ? 1 : 0;
+  return std::min<int64_t>(c.batch_size,
+                           microbatch_of(c) * std::min(parts_of(c), c.stages - s + last));
 }
 
 double stage_peak_bytes(const StageTable& table, const Candidate& c, int s, int64_t i, int64_t j) {
-  return table.terms(i, j).peak_bytes(held_by(c, s), microbatch_of(c), parts_of(c) > 1,
-                                      c.recompute);
+  const int64_t deferred =
+      c.schedule == "zb" ? deferred_samples(c.batch_size, parts_of(c), c.stages, s) : 0;
+  return table.terms(i, j).peak_bytes(held_by(c, s), microbatch_of(c), parts_of(c) > 1, c.recompute,
+                                      deferred);
 }
 
 // A worker's speed over one thread's, with p x r workers sharing the machine's cores: fewer cores

@@ -229,7 +229,8 @@ void fill_stages(StagePlan& plan, const PlanSettings& s, const std::vector<pipel
     stage.parameters = static_cast<int64_t>(stage_parameters[k]);
     const int64_t microbatch = microbatch_samples(s.batch_size, s.microbatches);
     stage.peak_mib = stage_memory_terms(plan.costs, ranges[k], s)
-                         .peak_bytes(samples, microbatch, microbatch < s.batch_size, s.recompute) /
+                         .peak_bytes(samples, microbatch, microbatch < s.batch_size, s.recompute,
+                                     s.deferred_samples) /
                      kMiB;
     stage.compute_s = stage_time[k];
     plan.stages.push_back(stage);
@@ -244,13 +245,23 @@ int64_t microbatch_samples(int64_t batch_size, int microbatches) {
   return (batch_size + parts - 1) / parts;
 }
 
+int64_t deferred_samples(int64_t batch_size, int microbatches, int stages, int stage) {
+  const int64_t parts =
+      std::min<int64_t>(std::max(microbatches, 1), std::max<int64_t>(batch_size, 1));
+  if (parts <= 1) return 0;
+  const int64_t places = std::min<int64_t>(parts, stages - stage);
+  const int64_t waiting = stage + 1 == stages ? 1 : places - 1;
+  return std::min(waiting, parts - 1) * microbatch_samples(batch_size, microbatches);
+}
+
 double StageMemoryTerms::peak_bytes(int64_t held_samples, int64_t microbatch, bool summed,
-                                    bool recompute) const {
+                                    bool recompute, int64_t deferred_samples) const {
   const auto held = static_cast<double>(held_samples);
   const double step = (summed ? 3 : 2) * parameter_bytes + step_temporary_bytes;
-  // The micro-batch whose backward runs holds its working set; without recomputation the other
-  // micro-batches in flight hold their whole activations meanwhile.
-  const double others = recompute ? 0 : std::max(held - static_cast<double>(microbatch), 0.0);
+  // The micro-batch whose backward runs holds its working set; the other micro-batches in flight
+  // hold their whole activations meanwhile, or, recomputed, only those whose weight pass waits.
+  const double others = recompute ? static_cast<double>(deferred_samples)
+                                  : std::max(held - static_cast<double>(microbatch), 0.0);
   const double backward = parameter_bytes + carry_bytes_per_sample * held +
                           activation_bytes_per_sample * others +
                           working_bytes_per_sample * static_cast<double>(microbatch);
@@ -284,9 +295,9 @@ StageMemoryTerms stage_memory_terms(const std::vector<models::BlockCost>& costs,
   return terms;
 }
 
-StagePlan plan_stages(const PlanSettings& s) {
-  StagePlan plan;
-  plan.depth = depth_of(s.model);
+namespace {
+
+void check_settings(const PlanSettings& s) {
   if (s.stages < 0) rpc::refuse(fmt::format("--stages {} is not a number of stages", s.stages));
   if (s.balance != "memory" && s.balance != "time" && s.balance != "parameters") {
     rpc::refuse(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
@@ -303,29 +314,55 @@ StagePlan plan_stages(const PlanSettings& s) {
                     "on one core each, and so does the one timed beside them",
                     s.neighbours));
   }
+}
+
+// The cut of `costs` the settings ask for; `method` says how it was found.
+std::vector<pipeline::Range> cut_of(const PlanSettings& s,
+                                    const std::vector<models::BlockCost>& costs,
+                                    std::string& method) {
+  const int64_t samples = s.in_flight_samples > 0 ? s.in_flight_samples : s.batch_size;
+  const std::vector<double> memory = memory_costs(costs, state_factor(s.optimizer), samples);
+  const std::vector<double> time = time_costs(costs, s.batch_size, s.microbatches, s.recompute);
+  return cut(s, costs, memory, time, method);
+}
+
+}  // namespace
+
+StagePlan plan_stages(const PlanSettings& s) {
+  StagePlan plan;
+  plan.depth = depth_of(s.model);
+  check_settings(s);
   models::CostSampling sampling = cost_sampling(s.batch_size, s.microbatches, s.threads);
   sampling.neighbours = s.neighbours;
   // A balance by time needs the steadier figure of three timed passes; otherwise time is only
   // shown, and one pass saves start-up.
   sampling.timed_passes = s.balance == "time" && s.stages > 0 ? 3 : 1;
-  const int64_t samples = s.in_flight_samples > 0 ? s.in_flight_samples : s.batch_size;
-  auto cut_of = [&](const std::vector<models::BlockCost>& costs) {
-    const std::vector<double> memory = memory_costs(costs, state_factor(s.optimizer), samples);
-    const std::vector<double> time = time_costs(costs, s.batch_size, s.microbatches, s.recompute);
-    return cut(s, costs, memory, time, plan.method);
-  };
   if (sampling.neighbours > 0 && s.balance == "time" && s.stages > 1) {
     // Each stage's blocks are timed beside the other stages' (CostSampling::cut), which a first
     // cut from one pass of each block alone names.
     models::CostSampling rough = sampling;
     rough.neighbours = 0;
     rough.timed_passes = 1;
-    const std::vector<pipeline::Range> first =
-        cut_of(models::measure_unet_blocks(plan.depth, s.classes, s.image_size, rough));
+    const std::vector<pipeline::Range> first = cut_of(
+        s, models::measure_unet_blocks(plan.depth, s.classes, s.image_size, rough), plan.method);
     for (size_t k = 1; k < first.size(); ++k) sampling.cut.push_back(first[k].begin);
   }
   plan.costs = models::measure_unet_blocks(plan.depth, s.classes, s.image_size, sampling);
-  fill_stages(plan, s, cut_of(plan.costs), {});
+  fill_stages(plan, s, cut_of(s, plan.costs, plan.method), {});
+  return plan;
+}
+
+StagePlan plan_stages_from(const PlanSettings& s, std::vector<models::BlockCost> costs) {
+  StagePlan plan;
+  plan.depth = depth_of(s.model);
+  check_settings(s);
+  const size_t blocks = models::unet_blocks(plan.depth).size();
+  if (costs.size() != blocks) {
+    rpc::refuse(fmt::format("{} block costs given for {}, which has {} blocks", costs.size(),
+                            s.model, blocks));
+  }
+  plan.costs = std::move(costs);
+  fill_stages(plan, s, cut_of(s, plan.costs, plan.method), {});
   return plan;
 }
 

@@ -208,8 +208,17 @@ PlanSettings plan_settings_of(const TrainSettings& s) {
     stages =
         2 + static_cast<int>(std::count(s.plan.partition.begin(), s.plan.partition.end(), ','));
   }
-  p.in_flight_samples = in_flight_samples(s.plan.batch_size, s.microbatches,
-                                          s.pipeline == "1f1b" || s.pipeline == "zb", stages);
+  // The zero-bubble schedule's last stage holds a micro-batch whose weight pass waits besides
+  // the one in flight: as many as a stage of two stages before it.
+  const bool zero_bubble = s.pipeline == "zb";
+  p.in_flight_samples =
+      in_flight_samples(s.plan.batch_size, s.microbatches, s.pipeline == "1f1b" || zero_bubble,
+                        zero_bubble ? std::max(stages, 2) : stages);
+  p.deferred_samples = 0;
+  for (int stage = 0; zero_bubble && stage < stages; ++stage) {
+    p.deferred_samples = std::max(
+        p.deferred_samples, deferred_samples(s.plan.batch_size, s.microbatches, stages, stage));
+  }
   p.microbatches = s.microbatches;
   p.recompute = s.checkpoint_activations;
   return p;
@@ -217,6 +226,7 @@ PlanSettings plan_settings_of(const TrainSettings& s) {
 
 StagePlan plan_of(const TrainSettings& s) {
   const PlanSettings p = plan_settings_of(s);
+  if (!s.planned_costs.empty()) return plan_stages_from(p, s.planned_costs);
   // The blocks are measured here, all in this process: no stage's budget applies to that.
   const std::int64_t budget = core::tensor_memory_budget();
   core::set_tensor_memory_budget(0);

@@ -69,6 +69,9 @@ TEST(Plan, AWinnerCheckedWithARealStepTrainsFromThePlanFileWithinItsPeaks) {
           FERRY_MASTER + " train --plan " + dir + "/plan.json --samples 20 --epochs 1 " +
           "--metrics-file " + metrics);
   ASSERT_EQ(trained.status, 0) << trained.output;
+  // The job starts from the plan's block costs instead of measuring them again.
+  EXPECT_THAT(trained.output, HasSubstr("block costs of unet-resnet18 at 32 x 32: from " + cache))
+      << trained.output;
   const nlohmann::json m = nlohmann::json::parse(std::ifstream(metrics));
   const auto& predicted = winner["predicted_stage_peak_mib"];
   ASSERT_EQ(m["stages"].size(), predicted.size());
@@ -100,6 +103,8 @@ TEST(Plan, AutoPlansForTheWorldsWorkersAndTrains) {
           std::to_string(kBudgetMib) + " --metrics-file " + metrics);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--plan auto: estimated, not checked with real steps"));
+  // The blocks are measured once, for the plan, and the job starts from those costs.
+  EXPECT_THAT(r.output, HasSubstr("(--plan auto)")) << r.output;
   EXPECT_THAT(r.output, HasSubstr("ferry-master train --model unet-resnet18"));
   const nlohmann::json m = nlohmann::json::parse(std::ifstream(metrics));
   EXPECT_GE(m["stages"].size(), 2u);  // the whole model does not fit one worker's budget

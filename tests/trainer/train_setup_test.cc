@@ -139,8 +139,35 @@ TEST(TrainSetup, ThePlansSettingsFollowTheSchedule) {
   EXPECT_TRUE(p.recompute);
   s.plan.partition = "layer3.0";  // two stages, whatever --stages says
   EXPECT_EQ(plan_settings_of(s).in_flight_samples, 8);
-  s.pipeline = "zb";  // as many, those whose weight pass waits counted
+  EXPECT_EQ(plan_settings_of(s).deferred_samples, 0);
+  // As many, those whose weight pass waits counted; each stage of two keeps one micro-batch's
+  // activations for its weight pass, recomputed or not.
+  s.pipeline = "zb";
   EXPECT_EQ(plan_settings_of(s).in_flight_samples, 8);
+  EXPECT_EQ(plan_settings_of(s).deferred_samples, 4);
+  s.plan.partition = "layer2.0,layer3.0,layer4.0";  // four stages: the first waits for three
+  EXPECT_EQ(plan_settings_of(s).in_flight_samples, 16);
+  EXPECT_EQ(plan_settings_of(s).deferred_samples, 12);
+}
+
+TEST(StageMemory, TheZeroBubbleScheduleHoldsTheActivationsItsWeightPassesWait) {
+  // One micro-batch of 4 in flight and, under the zero-bubble schedule, one more waiting on a
+  // last stage: a recomputing stage holds that one's activations too.
+  EXPECT_EQ(deferred_samples(32, 8, 2, 1), 4);
+  EXPECT_EQ(deferred_samples(32, 8, 4, 0), 12);
+  EXPECT_EQ(deferred_samples(32, 8, 4, 2), 4);
+  EXPECT_EQ(deferred_samples(32, 1, 4, 3), 0);   // one micro-batch: nothing waits
+  EXPECT_EQ(deferred_samples(32, 2, 4, 0), 16);  // at most all micro-batches but one
+  StageMemoryTerms t;
+  t.parameter_bytes = 10;  // small beside the activations: the backward is the peak
+  t.state_bytes = 20;
+  t.activation_bytes_per_sample = 10;
+  t.working_bytes_per_sample = 12;
+  const double one_f_one_b = t.peak_bytes(4, 4, true, true);
+  EXPECT_DOUBLE_EQ(one_f_one_b, 10 + 20 + 10 + 12 * 4);
+  EXPECT_DOUBLE_EQ(t.peak_bytes(8, 4, true, true, 4), one_f_one_b + 10 * 4);
+  // Without recomputation the waiting micro-batch is one of those held.
+  EXPECT_DOUBLE_EQ(t.peak_bytes(8, 4, true, false, 4), 10 + 20 + 10 + 10 * 4 + 12 * 4);
 }
 
 TEST(TrainSetup, TheOptimizerScheduleAndPrecisionComeFromTheirFlags) {

@@ -28,11 +28,13 @@ struct PlanSettings {
   std::string partition;           // the first block of each stage after the first, comma-separated
   std::string optimizer = "adam";  // its state per parameter enters the memory estimate
   // Samples whose activations a stage holds at once: the batch for plain and GPipe steps, fewer
-  // for 1F1B (see in_flight_samples).
+  // for 1F1B (see in_flight_samples); and of those, the samples whose weight pass waits under the
+  // zero-bubble schedule (deferred_samples).
   int64_t in_flight_samples = 0;  // 0: the batch
-  int microbatches = 1;           // a step's forwards and backwards per stage
-  bool recompute = false;         // every stage runs its forward again in backward
-  int threads = 0;                // each stage's intra-op threads; 0: this process's
+  int64_t deferred_samples = 0;
+  int microbatches = 1;    // a step's forwards and backwards per stage
+  bool recompute = false;  // every stage runs its forward again in backward
+  int threads = 0;         // each stage's intra-op threads; 0: this process's
   // Stages computing beside each one on its machine (models::CostSampling::neighbours); needs
   // `threads` 1.
   int neighbours = 0;
@@ -53,7 +55,8 @@ int64_t microbatch_samples(int64_t batch_size, int microbatches);
 // gradients were summed) and the step's temporaries for its largest parameter; or in its
 // backward, which holds the parameters, the optimizer's state, the gradients and the activations
 // and carries of the samples in flight. A recomputing stage keeps only its inputs, and one
-// micro-batch's activations while it recomputes.
+// micro-batch's activations while it recomputes; under the zero-bubble schedule, the activations
+// of the micro-batches whose weight pass waits too.
 struct StageMemoryTerms {
   double parameter_bytes = 0;  // the parameters; their gradients are as large
   double state_bytes = 0;      // the optimizer's state
@@ -68,8 +71,10 @@ struct StageMemoryTerms {
   // activation_bytes_per_sample.
   double working_bytes_per_sample = 0;
   // With `held_samples` in flight, in micro-batches of `microbatch` samples (`summed`: more than
-  // one micro-batch per step).
-  double peak_bytes(int64_t held_samples, int64_t microbatch, bool summed, bool recompute) const;
+  // one micro-batch per step), `deferred_samples` of them waiting for their weight pass (the
+  // zero-bubble schedule's), which hold their activations even when the stage recomputes.
+  double peak_bytes(int64_t held_samples, int64_t microbatch, bool summed, bool recompute,
+                    int64_t deferred_samples = 0) const;
 };
 
 // The memory terms of the stage of blocks `range` of the U-Net of `settings.model` (its image
@@ -137,10 +142,19 @@ int64_t depth_of(const std::string& model);
 // GPipe steps, and for 1F1B with M micro-batches over p stages, min(M, p) micro-batches.
 int64_t in_flight_samples(int64_t batch_size, int microbatches, bool one_f_one_b, int stages);
 
+// Under the zero-bubble schedule, the samples of stage `stage` of `stages` whose weight pass waits
+// at most (pipeline/deferred_weights.cc): on the last stage one micro-batch besides the one in
+// flight, on the others all but one of their places (stages - stage micro-batches); none where a
+// step is one micro-batch.
+int64_t deferred_samples(int64_t batch_size, int microbatches, int stages, int stage);
+
 // Measures the blocks (in this process) and cuts them. Bad settings (an unknown balance, a
 // partition naming no block, more stages than blocks) are rpc::Error(InvalidArgument) naming the
 // flag.
 StagePlan plan_stages(const PlanSettings& settings);
+// The same from blocks measured before (a plan's, from the block-cost cache): nothing is measured.
+// Costs of another model's blocks are rpc::Error(InvalidArgument).
+StagePlan plan_stages_from(const PlanSettings& settings, std::vector<models::BlockCost> costs);
 
 // `plan`'s blocks cut into `ranges` instead, without measuring them again: for a running job cut
 // anew. Its stages keep the names of `plan`'s, in order; `method` says how the ranges were found.

@@ -22,6 +22,9 @@ struct TrainSettings {
   // workers first (plan_command.h), --batch-size being the step's whole batch; or a file of
   // `ferry-master plan --json` to take them from; empty: the flags say.
   std::string plan_from;
+  // The blocks' costs the plan was made from, taken from the block-cost cache where it holds
+  // them (with_plan); empty: the job measures them.
+  std::vector<models::BlockCost> planned_costs;
   std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: round robin
   int64_t memory_budget_mib = 0;  // every rank's tensor memory bound; 0: FERRY_MEMORY_BUDGET_MIB
   std::string data = "synthetic";

@@ -180,8 +180,9 @@ std::string tail_of(const std::string& text, size_t lines) {
   return at == std::string::npos ? text : text.substr(at + 1);
 }
 
-// Where a job ran out of memory, as its error says: ", at stage ... on worker ..." (the part
-// of its first out-of-memory line before the advice), or "" if it does not say.
+// Where a job ran out of memory, as its error says: ": <what failed>: out of memory: ..." (its
+// first out-of-memory line, from the failed call on and without the advice), or "" if it does
+// not say.
 std::string where_out_of_memory(const std::string& output) {
   const size_t at = output.find("out of memory: ");
   if (at == std::string::npos) return "";
@@ -218,7 +219,9 @@ StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
   const core::CommandOutput ran = core::run_process(command, env);
   StepCheck out;
   if (ran.status != 0) {
-    out.out_of_memory = ran.status == kExitOutOfMemory;
+    // A worker that fails as the job stops can change the exit status; the job's own error
+    // still says it ran out of memory.
+    out.out_of_memory = ran.status == kExitOutOfMemory || !where_out_of_memory(ran.output).empty();
     out.error = out.out_of_memory
                     ? "out of memory under the budget" + where_out_of_memory(ran.output)
                     : fmt::format("exit {}: {}", ran.status, tail_of(ran.output, 3));

@@ -2,6 +2,7 @@
 
 #include <ATen/ThreadLocalState.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -19,11 +20,23 @@ class ComputeThread {
   void post(std::function<void()> work) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (stopped_) return;  // dropped outside the lock, as `work` goes
       queue_.push_back(std::move(work));
     }
     ready_.notify_one();
   }
   bool here() const { return std::this_thread::get_id() == id_; }
+
+  bool stop(std::chrono::milliseconds timeout) {
+    std::deque<std::function<void()>> dropped;
+    std::unique_lock<std::mutex> lock(mutex_);
+    stopped_ = true;
+    dropped.swap(queue_);
+    const bool idle = idle_.wait_for(lock, timeout, [this] { return !busy_; });
+    lock.unlock();
+    dropped.clear();  // their callers' promises break: run_on_compute_thread throws there
+    return idle;
+  }
 
  private:
   [[noreturn]] void loop() {
@@ -31,17 +44,22 @@ class ComputeThread {
       std::function<void()> work;
       {
         std::unique_lock<std::mutex> lock(mutex_);
+        busy_ = false;
+        idle_.notify_all();
         ready_.wait(lock, [this] { return !queue_.empty(); });
         work = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
       work();
     }
   }
 
   std::mutex mutex_;
-  std::condition_variable ready_;
+  std::condition_variable ready_, idle_;
   std::deque<std::function<void()>> queue_;
+  bool busy_ = false;
+  bool stopped_ = false;
   std::thread thread_;
   std::thread::id id_;
 };
@@ -82,10 +100,11 @@ void run_on_compute_thread(const std::function<void()>& work) {
     work();
     return;
   }
-  // The promise is shared: the caller may return (and its frame go) as soon as it is set.
+  // The work owns the promise: the caller may return (and its frame go) as soon as it is set,
+  // and work dropped unrun (stop_compute_thread) breaks it, so that the caller does not wait on.
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> finished = done->get_future();
-  thread.post(as_if_here([&work, done] {
+  thread.post(as_if_here([&work, done = std::move(done)] {
     try {
       work();
       done->set_value();
@@ -94,6 +113,10 @@ void run_on_compute_thread(const std::function<void()>& work) {
     }
   }));
   finished.get();
+}
+
+bool stop_compute_thread(std::chrono::milliseconds timeout) {
+  return compute_thread().stop(timeout);
 }
 
 void post_to_compute_thread(std::function<void()> work) {

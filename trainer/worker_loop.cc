@@ -2,6 +2,9 @@
 
 #include <fmt/ranges.h>
 
+#include <chrono>
+
+#include "ferry/core/compute_thread.h"
 #include "ferry/core/log.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
@@ -11,6 +14,19 @@
 #include "ferry/rpc/rpc.h"
 
 namespace ferry::trainer {
+namespace {
+
+// A stage's work may still run when its job has stopped (a master gone mid-step); the process
+// exits only once it has ended, or after a bound, since exiting under it crashes in the kernels
+// that static destructors free.
+void finish_compute() {
+  constexpr std::chrono::seconds kBound{30};
+  if (!core::stop_compute_thread(kBound)) {
+    log::warn("the compute thread is still busy after {} s; exiting under it", kBound.count());
+  }
+}
+
+}  // namespace
 
 void install_worker_functions() {
   static bool done = [] {
@@ -45,6 +61,7 @@ int serve_as_worker(const rpc::Options& options) {
   log::info("{} is up and serving", rpc::self().describe());
   rpc::agent().wait_for_shutdown();
   rpc::shutdown();
+  finish_compute();
   log::info("shut down");
   return 0;
 }
@@ -72,6 +89,7 @@ int run_as_master(rpc::Options options, const std::string& what, const std::func
     code = exit_code_of(std::current_exception(), 1);
   }
   rpc::shutdown(code == 0);
+  finish_compute();
   return code;
 }
 

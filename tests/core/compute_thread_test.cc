@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -121,6 +123,36 @@ TEST(ComputeThread, TheCarrierTakesTheCallersStateOverAndLeavesItAfterward) {
   carried_tag = 0;
   // Nothing captured: the compute thread's own state, which the guards restored.
   EXPECT_EQ(on_compute_thread([] { return carried_tag; }), 0);
+}
+
+// 0 if stopping waited for the work that runs, dropped the work queued behind it, and refused the
+// next caller instead of leaving it waiting for ever.
+int stop_while_busy() {
+  std::atomic<bool> started{false};
+  std::atomic<bool> finished{false};
+  std::atomic<bool> queued_ran{false};
+  post_to_compute_thread([&] {
+    started = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    finished = true;
+  });
+  post_to_compute_thread([&] { queued_ran = true; });
+  const bool began = wait_until([&] { return started.load(); }, std::chrono::seconds(30));
+  const bool idle = stop_compute_thread(std::chrono::seconds(30));
+  bool refused = false;
+  try {
+    run_on_compute_thread([] {});
+  } catch (const std::future_error&) {
+    refused = true;
+  }
+  return began && idle && finished && !queued_ran && refused ? 0 : 1;
+}
+
+// In a process of its own, since a stopped compute thread stays stopped.
+TEST(ComputeThreadDeathTest, StoppingWaitsForTheRunningWorkAndDropsTheQueued) {
+  // A fresh process: a forked one would not have the compute thread that earlier tests started.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(stop_while_busy()), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

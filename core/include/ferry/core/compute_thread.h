@@ -13,6 +13,7 @@
 // compute thread waits on must not itself need the compute thread.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -30,6 +31,12 @@ void run_on_compute_thread(const std::function<void()>& work);
 // failures through whatever it completes. For handlers that answer with a future instead of
 // holding a pool thread while their work waits its turn.
 void post_to_compute_thread(std::function<void()> work);
+
+// For a process about to exit: drops the work queued and not started, refuses work posted from
+// now on, and waits up to `timeout` for the work that runs to end. Static destructors free
+// LibTorch's and oneDNN's kernels, which work still running would then call. True if the thread
+// is idle. A caller of run_on_compute_thread whose work was dropped gets std::future_error.
+bool stop_compute_thread(std::chrono::milliseconds timeout);
 
 // `work` bound to this thread's state (as post_to_compute_thread would capture it) now, for work
 // that is posted later from another thread: wherever it is posted from, it runs as if here.

@@ -221,10 +221,10 @@ StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
   if (ran.status != 0) {
     // A worker that fails as the job stops can change the exit status; the job's own error
     // still says it ran out of memory.
-    out.out_of_memory = ran.status == kExitOutOfMemory || !where_out_of_memory(ran.output).empty();
-    out.error = out.out_of_memory
-                    ? "out of memory under the budget" + where_out_of_memory(ran.output)
-                    : fmt::format("exit {}: {}", ran.status, tail_of(ran.output, 3));
+    const std::string where = where_out_of_memory(ran.output);
+    out.out_of_memory = ran.status == kExitOutOfMemory || !where.empty();
+    out.error = out.out_of_memory ? "out of memory under the budget" + where
+                                  : fmt::format("exit {}: {}", ran.status, tail_of(ran.output, 3));
     std::cerr << fmt::format("  {}, batch {}: {}\n", c.describe(), batch, out.error);
     std::filesystem::remove(metrics);
     return out;

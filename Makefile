@@ -2,6 +2,12 @@
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# Another LibTorch than Debian's (one with CUDA): a LibTorch folder, or a Python torch's
+# torch.utils.cmake_prefix_path. Best with a build folder of its own: BUILD_DIR=build-cuda.
+TORCH_DIR ?=
+ifneq ($(TORCH_DIR),)
+CMAKE_FLAGS += -DCMAKE_PREFIX_PATH=$(TORCH_DIR)
+endif
 
 .PHONY: deps configure build test bench demo fuzz sanitize clean format
 

@@ -10,8 +10,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "ferry/core/device_choice.h"
 
 namespace ferry::apps {
 
@@ -64,6 +67,20 @@ inline CLI::Validator one_of(std::vector<std::string> allowed) {
         return fmt::format("must be {}, not \"{}\"", listed, text);
       },
       "");
+}
+
+// A device as --device names it; whether this machine has it is checked where the worker starts.
+inline CLI::Validator device_name() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          core::choose_device(text, {}, 1 << 20);
+          return "";
+        } catch (const std::invalid_argument&) {
+          return fmt::format("must be auto, cpu, cuda or cuda:N, not \"{}\"", text);
+        }
+      },
+      "auto|cpu|cuda|cuda:N");
 }
 
 }  // namespace ferry::apps

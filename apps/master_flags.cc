@@ -269,6 +269,14 @@ void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
                   "FERRY_MEMORY_BUDGET_MIB, else none)");
 }
 
+void add_device_flag(CLI::App* cmd, std::string& device) {
+  cmd->add_option("--device", device,
+                  "where the other ranks' stages compute, as ferry-worker --device: auto (the "
+                  "GPU of each rank's local rank modulo the visible ones; the CPU without one), "
+                  "cpu, cuda or cuda:N; --placement WORKER/DEVICE still overrides")
+      ->check(device_name());
+}
+
 void add_run_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--checkpoint-dir", t.checkpoint_dir, "save after every epoch here");
   cmd->add_flag("--resume", t.resume, "continue from the latest checkpoint");
@@ -287,6 +295,7 @@ void add_run_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--plugin", t.plugins,
                   "a shared library of stage types every rank loads (as ferry-worker --plugin); "
                   "repeatable");
+  add_device_flag(cmd, t.device);
   cmd->add_flag("--compare-single-process", t.compare_single_process,
                 "at the end, measure one step of the whole model in one process");
 }
@@ -386,6 +395,7 @@ void add_predict(MasterCommandLine& l) {
                   "checkpoints and exports record)");
   add_batch_flag(cmd, p.batch_size, "images per forward pass");
   add_secret_flag(cmd, p.secret_file, "file holding the cluster secret, as for train");
+  add_device_flag(cmd, p.device);
 }
 
 void add_plan(MasterCommandLine& l) {

@@ -29,6 +29,12 @@ int main(int argc, char** argv) {
                  "tensor memory bound of this process, as a device's (0: "
                  "FERRY_MEMORY_BUDGET_MIB, else none)")
       ->check(ferry::apps::in_range(1, 1ll << 40));
+  std::string device = "auto";
+  app.add_option("--device", device,
+                 "where the stages built here compute: auto (the GPU of this process's local "
+                 "rank, LOCAL_RANK, SLURM_LOCALID or OMPI_COMM_WORLD_LOCAL_RANK, modulo the "
+                 "visible ones; the CPU without one), cpu, cuda or cuda:N")
+      ->check(ferry::apps::device_name());
   std::vector<std::string> plugins;
   app.add_option("--plugin", plugins,
                  "a shared library of stage types to host (FERRY_REGISTER_STAGE); repeatable");
@@ -36,5 +42,5 @@ int main(int argc, char** argv) {
   if (memory_budget_mib > 0) ferry::core::set_tensor_memory_budget(memory_budget_mib << 20);
   if (!ferry::trainer::load_plugins(plugins)) return 2;
 
-  return ferry::trainer::serve_as_worker(options);
+  return ferry::trainer::serve_as_worker(options, device);
 }

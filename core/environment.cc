@@ -9,6 +9,8 @@
 
 #include "ferry/core/log.h"
 
+extern char** environ;
+
 namespace ferry::core {
 
 std::int64_t parse_whole_number(const std::string& name, const std::string& text, std::int64_t min,
@@ -33,6 +35,16 @@ std::optional<std::int64_t> whole_number_from_environment(const std::string& nam
   const char* value = std::getenv(name.c_str());
   if (value == nullptr || *value == '\0') return std::nullopt;
   return parse_whole_number(name, value, min, unit);
+}
+
+std::map<std::string, std::string> process_environment() {
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string kv(*entry);
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
 }
 
 void check_log_level_in_environment() {

@@ -126,8 +126,11 @@ void accumulate(const c10::IValue& ref, std::int64_t context_id) {
 void join_replicas(const c10::IValue& ref, const std::string& key, std::int64_t rank,
                    std::int64_t size, std::int64_t bucket_bytes) {
   auto local = local_of(ref);
-  auto group =
-      std::make_unique<rpc::CollectiveGroup>(key, static_cast<int>(rank), static_cast<int>(size));
+  const c10::DeviceType device =
+      local->params.empty() ? c10::DeviceType::CPU : local->params.front().device().type();
+  auto group = std::make_unique<rpc::CollectiveGroup>(
+      key, static_cast<int>(rank), static_cast<int>(size),
+      rpc::collective_backend_for(device, rpc::nccl_built()));
   std::lock_guard<std::mutex> lock(local->mutex);
   std::vector<at::Tensor> training;
   for (const at::Tensor& p : local->params) {

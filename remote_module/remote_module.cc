@@ -134,6 +134,8 @@ StageStats RemoteModule::stats() const {
   stats.worker_peak_tensor_mib =
       static_cast<double>(info.at("peak_tensor_bytes").toInt()) / (1 << 20);
   stats.worker_bytes_sent = info.at("bytes_sent").toInt();
+  stats.device = info.at("device").toStringRef();
+  stats.worker_device_copy_s = info.at("device_copy_s").toDouble();
   return stats;
 }
 

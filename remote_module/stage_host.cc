@@ -10,9 +10,11 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "ferry/core/compute_thread.h"
@@ -27,6 +29,30 @@
 
 namespace ferry::remote_module {
 namespace {
+
+// `device` as c10 parses it; rpc::Error(InvalidArgument) naming this process if it is not a
+// device here.
+c10::Device device_here(const std::string& device) {
+  std::optional<c10::Device> parsed;
+  try {
+    parsed.emplace(device);
+  } catch (const c10::Error&) {
+  }
+  const auto count = static_cast<int64_t>(torch::cuda::device_count());
+  if (!parsed || (parsed->is_cuda() && (count == 0 || parsed->index() >= count)) ||
+      (!parsed->is_cuda() && !parsed->is_cpu())) {
+    const std::string who = rpc::is_initialized() ? fmt::format("worker \"{}\"", rpc::self().name)
+                                                  : std::string("this process");
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("{} has no device {} (it has {} CUDA device{})", who, device,
+                                 count, count == 1 ? "" : "s"));
+  }
+  return *parsed;
+}
+
+// Where this process's stages are built (set_default_device).
+std::mutex default_device_mutex;
+c10::Device default_device{c10::kCPU};
 
 // A stage as an IValue, so that an RRef can own it and free it with the last reference.
 struct StageHolder : torch::CustomClassHolder {
@@ -88,9 +114,43 @@ c10::IValue mapped(const c10::IValue& value,
   return value;
 }
 
+// This process's time copying stages' inputs, outputs and their gradients between the host and a
+// GPU: what travels between workers is host memory.
+std::atomic<int64_t> device_copy_nanoseconds{0};
+
+// The copy alone: the device's queued kernels are waited for before the clock starts, and the
+// copy itself after (one from pageable host memory may return before it lands).
+at::Tensor timed_copy(const at::Tensor& t, const c10::Device& device) {
+  torch::cuda::synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor out = t.to(device);
+  torch::cuda::synchronize();
+  device_copy_nanoseconds +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  return out;
+}
+
+// A copy whose gradient's copy back is timed too.
+struct TimedCopy : torch::autograd::Function<TimedCopy> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t,
+                            c10::Device device) {
+    ctx->saved_data["from"] = t.device();
+    return timed_copy(t, device);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const c10::Device from = ctx->saved_data["from"].toDevice();
+    return {grads[0].defined() ? timed_copy(grads[0], from) : at::Tensor(), at::Tensor()};
+  }
+};
+
 // Moved to `device`; differentiable, so gradients come back the same way.
 c10::IValue moved_to(const c10::IValue& value, const c10::Device& device) {
-  return mapped(value, [&device](const at::Tensor& t) { return t.to(device); });
+  return mapped(value, [&device](const at::Tensor& t) {
+    if (t.device() == device || (!t.is_cuda() && !device.is_cuda())) return t.to(device);
+    return TimedCopy::apply(t, device);
+  });
 }
 
 // Autocast to bfloat16 for `device`'s type on this thread while it lives, as torch.autocast's
@@ -273,6 +333,23 @@ void load_stage_state_here(const rpc::RRefPtr& module,
 
 namespace {
 
+// The stage `make` builds, on this process's default device, as an IValue an RRef can own.
+c10::IValue held(const std::string& type, const std::function<std::unique_ptr<Stage>()>& make) {
+  return core::on_compute_thread([&] {
+    c10::Device device{c10::kCPU};
+    {
+      std::lock_guard<std::mutex> lock(default_device_mutex);
+      device = default_device;
+    }
+    auto holder = c10::make_intrusive<StageHolder>(type, make());
+    if (!device.is_cpu()) {
+      holder->stage->to(device);
+      holder->device = device;
+    }
+    return c10::IValue(std::move(holder));
+  });
+}
+
 // Building a stage on this worker: a registered type from its config, or a TorchScript file.
 void install_building(rpc::FunctionRegistry& registry) {
   registry.add("ferry.stage.create", [](std::string type, c10::IValue config) {
@@ -289,13 +366,10 @@ void install_building(rpc::FunctionRegistry& registry) {
       throw rpc::Error(rpc::ErrorKind::InvalidArgument,
                        fmt::format("config of stage \"{}\" must be a dict", type));
     }
-    std::unique_ptr<Stage> stage = core::on_compute_thread([&] { return make_stage(type, typed); });
-    return c10::IValue(c10::make_intrusive<StageHolder>(type, std::move(stage)));
+    return held(type, [&] { return make_stage(type, typed); });
   });
   registry.add("ferry.stage.load_torchscript", [](std::string path) {
-    std::unique_ptr<Stage> stage =
-        core::on_compute_thread([&] { return load_torchscript_stage(path); });
-    return c10::IValue(c10::make_intrusive<StageHolder>("torchscript " + path, std::move(stage)));
+    return held("torchscript " + path, [&] { return load_torchscript_stage(path); });
   });
 }
 
@@ -331,6 +405,8 @@ void install_inspecting(rpc::FunctionRegistry& registry) {
     info.insert("peak_rss_mib", core::peak_rss_mib());
     info.insert("peak_tensor_bytes", core::tensor_memory().peak_bytes);
     info.insert("bytes_sent", static_cast<int64_t>(rpc::agent().bytes_sent()));
+    info.insert("device", holder->device.str());
+    info.insert("device_copy_s", static_cast<double>(device_copy_nanoseconds.load()) * 1e-9);
     return info;
   });
   registry.add("ferry.stage.block_seconds", [](rpc::RRefPtr module) {
@@ -397,8 +473,9 @@ void install_settings(rpc::FunctionRegistry& registry) {
                  SumOverReplicas sum;
                  if (size > 1) {
                    // Formed here, not on the compute thread: it waits for every replica to join.
-                   auto group = std::make_shared<rpc::CollectiveGroup>(key, static_cast<int>(rank),
-                                                                       static_cast<int>(size));
+                   auto group = std::make_shared<rpc::CollectiveGroup>(
+                       key, static_cast<int>(rank), static_cast<int>(size),
+                       rpc::collective_backend_for(holder->device.type(), rpc::nccl_built()));
                    auto one_at_a_time = std::make_shared<std::mutex>();
                    sum = [group, one_at_a_time](std::vector<at::Tensor>& tensors) {
                      std::lock_guard<std::mutex> lock(*one_at_a_time);
@@ -416,16 +493,7 @@ void install_settings(rpc::FunctionRegistry& registry) {
     auto holder = holder_of(module);
     core::run_on_compute_thread([&] {
       std::lock_guard<std::mutex> lock(holder->mutex);
-      const c10::Device target(device);
-      if (target.is_cuda()) {
-        const auto count = static_cast<int64_t>(torch::cuda::device_count());
-        if (!torch::cuda::is_available() || target.index() >= count) {
-          throw rpc::Error(rpc::ErrorKind::InvalidArgument,
-                           fmt::format("worker \"{}\" has no device {} (it has {} CUDA "
-                                       "device{})",
-                                       rpc::self().name, device, count, count == 1 ? "" : "s"));
-        }
-      }
+      const c10::Device target = device_here(device);
       holder->stage->to(target);
       holder->device = target;
     });
@@ -433,6 +501,12 @@ void install_settings(rpc::FunctionRegistry& registry) {
 }
 
 }  // namespace
+
+void set_default_device(const std::string& device) {
+  const c10::Device target = device_here(device);
+  std::lock_guard<std::mutex> lock(default_device_mutex);
+  default_device = target;
+}
 
 void install(rpc::FunctionRegistry& registry) {
   if (registry.contains("ferry.stage.create")) return;

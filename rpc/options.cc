@@ -18,8 +18,6 @@
 #include "ferry/rpc/error.h"
 #include "rpc/slurm_nodelist.h"
 
-extern char** environ;
-
 namespace ferry::rpc {
 namespace {
 
@@ -207,22 +205,8 @@ Options resolve_options(Options options, const std::map<std::string, std::string
   return options;
 }
 
-namespace {
-
-std::map<std::string, std::string> process_environment() {
-  std::map<std::string, std::string> env;
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    std::string kv(*entry);
-    size_t eq = kv.find('=');
-    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  return env;
-}
-
-}  // namespace
-
 Options resolve_options(Options options) {
-  return resolve_options(std::move(options), process_environment());
+  return resolve_options(std::move(options), core::process_environment());
 }
 
 bool world_in_environment(const std::map<std::string, std::string>& env) {
@@ -230,6 +214,6 @@ bool world_in_environment(const std::map<std::string, std::string>& env) {
   return int_from_env(env, kWorldSizeVariables, 1, &size);
 }
 
-bool world_in_environment() { return world_in_environment(process_environment()); }
+bool world_in_environment() { return world_in_environment(core::process_environment()); }
 
 }  // namespace ferry::rpc

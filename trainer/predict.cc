@@ -278,7 +278,7 @@ int run_prediction(const PredictSettings& s) {
   options.secret_file = s.secret_file;
   options = rpc::resolve_options(options);
   if (options.world_size == 1) return predict_in_this_process(s);
-  if (options.rank != 0) return serve_as_worker(options);
+  if (options.rank != 0) return serve_as_worker(options, s.device);
   return run_as_master(options, "prediction", [&] { return predict_on_workers(s); });
 }
 

@@ -387,11 +387,13 @@ void report_stages(Run& run, const std::vector<remote_module::StageStats>& measu
     const remote_module::StageStats& stats = measured[k];
     run.metrics["stages"].push_back({{"name", planned.name},
                                      {"worker", run.workers[k]},
+                                     {"device", stats.device},
                                      {"blocks", planned.blocks},
                                      {"parameters", planned.parameters},
                                      {"estimated_peak_mib", planned.peak_mib},
                                      {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
-                                     {"worker_peak_rss_mib", stats.worker_peak_rss_mib}});
+                                     {"worker_peak_rss_mib", stats.worker_peak_rss_mib},
+                                     {"worker_device_copy_s", stats.worker_device_copy_s}});
   }
   run.compute.report(run.plan, first_places(run),
                      block_compute_s(run.plan, run.s.plan.batch_size, run.s.microbatches,
@@ -517,7 +519,7 @@ int run_training(const TrainSettings& settings) {
     core::set_tensor_memory_budget(settings.memory_budget_mib << 20);
   }
   if (!load_plugins(settings.plugins)) return 2;
-  if (options.rank != 0) return serve_as_worker(options);
+  if (options.rank != 0) return serve_as_worker(options, settings.device);
   return run_as_master(
       options, "training", [&] { return train_as_master(settings); },
       [](const rpc::Failure& failure) -> std::string {

@@ -56,9 +56,9 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
     computed += stats.back().forward_s;
   }
   std::map<std::string, double> backward_by_worker;
-  std::cerr << fmt::format("\n{:<8} {:<10} {:>11} {:>10} {:>10} {:>10} {:>6} {:>11} {:>9}\n",
-                           "stage", "worker", "parameters", "forward s", "backward s", "network s",
-                           "idle", "tensors MiB", "RSS MiB");
+  std::cerr << fmt::format("\n{:<8} {:<10} {:<7} {:>11} {:>10} {:>10} {:>10} {:>6} {:>11} {:>9}\n",
+                           "stage", "worker", "device", "parameters", "forward s", "backward s",
+                           "network s", "idle", "tensors MiB", "RSS MiB");
   for (size_t k = 0; k < stats.size(); ++k) {
     const RemoteUnet::Stage& stage = split.stages()[k];
     const std::string& worker = stage.module.worker();
@@ -73,9 +73,9 @@ void print_stage_table(const RemoteUnet& split, double train_s, bool direct) {
                  : "-";
     double idle = train_s > 0 ? std::max(0.0, 1 - (stats[k].forward_s + backward) / train_s) : 0;
     std::cerr << fmt::format(
-        "{:<8} {:<10} {:>11} {:>10.2f} {:>10.2f} {:>10} {:>5.0f}% {:>11.0f} {:>9.0f}\n",
-        stage.name(), worker, stats[k].parameters, stats[k].forward_s, backward, network,
-        100 * idle, stats[k].worker_peak_tensor_mib, stats[k].worker_peak_rss_mib);
+        "{:<8} {:<10} {:<7} {:>11} {:>10.2f} {:>10.2f} {:>10} {:>5.0f}% {:>11.0f} {:>9.0f}\n",
+        stage.name(), worker, stats[k].device, stats[k].parameters, stats[k].forward_s, backward,
+        network, 100 * idle, stats[k].worker_peak_tensor_mib, stats[k].worker_peak_rss_mib);
   }
   std::cerr << "backward s is per worker (all stages it hosts); network s is forward time seen "
                "by the master minus the stages' own ("

@@ -1,10 +1,13 @@
 #include "ferry/trainer/worker_loop.h"
 
 #include <fmt/ranges.h>
+#include <torch/cuda.h>
 
 #include <chrono>
 
 #include "ferry/core/compute_thread.h"
+#include "ferry/core/device_choice.h"
+#include "ferry/core/environment.h"
 #include "ferry/core/log.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
@@ -50,15 +53,25 @@ bool load_plugins(const std::vector<std::string>& paths) {
   return true;
 }
 
-int serve_as_worker(const rpc::Options& options) {
+int serve_as_worker(const rpc::Options& options, const std::string& device) {
   install_worker_functions();
+  core::DeviceChoice choice;
+  try {
+    choice = core::choose_device(device, core::process_environment(),
+                                 static_cast<int64_t>(torch::cuda::device_count()));
+    remote_module::set_default_device(choice.device);
+  } catch (const std::exception& e) {
+    log::error("{}", e.what());
+    return 2;
+  }
   try {
     rpc::init(options);
   } catch (const rpc::Error& e) {
     log::error("{}", e.what());
     return 2;
   }
-  log::info("{} is up and serving", rpc::self().describe());
+  log::info("{} is up and serving; its stages compute on {} ({})", rpc::self().describe(),
+            choice.device, choice.reason);
   rpc::agent().wait_for_shutdown();
   rpc::shutdown();
   finish_compute();

@@ -1,10 +1,12 @@
 // ferry-worker, the binary users run, hosting stages for this process as master.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include "ferry/core/processes.h"
 #include "ferry/remote_module/remote_module.h"
 #include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
@@ -13,6 +15,7 @@ namespace ferry::remote_module {
 namespace {
 
 using ferry::testing::LocalWorld;
+using ferry::testing::worker_binary;
 using std::chrono::milliseconds;
 
 TEST(FerryWorker, HostsTorchScriptStagesAndExitsCleanlyAtShutdown) {
@@ -35,8 +38,9 @@ TEST(FerryWorker, HostsTorchScriptStagesAndExitsCleanlyAtShutdown) {
     RemoteModule::create("encoder-host", "test.mlp");
     FAIL();
   } catch (const rpc::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown stage type \"test.mlp\" (registered: "
-                                         "synthetic.mlp, unet.blocks, unet.decoder, unet.encoder, unet.head)"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "unknown stage type \"test.mlp\" (registered: "
+                  "synthetic.mlp, unet.blocks, unet.decoder, unet.encoder, unet.head)"),
               std::string::npos)
         << e.what();
   }
@@ -48,6 +52,29 @@ TEST(FerryWorker, HostsTorchScriptStagesAndExitsCleanlyAtShutdown) {
     EXPECT_TRUE(WIFEXITED(*status));
     EXPECT_EQ(WEXITSTATUS(*status), 0);
   }
+}
+
+// A device the worker lacks, or one no worker can have, ends it before it joins any world, with
+// what it was asked for and what it has: no master is needed to see it.
+TEST(FerryWorker, ADeviceItLacksIsRefusedBeforeItJoins) {
+  using ::testing::AllOf;
+  using ::testing::HasSubstr;
+  const auto visible = static_cast<int64_t>(torch::cuda::device_count());
+  const std::string missing = "cuda:" + std::to_string(visible + 3);
+  const std::vector<std::string> joining = {"--rank",        "1",         "--world-size",  "2",
+                                            "--master-addr", "127.0.0.1", "--master-port", "9"};
+  std::vector<std::string> command = {worker_binary(), "--device", missing};
+  command.insert(command.end(), joining.begin(), joining.end());
+  core::CommandOutput out = core::run_process(command, {{{"LOCAL_RANK", "0"}}, {}});
+  EXPECT_EQ(out.status, 2) << out.output;
+  EXPECT_THAT(out.output, AllOf(HasSubstr("--device " + missing),
+                                HasSubstr(std::to_string(visible) + " CUDA device")));
+
+  command = {worker_binary(), "--device", "gpu0"};
+  command.insert(command.end(), joining.begin(), joining.end());
+  out = core::run_process(command, {});
+  EXPECT_NE(out.status, 0) << out.output;
+  EXPECT_THAT(out.output, HasSubstr("--device: must be auto, cpu, cuda or cuda:N, not \"gpu0\""));
 }
 
 }  // namespace

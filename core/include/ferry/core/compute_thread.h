@@ -2,9 +2,9 @@
 // of distributed backward, an optimizer step). LibTorch's OpenMP gives every thread that enters a
 // parallel region a team of helper threads of its own, kept while that thread lives. Were that
 // work spread over the pool, a worker would soon hold more OpenMP threads than CPUs, and libgomp
-// then stops spinning between parallel regions: every region pays to wake its team. On a 2-core
-// machine that made a U-Net stage's forward 1.5x slower on a worker than the same code on one
-// thread (`ferry-bench autograd`). Pool threads hand such work here and wait for it.
+// then stops spinning between parallel regions: every region pays to wake its team (measured
+// with `ferry-bench autograd`, docs/benchmarks.md). Pool threads hand such work here and wait
+// for it.
 //
 // The work runs with the caller's LibTorch thread-local state (grad mode and the like) and with
 // whatever per-thread state of their own the layers above carry over (rpc carries the caller's

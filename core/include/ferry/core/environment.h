@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -19,6 +20,9 @@ std::int64_t parse_whole_number(const std::string& name, const std::string& text
 // This process's variable `name`, parsed as parse_whole_number does; nullopt when unset or empty.
 std::optional<std::int64_t> whole_number_from_environment(const std::string& name, std::int64_t min,
                                                           const std::string& unit = "");
+
+// This process's environment variables by name.
+std::map<std::string, std::string> process_environment();
 
 // Throws std::invalid_argument if FERRY_LOG_LEVEL is set to something that is not a level. The
 // logger itself never throws: it falls back to info, and the agent checks this when it starts.

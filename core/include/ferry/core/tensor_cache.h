@@ -1,11 +1,10 @@
 // Memory for large tensors: a bounded cache of blocks that freed tensors gave back.
 //
-// On first touch every fresh page costs a fault (on virtual machines around 10 us per 4 KiB
-// page). glibc returns large freed blocks to the kernel (all blocks of a pool thread's arena once
-// its 64 MiB heap empties), so a training step that frees and allocates the same activations
-// again faulted in every page again: measured as the larger part of a U-Net step, and a 64 MiB
-// tensor received into fresh memory ran at a tenth of loopback bandwidth. Blocks of 1 MiB and
-// more therefore come from this cache (2 MiB-aligned with transparent huge pages where the kernel
+// On first touch every fresh page costs a fault. glibc returns large freed blocks to the kernel
+// (all blocks of a pool thread's arena once its heap empties), so a training step that frees and
+// allocates the same activations again faults in every page again, and a tensor received into
+// fresh memory is slowed as much (the figures: docs/benchmarks.md). Blocks of 1 MiB and more
+// therefore come from this cache (2 MiB-aligned with transparent huge pages where the kernel
 // allows, for blocks of 8 MiB and more); smaller ones from LibTorch's default allocator.
 //
 // Thread rules: allocate from any thread; the memory may be released on any thread.

@@ -27,6 +27,9 @@ struct StageStats {
   // The most tensor memory its worker process held at once (core::tensor_memory()), all stages.
   double worker_peak_tensor_mib = 0;
   int64_t worker_bytes_sent = 0;  // by its worker's agent so far (rpc::Agent::bytes_sent)
+  std::string device;             // where it computes: "cpu", "cuda:0"
+  // Its worker's time copying stages' tensors between host and GPU so far, forward and backward.
+  double worker_device_copy_s = 0;
 };
 
 class RemoteModule {

@@ -36,6 +36,7 @@ struct PredictSettings {
   bool overlay = false;  // also OUT/NAME.overlay.png: the image with its mask coloured over it
   int64_t batch_size = 8;
   std::string secret_file;
+  std::string device = "auto";  // where the worker ranks' stages compute (serve_as_worker)
 };
 
 // The overlap of a predicted mask with the true one. Value type.

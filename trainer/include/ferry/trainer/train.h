@@ -108,6 +108,7 @@ struct TrainSettings {
   std::uint64_t seed = 0;
   std::string secret_file;           // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE
   std::vector<std::string> plugins;  // shared libraries of stage types every rank loads
+  std::string device = "auto";       // where the worker ranks' stages compute (serve_as_worker)
   std::string metrics_file;          // the final figures as JSON, if set
   // DIR/metrics.csv (a row per epoch) and DIR/metrics.svg (loss and IoU curves), if set.
   std::string log_dir;

@@ -29,8 +29,10 @@ void install_worker_functions();
 // false, with the error logged, if one fails.
 bool load_plugins(const std::vector<std::string>& paths);
 
-// Joins the world and serves until the master shuts it down (0) or is gone; 2 if it cannot join.
-int serve_as_worker(const rpc::Options& options);
+// Joins the world and serves until the master shuts it down (0) or is gone; 2 if it cannot join
+// or has no `device` (core::choose_device: "auto" takes the GPU of this process's local rank, or
+// the CPU where there is none), where the stages built on it compute.
+int serve_as_worker(const rpc::Options& options, const std::string& device = "auto");
 
 // Joins the world as its master (rank 0, named "master", every worker function installed), runs
 // `job` and shuts the world down, gracefully when `job` returned 0. Returns what `job` returned;

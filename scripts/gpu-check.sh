@@ -45,16 +45,15 @@ if [ -n "$torch_dir" ]; then
   # pip's LibTorch brings fmt headers of its own, first on the include path.
   if [ -d "$torch_dir/../../include/fmt" ]; then prefix+=(-DCMAKE_CXX_FLAGS=-DFMT_HEADER_ONLY); fi
 fi
-cuda_tests=ON
-targets=(ferry-master ferry-worker ferry-launch cuda_test)
-if [ "$cpu_only" = 1 ]; then
-  cuda_tests=OFF
-  targets=(ferry-master ferry-worker ferry-launch)
+targets=(ferry-master ferry-worker ferry-launch)
+options=("${prefix[@]}")
+if [ "$cpu_only" = 0 ]; then
+  targets+=(cuda_test)
+  options+=(-DFERRY_CUDA_TESTS=ON -DFERRY_FUZZ=OFF)
 fi
 start=$(date +%s)
 say "configuring $build_dir${torch_dir:+ against $torch_dir}"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA_TESTS=$cuda_tests \
-  -DFERRY_FUZZ=OFF "${prefix[@]}" > "$out/configure.log"
+cmake -S . -B "$build_dir" -G Ninja "${options[@]}" > "$out/configure.log"
 say "building ${targets[*]}"
 cmake --build "$build_dir" -j "$(nproc)" --target "${targets[@]}" > "$out/build.log" || {
   tail -40 "$out/build.log" >&2

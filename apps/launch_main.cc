@@ -12,7 +12,9 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default();
   ferry::apps::LaunchSettings s;
   app.add_option("--nproc", s.nproc, "processes to start")->check(ferry::apps::count_up_to(4096));
-  app.add_option("--master-port", s.port, "rendezvous port (0: a free one)")
+  app.add_option("--master-port", s.port,
+                 "rendezvous port (0: rank 0's store takes one from the system and tells the "
+                 "others through a file, FERRY_MASTER_PORT_FILE)")
       ->check(ferry::apps::count_up_to(65535));
   app.add_flag("--tolerate-lost-workers", s.tolerate_lost_workers,
                "a rank other than 0 that dies does not stop the others (ferry-master train "

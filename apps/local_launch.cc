@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -75,16 +76,44 @@ std::string describe_status(int status) {
   return "stopped";
 }
 
+// Without --master-port, rank 0's store binds a port of the system's choosing and writes it here,
+// where the other ranks read it: no port is picked, released and handed out, for another process
+// to take in between. A folder of its own, removed with what is in it when the world has ended.
+struct PortFile {
+  std::string folder, path;
+  bool make() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ferry-launch-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+      std::fprintf(stderr,
+                   "ferry-launch: cannot make a folder for the master's port file (%s): %s\n",
+                   pattern.c_str(), std::strerror(errno));
+      return false;
+    }
+    folder = pattern;
+    path = folder + "/master-port";
+    return true;
+  }
+  ~PortFile() {
+    if (folder.empty()) return;
+    std::remove(path.c_str());
+    rmdir(folder.c_str());
+  }
+};
+
 // Starts every rank with its output on a pipe of its own. False, with what was started stopped,
 // if one cannot be.
-bool start_children(const LaunchSettings& s, bool set_spin, std::vector<Child>& children) {
+bool start_children(const LaunchSettings& s, const std::string& port_file, bool set_spin,
+                    std::vector<Child>& children) {
   for (int rank = 0; rank < s.nproc; ++rank) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) {
       std::perror("ferry-launch: pipe");
       return false;
     }
-    std::map<std::string, std::string> env = core::loopback_world_env(rank, s.nproc, s.port);
+    std::map<std::string, std::string> env =
+        core::loopback_world_env(rank, s.nproc, s.port, port_file);
     env["LOCAL_RANK"] = std::to_string(rank);
     if (set_spin) env["GOMP_SPINCOUNT"] = core::kSharedMachineSpinCount;
     children[rank].rank = rank;
@@ -234,14 +263,8 @@ class Supervisor {
 }  // namespace
 
 int launch_local_world(LaunchSettings s) {
-  if (s.port == 0) {
-    try {
-      s.port = core::pick_free_port();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "ferry-launch: %s\n", e.what());
-      return 2;
-    }
-  }
+  PortFile port_file;
+  if (s.port == 0 && !port_file.make()) return 2;
   const bool set_spin = s.nproc > 1 && std::getenv("GOMP_SPINCOUNT") == nullptr;
   if (set_spin) {
     std::fprintf(stderr,
@@ -252,7 +275,7 @@ int launch_local_world(LaunchSettings s) {
   signal(SIGINT, remember_signal);
   signal(SIGTERM, remember_signal);
   std::vector<Child> children(s.nproc);
-  if (!start_children(s, set_spin, children)) return 1;
+  if (!start_children(s, port_file.path, set_spin, children)) return 1;
   return Supervisor(s, children).run();
 }
 

@@ -7,10 +7,10 @@
 #include "ferry/core/process_memory.h"
 #include "ferry/remote_module/loss.h"
 #include "ferry/remote_module/portal.h"
+#include "ferry/remote_module/portal_flow.h"
+#include "ferry/remote_module/stage_here.h"
 #include "ferry/rpc/error.h"
 #include "pipeline/stage_slot.h"
-#include "remote_module/portal_flow.h"
-#include "remote_module/stage_here.h"
 
 namespace ferry::pipeline {
 namespace {

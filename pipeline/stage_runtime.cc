@@ -21,13 +21,13 @@
 #include "ferry/dist_autograd/context.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/portal.h"
+#include "ferry/remote_module/portal_flow.h"
+#include "ferry/remote_module/stage_here.h"
 #include "ferry/remote_module/stage_host.h"
 #include "ferry/remote_module/step_statistics.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 #include "pipeline/stage_slot.h"
-#include "remote_module/portal_flow.h"
-#include "remote_module/stage_here.h"
 
 namespace ferry::pipeline {
 namespace {

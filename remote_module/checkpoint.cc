@@ -14,8 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ferry/core/files.h"
+#include "ferry/remote_module/stage_here.h"
 #include "ferry/rpc/error.h"
-#include "remote_module/stage_here.h"
+#include "remote_module/installers.h"
 
 namespace ferry::remote_module {
 namespace {

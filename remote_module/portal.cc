@@ -19,9 +19,10 @@
 #include <mutex>
 #include <tuple>
 
+#include "ferry/remote_module/portal_flow.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
-#include "remote_module/portal_flow.h"
+#include "remote_module/installers.h"
 
 namespace ferry::remote_module {
 namespace {

@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ferry/remote_module/portal_flow.h"
 #include "ferry/rpc/fan_out.h"
 #include "ferry/rpc/rpc.h"
-#include "remote_module/portal_flow.h"
 
 namespace ferry::remote_module {
 

@@ -11,10 +11,11 @@
 #include "ferry/core/compute_thread.h"
 #include "ferry/remote_module/loss.h"
 #include "ferry/remote_module/portal.h"
+#include "ferry/remote_module/portal_flow.h"
+#include "ferry/remote_module/stage_here.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
-#include "remote_module/portal_flow.h"
-#include "remote_module/stage_here.h"
+#include "remote_module/installers.h"
 
 namespace ferry::remote_module {
 namespace {

@@ -20,12 +20,13 @@
 #include "ferry/core/compute_thread.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/remote_module/portal.h"
+#include "ferry/remote_module/portal_flow.h"
 #include "ferry/remote_module/precision.h"
 #include "ferry/remote_module/stage.h"
+#include "ferry/remote_module/stage_here.h"
 #include "ferry/rpc/collective_group.h"
 #include "ferry/rpc/rpc.h"
-#include "remote_module/portal_flow.h"
-#include "remote_module/stage_here.h"
+#include "remote_module/installers.h"
 
 namespace ferry::remote_module {
 namespace {

@@ -3,9 +3,10 @@
 
 #include <fmt/format.h>
 
+#include "ferry/remote_module/stage_here.h"
 #include "ferry/rpc/parked.h"
 #include "ferry/rpc/rpc.h"
-#include "remote_module/stage_here.h"
+#include "remote_module/installers.h"
 
 namespace ferry::remote_module {
 namespace {

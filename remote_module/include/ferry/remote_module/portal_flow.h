@@ -1,6 +1,7 @@
 // The worker's side of portals (ferry/remote_module/portal.h): how a stage's worker hands the
-// elements of its output that skip stages to their consumers, and their gradients back. Internal
-// to remote_module and the pipeline, which drives stages a micro-batch at a time; not installed.
+// elements of its output that skip stages to their consumers, and their gradients back, for
+// remote_module's own chains and for a layer that drives stages a micro-batch at a time (the
+// pipeline).
 // These functions run on a stage's worker, on the thread that runs the stage's forward or
 // backward (never an agent's loop thread).
 #pragma once
@@ -12,7 +13,6 @@
 #include <vector>
 
 #include "ferry/remote_module/portal.h"
-#include "ferry/rpc/registry.h"
 
 namespace ferry::remote_module {
 
@@ -56,8 +56,5 @@ c10::IValue join_portals(const Routes& routes, const std::vector<std::string>& w
 
 // Empties this worker's mailbox of what pipelined flows left (after a failed step).
 void drop_pipelined_portals();
-
-// Adds the "ferry.portal.*" functions to `registry` (remote_module::install does).
-void install_portal_functions(rpc::FunctionRegistry& registry);
 
 }  // namespace ferry::remote_module

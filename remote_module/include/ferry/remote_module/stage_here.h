@@ -1,7 +1,7 @@
-// A stage owned by this worker, driven by a layer above that runs it itself (the pipeline runs one
-// micro-batch's forward and backward at a time). Internal to remote_module and the pipeline; not
-// installed. `module` is a RemoteModule's module_rref() as it arrives here; each throws rpc::Error
-// if it is not a stage this worker owns.
+// A stage owned by this worker, for a layer above that drives it itself (the pipeline runs one
+// micro-batch's forward and backward at a time on the stage's worker). `module` is a
+// RemoteModule's module_rref() as it arrives here; each function throws rpc::Error if it is not a
+// stage this worker owns.
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "ferry/rpc/registry.h"
 #include "ferry/rpc/rref.h"
 
 namespace ferry::remote_module {
@@ -30,15 +29,5 @@ c10::Dict<std::string, at::Tensor> stage_state_here(const rpc::RRefPtr& module);
 // them and nothing else); a mismatch names the stage and this worker.
 void load_stage_state_here(const rpc::RRefPtr& module,
                            const c10::Dict<std::string, at::Tensor>& state, bool strict);
-
-// The first few of `names` and how many more, for errors (checkpoint.cc).
-std::string first_names(const std::vector<std::string>& names);
-
-// "ferry.stage.park", "ferry.stage.take_parked", "ferry.stage.load_parked"
-// (state_handover.cc), which stage_host.cc's install() adds.
-void install_state_handover(rpc::FunctionRegistry& registry);
-
-// "ferry.stage.forward_chain" (stage_chain.cc), which stage_host.cc's install() adds.
-void install_stage_chain(rpc::FunctionRegistry& registry);
 
 }  // namespace ferry::remote_module

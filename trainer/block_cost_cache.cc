@@ -1,4 +1,4 @@
-#include "ferry/trainer/block_cost_cache.h"
+#include "trainer/block_cost_cache.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "ferry/trainer/epoch_monitor.h"
+#include "trainer/epoch_monitor.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "ferry/trainer/metrics_log.h"
+#include "trainer/metrics_log.h"
 
 #include <fmt/format.h>
 

@@ -18,9 +18,9 @@
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
 #include "ferry/rpc/error.h"
-#include "ferry/trainer/block_cost_cache.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
+#include "trainer/block_cost_cache.h"
 #include "trainer/image_size_json.h"
 #include "trainer/plan_checks.h"
 

@@ -14,9 +14,9 @@
 #include "ferry/dist_autograd/optimizer.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/remote_module/checkpoint.h"
-#include "ferry/trainer/epoch_monitor.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
+#include "trainer/epoch_monitor.h"
 #include "trainer/replicas.h"
 
 namespace ferry::trainer {

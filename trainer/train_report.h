@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ferry/models/remote_unet.h"
-#include "ferry/trainer/epoch_monitor.h"
+#include "trainer/epoch_monitor.h"
 #include "trainer/replicas.h"
 
 namespace ferry::trainer {

@@ -17,9 +17,9 @@
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/precision.h"
-#include "ferry/trainer/epoch_monitor.h"
 #include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
+#include "trainer/epoch_monitor.h"
 
 namespace ferry::trainer {
 

@@ -1,5 +1,5 @@
 // The best epoch and early stopping over a metric's values, as a run would see them.
-#include "ferry/trainer/epoch_monitor.h"
+#include "trainer/epoch_monitor.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // The per-epoch CSV and its plot, written to a temporary folder as a run would.
-#include "ferry/trainer/metrics_log.h"
+#include "trainer/metrics_log.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -12,8 +12,8 @@
 #include <fstream>
 
 #include "ferry/models/unet_blocks.h"
-#include "ferry/trainer/block_cost_cache.h"
 #include "tests/support/temp_dir.h"
+#include "trainer/block_cost_cache.h"
 
 namespace ferry::trainer {
 namespace {

@@ -18,6 +18,11 @@ Neighbours::Neighbours(int count, Pass pass) : pass_(std::move(pass)) {
 Neighbours::~Neighbours() { join(); }
 
 void Neighbours::stop() {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int count = static_cast<int>(threads_.size());
+    passed_.wait(lock, [&] { return first_passes_ >= count; });
+  }
   join();
   if (failure_) std::rethrow_exception(failure_);
 }
@@ -25,11 +30,25 @@ void Neighbours::stop() {
 void Neighbours::run(int index) {
   // A stage has one intra-op thread when its neighbours share the machine; so does each of these.
   at::set_num_threads(1);
-  try {
-    while (!stop_) pass_(index, stop_);
-  } catch (...) {
+  bool first = true;
+  auto count_first = [&] {
+    if (!first) return;
+    first = false;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!failure_) failure_ = std::current_exception();
+    ++first_passes_;
+    passed_.notify_all();
+  };
+  try {
+    while (!stop_) {
+      pass_(index, stop_);
+      count_first();
+    }
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_) failure_ = std::current_exception();
+    }
+    count_first();
   }
 }
 

@@ -34,13 +34,28 @@ TEST(Neighbours, EachRunsItsOwnPassesWithOneThreadUntilStopped) {
 }
 
 TEST(Neighbours, StopEndsAPassThatWatchesTheFlag) {
-  std::atomic<bool> started{false};
+  std::atomic<int> passes{0};
   Neighbours beside(1, [&](int, const std::atomic<bool>& stop) {
-    started = true;
+    if (++passes == 1) return;
     while (!stop) std::this_thread::yield();
   });
-  ASSERT_TRUE(wait_until([&] { return started.load(); }, std::chrono::seconds(10)));
+  ASSERT_TRUE(wait_until([&] { return passes >= 2; }, std::chrono::seconds(10)));
   beside.stop();
+}
+
+// However late a neighbour's thread starts, what was measured before stop() ran beside a whole
+// pass of each: stop() sets the flag only then.
+TEST(Neighbours, StopWaitsUntilEveryNeighbourHasPassedOnce) {
+  std::vector<std::atomic<int>> whole(3);
+  Neighbours beside(3, [&](int k, const std::atomic<bool>& stop) {
+    for (int step = 0; step < 2000; ++step) {
+      if (stop) return;
+      std::this_thread::yield();
+    }
+    ++whole[k];
+  });
+  beside.stop();
+  for (const std::atomic<int>& passes : whole) EXPECT_GE(passes.load(), 1);
 }
 
 TEST(Neighbours, StopRethrowsWhatAPassThrew) {

@@ -178,7 +178,9 @@ TEST(BlockCosts, WithACutEachStageIsTimedBesideTheOtherStagesBlocks) {
   BlockChain chain = synthetic_chain(layers);
   auto stage_of = [](int64_t k) { return k < 2 ? 0 : 1; };  // fc0 fc1 | fc2
   std::atomic<int> timing{-1};  // the stage of the block this thread's chain runs forward
-  // Each forward sleeps, so that a stage's timed passes last long enough for its neighbour to run.
+  // Each forward sleeps, so that the timed and the neighbours' forwards overlap long enough for a
+  // neighbour on the wrong stage to be seen; that each neighbour ran at all, Neighbours::stop()
+  // guarantees.
   chain.forward = [forward = chain.forward, &timing, stage_of](int64_t k,
                                                                std::vector<at::Tensor> carry) {
     timing = stage_of(k);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <numeric>
@@ -106,31 +107,42 @@ TEST(UnetBlocks, EachBlockTimesItsForwardAndBackwardAsItRuns) {
   }
   for (at::Tensor& t : carry) t.requires_grad_(true);
   EXPECT_EQ(sum(part->block_forward_s()), 0.0);
-  auto start = Clock::now();
-  at::Tensor loss = part->forward(carry).back().sum();
-  const double forward = seconds_since(start);
-  start = Clock::now();
-  loss.backward();
-  const double backward = seconds_since(start);
-  const std::vector<double> f = part->block_forward_s(), b = part->block_backward_s();
-  ASSERT_EQ(f.size(), static_cast<std::size_t>(n - 2));
-  ASSERT_EQ(b.size(), f.size());
-  for (std::size_t k = 0; k < f.size(); ++k) {
-    EXPECT_GT(f[k], 0) << "block " << k;
-    EXPECT_GT(b[k], 0) << "block " << k;
+  // The parts never exceed the whole; that they are most of it holds unless this thread was
+  // descheduled between two nodes, so it must hold in one of three tries (a block whose backward
+  // went uncounted fails every try).
+  double most_of_backward = 0, most_of_passes = 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const double forward_before = sum(part->block_forward_s());
+    const double backward_before = sum(part->block_backward_s());
+    auto start = Clock::now();
+    at::Tensor loss = part->forward(carry).back().sum();
+    const double forward = seconds_since(start);
+    start = Clock::now();
+    loss.backward();
+    const double backward = seconds_since(start);
+    const std::vector<double> f = part->block_forward_s(), b = part->block_backward_s();
+    ASSERT_EQ(f.size(), static_cast<std::size_t>(n - 2));
+    ASSERT_EQ(b.size(), f.size());
+    for (std::size_t k = 0; k < f.size(); ++k) {
+      EXPECT_GT(f[k], 0) << "block " << k;
+      EXPECT_GT(b[k], 0) << "block " << k;
+    }
+    EXPECT_LE(sum(f) - forward_before, forward);
+    EXPECT_LE(sum(b) - backward_before, backward);
+    most_of_backward = std::max(most_of_backward, (sum(b) - backward_before) / backward);
+    // An input pass, then a weight pass over the same graph (a zero-bubble stage's backward).
+    loss = part->forward(carry).back().sum();
+    const double before = sum(part->block_backward_s());
+    start = Clock::now();
+    torch::autograd::grad({loss}, carry, {}, /*retain_graph=*/true);
+    torch::autograd::grad({loss}, part->parameters());
+    const double passes = seconds_since(start);
+    EXPECT_LE(sum(part->block_backward_s()) - before, passes);
+    most_of_passes = std::max(most_of_passes, (sum(part->block_backward_s()) - before) / passes);
+    if (most_of_backward >= 0.5 && most_of_passes >= 0.5) break;
   }
-  EXPECT_LE(sum(f), forward);
-  EXPECT_LE(sum(b), backward);
-  EXPECT_GE(sum(b), 0.5 * backward);
-  // An input pass, then a weight pass over the same graph (a zero-bubble stage's backward).
-  loss = part->forward(carry).back().sum();
-  const double before = sum(part->block_backward_s());
-  start = Clock::now();
-  torch::autograd::grad({loss}, carry, {}, /*retain_graph=*/true);
-  torch::autograd::grad({loss}, part->parameters());
-  const double passes = seconds_since(start);
-  EXPECT_LE(sum(part->block_backward_s()) - before, passes);
-  EXPECT_GE(sum(part->block_backward_s()) - before, 0.5 * passes);
+  EXPECT_GE(most_of_backward, 0.5);
+  EXPECT_GE(most_of_passes, 0.5);
 }
 
 TEST(UnetBlocks, TheWholeListIsTheOnePieceUnetNameForName) {

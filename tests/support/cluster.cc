@@ -41,7 +41,7 @@ void Process::kill(int signal) {
 }
 
 std::optional<int> Process::wait(std::chrono::milliseconds timeout) {
-  if (!status_) status_ = core::wait_for_exit(pid_, timeout);
+  if (!status_) status_ = core::wait_for_exit(pid_, scaled(timeout));
   return status_;
 }
 

@@ -27,7 +27,8 @@ class Process {
 
   pid_t pid() const { return pid_; }
   void kill(int signal);
-  // The raw wait status, or nullopt if the process is still running after `timeout`.
+  // The raw wait status, or nullopt if the process is still running after `timeout`, scaled as
+  // every bound of the tests is (time_scale.h).
   std::optional<int> wait(std::chrono::milliseconds timeout);
 
  private:

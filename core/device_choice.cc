@@ -32,18 +32,12 @@ DeviceChoice by_local_rank(const std::map<std::string, std::string>& env, std::i
             fmt::format("{}={} mod {} visible CUDA device{}", name, rank, visible,
                         visible == 1 ? "" : "s")};
   }
-  return {"cuda:0", "no local rank set (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK)"};
+  return {"cuda:0",
+          "no local rank set (LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK or "
+          "MPI_LOCALRANKID)"};
 }
 
 }  // namespace
-
-std::optional<std::int64_t> local_rank(const std::map<std::string, std::string>& env) {
-  for (const char* name : kLocalRankVariables) {
-    auto it = env.find(name);
-    if (it != env.end() && !it->second.empty()) return parse_whole_number(name, it->second, 0);
-  }
-  return std::nullopt;
-}
 
 DeviceChoice choose_device(const std::string& requested,
                            const std::map<std::string, std::string>& env, std::int64_t visible) {

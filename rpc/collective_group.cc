@@ -46,7 +46,7 @@ struct CollectiveGroup::State {
 
 CollectiveGroup::CollectiveGroup(const std::string& key, int rank, int size,
                                  CollectiveBackend backend)
-    : state_(std::make_unique<State>()), key_(key), rank_(rank), size_(size), backend_(backend) {
+    : state_(std::make_unique<State>()), key_(key), rank_(rank), size_(size) {
   if (backend == CollectiveBackend::Nccl && !nccl_built()) {
     throw Error(ErrorKind::InvalidArgument,
                 fmt::format("{}: this LibTorch has no NCCL; its groups use Gloo", describe()));

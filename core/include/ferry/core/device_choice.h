@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <string>
 
 namespace ferry::core {
@@ -16,13 +15,9 @@ struct DeviceChoice {
   std::string reason;  // "LOCAL_RANK=5 mod 4 CUDA devices", for the worker's log
 };
 
-// The local rank the launcher gave this process, from the first of its variables that is set;
-// nullopt when none is. Throws std::invalid_argument naming the variable if it is no whole
-// non-negative number.
-std::optional<std::int64_t> local_rank(const std::map<std::string, std::string>& env);
-
 // `requested` resolved, with `visible` CUDA devices (what the CUDA runtime counts, so already
-// within CUDA_VISIBLE_DEVICES):
+// within CUDA_VISIBLE_DEVICES), the local rank being the first of the launchers' variables set
+// (also MPICH's MPI_LOCALRANKID):
 //   "auto"   cuda:(local rank mod visible), or the CPU when no CUDA device is visible;
 //   "cuda"   the same, but no visible device is an error;
 //   "cuda:N" that device, an error when N is not below `visible`;

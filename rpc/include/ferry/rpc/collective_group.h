@@ -69,7 +69,6 @@ class CollectiveGroup {
   const std::string& key() const { return key_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
-  CollectiveBackend backend() const { return backend_; }
   // "collective group "KEY" (member R of N)", for messages.
   std::string describe() const;
 
@@ -78,7 +77,6 @@ class CollectiveGroup {
   std::unique_ptr<State> state_;
   std::string key_;
   int rank_, size_;
-  CollectiveBackend backend_;
 };
 
 }  // namespace ferry::rpc

@@ -77,8 +77,15 @@ std::vector<PendingCall> PendingCalls::take_where(
 
 std::size_t PendingCalls::wait_until_empty(Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
+  ++waiting_until_empty_;
   changed_.wait_until(lock, deadline, [this] { return calls_.empty(); });
+  --waiting_until_empty_;
   return calls_.size();
+}
+
+std::size_t PendingCalls::waiting_until_empty() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waiting_until_empty_;
 }
 
 std::size_t PendingCalls::size() const {

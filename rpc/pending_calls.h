@@ -51,6 +51,8 @@ class PendingCalls {
   std::vector<PendingCall> take_all();
   // Waits until no call is pending or `deadline`; returns how many are left.
   std::size_t wait_until_empty(Clock::time_point deadline);
+  // The threads in wait_until_empty now, so that a test knows one is waiting before it answers.
+  std::size_t waiting_until_empty() const;
   std::size_t size() const;
 
   // A peer whose connection dropped is lost for this world: why, kept as first said.
@@ -65,6 +67,7 @@ class PendingCalls {
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
+  std::size_t waiting_until_empty_ = 0;  // under mutex_
   std::unordered_map<std::uint64_t, PendingCall> calls_;
   std::set<std::pair<Clock::time_point, std::uint64_t>> deadlines_;
   std::map<int, std::string> lost_;

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <thread>
 
+#include "tests/support/wait.h"
+
 namespace ferry::rpc {
 namespace {
 
@@ -74,13 +76,16 @@ TEST(PendingCalls, ShutdownWaitsForTheLastAnswerOrItsDeadline) {
   PendingCalls calls;
   calls.add(1, call_to(1, "f", Clock::now() + std::chrono::seconds(10)));
   EXPECT_EQ(calls.wait_until_empty(Clock::now() + std::chrono::milliseconds(20)), 1u);
-  std::thread answer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    calls.take(1);
-  });
-  // Bounded: the answer comes long before this deadline.
-  EXPECT_EQ(calls.wait_until_empty(Clock::now() + std::chrono::seconds(30)), 0u);
-  answer.join();
+  std::size_t left = 1;
+  std::thread shutdown(
+      [&] { left = calls.wait_until_empty(Clock::now() + std::chrono::seconds(30)); });
+  // The answer comes while shutdown waits, and wakes it long before its deadline.
+  const bool waiting = ferry::testing::wait_until([&] { return calls.waiting_until_empty() == 1; },
+                                                  std::chrono::seconds(10));
+  calls.take(1);
+  shutdown.join();
+  EXPECT_TRUE(waiting);
+  EXPECT_EQ(left, 0u);
 }
 
 TEST(PendingCalls, EveryCallIsTakenExactlyOnceWhenThreadsRace) {

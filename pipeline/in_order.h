@@ -27,7 +27,7 @@ class InOrder {
   // one that came before in this step.
   std::vector<Request> take(std::int64_t context, std::int64_t microbatch, Request request,
                             std::vector<Request>* abandoned) {
-    if (context < context_ || (context == context_ && abandoned_)) {
+    if (discarded(context)) {
       abandoned->push_back(std::move(request));
       return {};
     }
@@ -62,6 +62,12 @@ class InOrder {
     for (auto& [m, waiting] : early_) abandoned->push_back(std::move(waiting));
     early_.clear();
     abandoned_ = true;
+  }
+
+  // Whether step `context` is older than the one being ordered, or was discarded: work of it
+  // that was already running when it was must leave nothing behind.
+  bool discarded(std::int64_t context) const {
+    return context < context_ || (context == context_ && abandoned_);
   }
 
   // Requests that arrived before an earlier micro-batch of their step.

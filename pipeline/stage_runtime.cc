@@ -136,8 +136,13 @@ std::int64_t keep_loss_share(Slot& slot, const remote_module::Flow& flow, const 
   return step_count;
 }
 
+// A forward that was running when its step was discarded keeps nothing: the discard has already
+// cleared what the step left.
 void keep_saved(Slot& slot, const remote_module::Flow& flow, Saved saved) {
   std::lock_guard<std::mutex> lock(slot.mutex);
+  if (slot.forwards.discarded(flow.id)) {
+    throw Error(ErrorKind::RemoteException, "the pipeline step was abandoned while it ran");
+  }
   slot.activation_bytes += saved.bytes;
   slot.activation_peak = std::max(slot.activation_peak, slot.activation_bytes);
   slot.saved[{flow.id, flow.microbatch}] = std::move(saved);

@@ -45,12 +45,17 @@ TEST(InOrder, ADiscardedStepFailsWhatWaitsAndWhatComesLater) {
   std::vector<std::string> abandoned;
   EXPECT_THAT(order.take(7, 0, "m0", &abandoned), ElementsAre("m0"));
   EXPECT_THAT(order.take(7, 2, "m2", &abandoned), IsEmpty());
+  EXPECT_FALSE(order.discarded(7));
   order.abandon(&abandoned);
   EXPECT_THAT(abandoned, ElementsAre("m2"));
+  // m0, let through before, is told so when it ends: it must keep nothing.
+  EXPECT_TRUE(order.discarded(7));
   EXPECT_THAT(order.take(7, 1, "m1", &abandoned), IsEmpty());
   EXPECT_THAT(abandoned, ElementsAre("m2", "m1"));
-  // The next step starts afresh.
+  // The next step starts afresh; the discarded one stays discarded.
   EXPECT_THAT(order.take(8, 0, "next m0", &abandoned), ElementsAre("next m0"));
+  EXPECT_FALSE(order.discarded(8));
+  EXPECT_TRUE(order.discarded(7));
 }
 
 TEST(InOrder, RepeatedAndNegativeMicroBatchesAreRefused) {

@@ -5,9 +5,7 @@ CMAKE_FLAGS ?=
 # Another LibTorch than Debian's (one with CUDA): a LibTorch folder, or a Python torch's
 # torch.utils.cmake_prefix_path. Best with a build folder of its own: BUILD_DIR=build-cuda.
 TORCH_DIR ?=
-ifneq ($(TORCH_DIR),)
-CMAKE_FLAGS += -DCMAKE_PREFIX_PATH=$(TORCH_DIR)
-endif
+TORCH_FLAGS = $(if $(TORCH_DIR),-DCMAKE_PREFIX_PATH=$(TORCH_DIR))
 
 .PHONY: deps configure build test bench demo fuzz sanitize clean format
 
@@ -15,7 +13,7 @@ deps:
 	@bash scripts/install-deps.sh
 
 $(BUILD_DIR)/build.ninja: | deps
-	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD_DIR) -G Ninja $(TORCH_FLAGS) $(CMAKE_FLAGS)
 
 configure: deps $(BUILD_DIR)/build.ninja
 

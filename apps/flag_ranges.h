@@ -5,6 +5,7 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
@@ -12,9 +13,11 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ferry/core/device_choice.h"
+#include "ferry/core/enum_names.h"
 
 namespace ferry::apps {
 
@@ -54,11 +57,7 @@ inline CLI::Validator count_up_to(double most) { return in_range(1, most); }
 // One of the words `allowed`, refused before anything starts with all of them listed: "--pipeline:
 // must be gpipe, 1f1b or zb, not \"foo\"".
 inline CLI::Validator one_of(std::vector<std::string> allowed) {
-  std::string listed;
-  for (std::size_t k = 0; k < allowed.size(); ++k) {
-    if (k > 0) listed += k + 1 == allowed.size() ? " or " : ", ";
-    listed += allowed[k];
-  }
+  const std::string listed = core::listed(allowed);
   return CLI::Validator(
       [allowed, listed](std::string& text) -> std::string {
         for (const std::string& word : allowed) {
@@ -67,6 +66,26 @@ inline CLI::Validator one_of(std::vector<std::string> allowed) {
         return fmt::format("must be {}, not \"{}\"", listed, text);
       },
       "");
+}
+
+// A flag of enum type, its words those of `names` (a table of ferry/core/enum_names.h): --help
+// lists them as the flag's type, and one_of refuses any other before anything starts. `target`
+// is the enum or an optional of it (unset: the flag is not given).
+template <typename E, typename Target>
+CLI::Option* add_choice(CLI::App* cmd, const std::string& flag, Target& target,
+                        const core::EnumNames<E>& names, const std::string& help) {
+  const std::vector<std::string> words = core::words_of(names);
+  CLI::Option* option = cmd->add_option_function<std::string>(
+      flag,
+      [&target, &names](const std::string& word) { target = *core::value_named(names, word); },
+      help);
+  option->check(one_of(words))->type_name(fmt::format("{}", fmt::join(words, "|")));
+  if constexpr (std::is_same_v<Target, E>) {
+    option->default_str(core::name_of(names, target));
+  } else if (target) {
+    option->default_str(core::name_of(names, *target));
+  }
+  return option;
 }
 
 // A device as --device names it; whether this machine has it is checked where the worker starts.

@@ -93,18 +93,16 @@ void add_batch_flag(CLI::App* cmd, std::int64_t& batch_size, const std::string& 
   cmd->add_option("--batch-size", batch_size, what)->check(count_up_to(kMaxCount));
 }
 
-void add_optimizer_flag(CLI::App* cmd, std::string& optimizer, const std::string& what) {
-  cmd->add_option("--optimizer", optimizer, "sgd|adam|adamw" + what)
-      ->check(one_of({"sgd", "adam", "adamw"}));
+void add_optimizer_flag(CLI::App* cmd, trainer::Optimizer& optimizer, const std::string& what) {
+  add_choice(cmd, "--optimizer", optimizer, trainer::optimizer_names(), "the optimizer" + what);
 }
 
 void add_cut_flags(CLI::App* cmd, trainer::PlanSettings& plan) {
   cmd->add_option("--stages", plan.stages,
                   "cut the U-Net into this many balanced stages (default: its 3 seams)")
       ->check(count_up_to(kMaxWorkers));
-  cmd->add_option("--balance", plan.balance,
-                  "what --stages balances: memory|time|parameters (measured per block)")
-      ->check(one_of({"memory", "time", "parameters"}));
+  add_choice(cmd, "--balance", plan.balance, trainer::balance_names(),
+             "what --stages balances (measured per block)");
   cmd->add_option("--partition", plan.partition,
                   "cut by hand: the first block of each stage after the first, e.g. "
                   "layer3.0,decoder.0 (see describe --blocks)");
@@ -120,9 +118,11 @@ void add_secret_flag(CLI::App* cmd, std::string& path, const std::string& what) 
 
 void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   add_model_flags(cmd, t.plan.model, t.plan.classes, t.plan.image_size);
-  cmd->add_option("--data", t.data,
-                  "synthetic (binary, or a class per kind of shape with --classes 2 to 4), or a "
-                  "folder DIR with DIR/images/* and DIR/masks/* (PNG, JPEG)");
+  cmd->add_option_function<std::string>(
+         "--data", [&t](const std::string& d) { t.data_dir = d == "synthetic" ? "" : d; },
+         "synthetic (binary, or a class per kind of shape with --classes 2 to 4), or a folder DIR "
+         "with DIR/images/* and DIR/masks/* (PNG, JPEG)")
+      ->default_str("synthetic");
   cmd->add_option("--normalize", t.normalize,
                   "images less a mean over a deviation per channel, as pretrained encoders "
                   "expect: imagenet (mean 0.485,0.456,0.406, std 0.229,0.224,0.225), none, or "
@@ -166,11 +166,10 @@ void add_data_flags(CLI::App* cmd, trainer::TrainSettings& t) {
                   "the classes' names in the metrics, NAME0,NAME1,... (default: DIR/classes.txt, "
                   "a name a line, beside a folder's images; the synthetic set's own)")
       ->delimiter(',');
-  cmd->add_option("--loss-on", t.loss_on,
-                  "where steps compute the loss: last-stage (only its value comes to the "
-                  "master), master (the logits come to the master) or auto (the last stage in "
-                  "pipelined steps, the master in plain ones)")
-      ->check(one_of({"auto", "last-stage", "master"}));
+  add_choice(cmd, "--loss-on", t.loss_on, trainer::loss_placement_names(),
+             "where steps compute the loss: last-stage (only its value comes to the master), "
+             "master (the logits come to the master) or auto (the last stage in pipelined "
+             "steps, the master in plain ones)");
   cmd->add_option("--seed", t.seed, "seed of weights, data and shuffling")
       ->check(in_range(0, static_cast<double>(std::numeric_limits<std::int64_t>::max())));
 }
@@ -182,10 +181,9 @@ void add_optimization_flags(CLI::App* cmd, trainer::TrainSettings& t) {
                   "sum the gradients of this many batches into each optimizer step (as "
                   "Lightning's accumulate_grad_batches)")
       ->check(count_up_to(kMaxCount));
-  cmd->add_option("--lr-schedule", t.lr_schedule,
-                  "the learning rate per optimizer step: constant|step|cosine|onecycle (saved in "
-                  "checkpoints; --resume goes on along the same curve)")
-      ->check(one_of({"constant", "step", "cosine", "onecycle"}));
+  add_choice(cmd, "--lr-schedule", t.lr_schedule, dist_autograd::LrSchedule::kind_names(),
+             "the learning rate per optimizer step (saved in checkpoints; --resume goes on along "
+             "the same curve)");
   cmd->add_option("--warmup-steps", t.warmup_steps,
                   "optimizer steps of linear warm-up (-1: none; onecycle: 30% of the run)")
       ->check(in_range(0, kMaxCount * kMaxCount));
@@ -194,20 +192,17 @@ void add_optimization_flags(CLI::App* cmd, trainer::TrainSettings& t) {
       ->check(count_up_to(kMaxCount * kMaxCount));
   cmd->add_option("--lr-gamma", t.lr_gamma, "step schedule: the factor of each drop")
       ->check(in_range(0, 1, true));
-  cmd->add_option("--monitor", t.monitor,
-                  "the validation metric that picks the best epoch: "
-                  "val_loss|val_iou|val_dice|val_miou "
-                  "(empty: val_loss where --save-best or --early-stop-patience needs one)")
-      ->check(one_of({"val_loss", "val_iou", "val_dice", "val_miou"}));
+  add_choice(cmd, "--monitor", t.monitor, trainer::monitor_names(),
+             "the validation metric that picks the best epoch (not given: val_loss where "
+             "--save-best or --early-stop-patience needs one)");
   cmd->add_flag("--save-best", t.save_best,
                 "keep the best epoch's checkpoint in CHECKPOINT_DIR/best beside the latest");
   cmd->add_option("--early-stop-patience", t.early_stop_patience,
                   "stop after this many epochs without improvement of --monitor (0: never)")
       ->check(in_range(0, kMaxCount));
-  cmd->add_option("--precision", t.precision,
-                  "32 (or 32-true), or bf16-mixed: stages compute under bfloat16 autocast and "
-                  "send bfloat16 activations and gradients; weights stay float32")
-      ->check(one_of({"32", "32-true", "bf16-mixed"}));
+  add_choice(cmd, "--precision", t.precision, remote_module::precision_names(),
+             "32 (or 32-true), or bf16-mixed: stages compute under bfloat16 autocast and send "
+             "bfloat16 activations and gradients; weights stay float32");
   cmd->add_flag("--freeze-batchnorm", t.freeze_batchnorm,
                 "keep every batch norm's running statistics and affine parameters as loaded "
                 "(for small batches, fine-tuning from pretrained weights)");
@@ -217,10 +212,15 @@ void add_optimization_flags(CLI::App* cmd, trainer::TrainSettings& t) {
 }
 
 void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
-  cmd->add_option("--plan", t.plan_from,
-                  "auto: plan the stages, replicas, schedule, micro-batches and recomputation "
-                  "for this world's workers and budget first (--batch-size is then the step's "
-                  "whole batch); or a file of `ferry-master plan --json` to take them from");
+  cmd->add_option_function<std::string>(
+      "--plan",
+      [&t](const std::string& plan) {
+        t.plan_auto = plan == "auto";
+        t.plan_file = t.plan_auto ? "" : plan;
+      },
+      "auto: plan the stages, replicas, schedule, micro-batches and recomputation for this "
+      "world's workers and budget first (--batch-size is then the step's whole batch); or a file "
+      "of `ferry-master plan --json` to take them from");
   cmd->add_option("--placement", t.placement,
                   "stage=worker,... (default: one stage per worker in rank order)");
   add_cut_flags(cmd, t.plan);
@@ -235,23 +235,20 @@ void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_flag("--via-master", t.via_master,
                 "send activations through the master between stages (naive model parallelism) "
                 "instead of from worker to worker");
-  cmd->add_option("--pipeline", t.pipeline,
-                  "pipeline the steps: gpipe (all forwards, then all backwards), 1f1b (one "
-                  "forward, one backward; less activation memory) or zb (1f1b with each "
-                  "backward's weight gradients deferred to fill the bubble)")
-      ->check(one_of({"gpipe", "1f1b", "zb"}));
+  add_choice(cmd, "--pipeline", t.pipeline, pipeline::schedule_names(),
+             "pipeline the steps: gpipe (all forwards, then all backwards), 1f1b (one forward, "
+             "one backward; less activation memory) or zb (1f1b with each backward's weight "
+             "gradients deferred to fill the bubble)");
   cmd->add_option("--microbatches", t.microbatches,
                   "micro-batches per batch in a pipelined step (1: the naive schedule)")
       ->check(count_up_to(kMaxCount));
   cmd->add_flag("--checkpoint-activations", t.checkpoint_activations,
                 "keep only each stage's inputs and recompute its forward in backward");
-  cmd->add_option("--rebalance", t.rebalance,
-                  "pipelined steps: cut the blocks anew from each stage's measured compute and "
-                  "move them while training when the step gets 5% shorter, first after "
-                  "--rebalance-after batches, then after epochs out of balance: auto (when "
-                  "--balance time cuts), on or off")
-      ->capture_default_str()
-      ->check(one_of({"auto", "on", "off"}));
+  add_choice(cmd, "--rebalance", t.rebalance, trainer::rebalance_names(),
+             "pipelined steps: cut the blocks anew from each stage's measured compute and move "
+             "them while training when the step gets 5% shorter, first after --rebalance-after "
+             "batches, then after epochs out of balance: auto (when --balance time cuts), on or "
+             "off");
   cmd->add_option("--rebalance-after", t.rebalance_after,
                   "the first re-balance looks after this many batches of the first epoch (its "
                   "first step warms up and is not measured); below 2, or an epoch that short: "
@@ -443,7 +440,7 @@ void add_plan(MasterCommandLine& l) {
 }  // namespace
 
 std::string flags_a_plan_sets(const MasterCommandLine& l) {
-  if (!*l.train_cmd || l.train.plan_from.empty()) return "";
+  if (!*l.train_cmd || (!l.train.plan_auto && l.train.plan_file.empty())) return "";
   std::vector<std::string> flags = {"--stages",
                                     "--partition",
                                     "--balance",
@@ -451,7 +448,7 @@ std::string flags_a_plan_sets(const MasterCommandLine& l) {
                                     "--pipeline",
                                     "--microbatches",
                                     "--checkpoint-activations"};
-  if (l.train.plan_from != "auto") {
+  if (!l.train.plan_auto) {
     for (const char* f : {"--model", "--classes", "--image-size", "--optimizer", "--batch-size"}) {
       flags.push_back(f);
     }
@@ -485,8 +482,8 @@ MasterCommandLine::MasterCommandLine() {
 int run_master_command(const MasterCommandLine& l) {
   if (*l.train_cmd) {
     if (const std::string given = flags_a_plan_sets(l); !given.empty()) {
-      std::cerr << "ferry-master train: --plan " << l.train.plan_from << " sets " << given
-                << "; leave them out, or plan again with them\n";
+      std::cerr << "ferry-master train: --plan " << (l.train.plan_auto ? "auto" : l.train.plan_file)
+                << " sets " << given << "; leave them out, or plan again with them\n";
       return 2;
     }
     return trainer::run_training(l.train);

@@ -7,10 +7,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 
-#include "ferry/trainer/export_weights.h"
+#include "ferry/trainer/model_tools.h"
 #include "ferry/trainer/plan_command.h"
 #include "ferry/trainer/predict.h"
-#include "ferry/trainer/stage_plan.h"
+#include "ferry/trainer/settings.h"
 #include "ferry/trainer/train.h"
 
 namespace ferry::apps {

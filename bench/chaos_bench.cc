@@ -24,7 +24,7 @@
 #include "ferry/core/files.h"
 #include "ferry/core/local_world.h"
 #include "ferry/core/processes.h"
-#include "ferry/trainer/job_log.h"
+#include "trainer/job_log.h"
 
 namespace ferry::bench {
 namespace {

@@ -16,7 +16,7 @@
 #include "bench/stats.h"
 #include "ferry/data/dataset.h"
 #include "ferry/models/unet.h"
-#include "ferry/trainer/stage_plan.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::bench {
 namespace {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "apps/flag_ranges.h"
 #include "bench/autograd_bench.h"
 #include "bench/chaos_bench.h"
 #include "bench/data_bench.h"
@@ -75,8 +76,8 @@ CLI::App* add_pipeline(CLI::App& app, ferry::bench::PipelineBenchSettings& pipel
   pipeline_cmd->add_option("--stages", pipeline.stages,
                            "stages, one worker each (synthetic: default 2; unet: default its 3 "
                            "seams, else balanced)");
-  pipeline_cmd->add_option("--balance", pipeline.balance,
-                           "unet with --stages: what to balance, memory|time|parameters");
+  ferry::apps::add_choice(pipeline_cmd, "--balance", pipeline.balance,
+                          ferry::trainer::balance_names(), "unet with --stages: what to balance");
   pipeline_cmd->add_option("--width", pipeline.width, "synthetic: features of every layer");
   pipeline_cmd->add_option("--layers", pipeline.layers, "synthetic: layers per stage");
   pipeline_cmd->add_option("--batch", pipeline.batch, "samples or images per step");
@@ -88,10 +89,9 @@ CLI::App* add_pipeline(CLI::App& app, ferry::bench::PipelineBenchSettings& pipel
   pipeline_cmd->add_flag("!--no-pin", pipeline.pin, "do not pin each worker to a core");
   pipeline_cmd->add_flag("!--no-rebalance", pipeline.rebalance,
                          "unet: keep the cut measured before the workers start");
-  pipeline_cmd
-      ->add_option("--loss-on", pipeline.loss_on,
-                   "where the loss is computed: last-stage or master")
-      ->check(CLI::IsMember({"last-stage", "master"}));
+  ferry::apps::add_choice(pipeline_cmd, "--loss-on", pipeline.loss_on,
+                          ferry::trainer::loss_placement_names(),
+                          "where the loss is computed (auto: the last stage)");
   pipeline_cmd->add_option("--trace", pipeline.trace_file,
                            "write a Chrome trace of the last configuration's steps");
   return pipeline_cmd;
@@ -108,7 +108,8 @@ CLI::App* add_memory(CLI::App& app, ferry::bench::MemoryBenchSettings& memory) {
   memory_cmd->add_option("--microbatches", memory.microbatches, "micro-batches under 1F1B");
   memory_cmd->add_option("--max-batch", memory.max_batch, "the largest batch tried");
   memory_cmd->add_option("--resolution", memory.resolution, "the bisection's last step");
-  memory_cmd->add_option("--optimizer", memory.optimizer, "sgd|adam|adamw");
+  ferry::apps::add_choice(memory_cmd, "--optimizer", memory.optimizer,
+                          ferry::trainer::optimizer_names(), "the optimizer");
   return memory_cmd;
 }
 

@@ -23,8 +23,14 @@
 namespace ferry::bench {
 namespace {
 
-// Runs a shell command and keeps what it prints.
-core::CommandOutput run(const std::string& command) { return core::run_command(command); }
+// Runs a Ferry binary outside any world this process may be a rank of, and keeps what it prints.
+core::CommandOutput run(const std::vector<std::string>& command) {
+  return core::run_process(command, {{}, {"RANK", "WORLD_SIZE", "SLURM_PROCID"}});
+}
+
+void add(std::vector<std::string>& command, std::initializer_list<std::string> words) {
+  command.insert(command.end(), words.begin(), words.end());
+}
 
 class Bench {
  public:
@@ -38,11 +44,14 @@ class Bench {
 
   // The single process's peaks at `batch`, or nullopt if it does not fit `budget_mib` (0: none).
   std::optional<nlohmann::json> single(int batch, int64_t budget_mib) {
-    core::CommandOutput r =
-        run(fmt::format("env -u RANK -u WORLD_SIZE '{}' footprint --model {} --image-size {} "
-                        "--batch-size {} --optimizer {}{}",
-                        master_, model_, s_.image_size, batch, s_.optimizer,
-                        budget_mib > 0 ? fmt::format(" --memory-budget-mib {}", budget_mib) : ""));
+    std::vector<std::string> command = {
+        master_,        "footprint",
+        "--model",      model_,
+        "--image-size", std::to_string(s_.image_size),
+        "--batch-size", std::to_string(batch),
+        "--optimizer",  core::name_of(trainer::optimizer_names(), s_.optimizer)};
+    if (budget_mib > 0) add(command, {"--memory-budget-mib", std::to_string(budget_mib)});
+    core::CommandOutput r = run(command);
     log(fmt::format("one process, batch {}: {}", batch,
                     r.status == 0 ? r.last_line() : "does not fit"));
     if (r.status != 0) {
@@ -55,19 +64,38 @@ class Bench {
   // The stages' figures after one training step at `batch` under `setting`, or nullopt if a
   // process ran out of its budget.
   std::optional<nlohmann::json> split(int batch, const std::string& setting, int64_t budget_mib) {
-    std::string flags;
-    if (setting != "naive") {
-      flags = fmt::format(" --pipeline 1f1b --microbatches {}", s_.microbatches);
-    }
-    if (setting == "1f1b_checkpointed") flags += " --checkpoint-activations";
-    if (budget_mib > 0) flags += fmt::format(" --memory-budget-mib {}", budget_mib);
     // One training batch, and a fifth of it again for validation.
     const int samples = batch + std::max(1, batch / 4);
-    core::CommandOutput r = run(fmt::format(
-        "'{}' --nproc {} -- '{}' train --model {} --image-size {} --batch-size {} --samples {} "
-        "--epochs 1 --optimizer {} --stages {} --balance memory{} --metrics-file {}",
-        launch_, s_.stages + 1, master_, model_, s_.image_size, batch, samples, s_.optimizer,
-        s_.stages, flags, metrics_));
+    std::vector<std::string> command = {launch_,
+                                        "--nproc",
+                                        std::to_string(s_.stages + 1),
+                                        "--",
+                                        master_,
+                                        "train",
+                                        "--model",
+                                        model_,
+                                        "--image-size",
+                                        std::to_string(s_.image_size),
+                                        "--batch-size",
+                                        std::to_string(batch),
+                                        "--samples",
+                                        std::to_string(samples),
+                                        "--epochs",
+                                        "1",
+                                        "--optimizer",
+                                        core::name_of(trainer::optimizer_names(), s_.optimizer),
+                                        "--stages",
+                                        std::to_string(s_.stages),
+                                        "--balance",
+                                        "memory",
+                                        "--metrics-file",
+                                        metrics_};
+    if (setting != "naive") {
+      add(command, {"--pipeline", "1f1b", "--microbatches", std::to_string(s_.microbatches)});
+    }
+    if (setting == "1f1b_checkpointed") add(command, {"--checkpoint-activations"});
+    if (budget_mib > 0) add(command, {"--memory-budget-mib", std::to_string(budget_mib)});
+    core::CommandOutput r = run(command);
     if (r.status != 0) {
       log(fmt::format("{} stages, {}, batch {}: does not fit", s_.stages, setting, batch));
       check_failure(r);
@@ -150,7 +178,7 @@ int run_memory_bench(const MemoryBenchSettings& s) {
   out["model"] = fmt::format("unet-resnet{}", s.depth);
   out["image_size"] = s.image_size;
   out["batch"] = s.batch;
-  out["optimizer"] = s.optimizer;
+  out["optimizer"] = core::name_of(trainer::optimizer_names(), s.optimizer);
   out["stages"] = s.stages;
   out["microbatches"] = s.microbatches;
   out["single_peak_mib"] = single_peak;

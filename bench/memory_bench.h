@@ -10,6 +10,8 @@
 
 #include <string>
 
+#include "ferry/trainer/settings.h"
+
 namespace ferry::bench {
 
 struct MemoryBenchSettings {
@@ -20,7 +22,7 @@ struct MemoryBenchSettings {
   int microbatches = 4;
   int max_batch = 256;  // the search stops here
   int resolution = 4;   // the bisection stops when the bounds are this close
-  std::string optimizer = "adam";
+  trainer::Optimizer optimizer = trainer::Optimizer::Adam;
   std::string self_path;
 };
 

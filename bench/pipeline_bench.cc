@@ -22,8 +22,8 @@
 #include "ferry/remote_module/loss.h"
 #include "ferry/rpc/options.h"
 #include "ferry/rpc/rpc.h"
-#include "ferry/trainer/rebalance.h"
-#include "ferry/trainer/stage_plan.h"
+#include "trainer/rebalance.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::bench {
 namespace {
@@ -100,7 +100,7 @@ std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& mo
     options.schedule = c.schedule;
     options.microbatches = c.microbatches;
     options.routes = model.routes;
-    if (s.loss_on == "last-stage") options.loss = model.loss_name;
+    if (s.loss_on != trainer::LossPlacement::Master) options.loss = model.loss_name;
     c.pipe = std::make_unique<pipeline::Pipeline>(model.stages, options);
     c.activation_mib.assign(model.stages.size(), 0);
     c.tensor_mib.assign(model.stages.size(), 0);
@@ -109,7 +109,7 @@ std::vector<Config> make_configs(const PipelineBenchSettings& s, const Model& mo
 }
 
 // The cut that the last configuration's stages (zero-bubble at the most micro-batches) measured in
-// their latest step calls for (ferry/trainer/rebalance.h), or `plan` when no cut shortens its
+// their latest step calls for (trainer/rebalance.h), or `plan` when no cut shortens its
 // slowest stage by kMinGain. `blocks`: each block's compute in that step as its stage timed it
 // (the plan's estimates stand in when empty). `record` says what was measured (each block's
 // estimated and measured compute beside) and decided.
@@ -268,7 +268,7 @@ nlohmann::ordered_json report(const PipelineBenchSettings& s, int p, bool pinned
   out["pinned"] = pinned;
   out["threads_per_process"] = 1;
   out["steps"] = s.steps;
-  out["loss_on"] = s.loss_on;
+  out["loss_on"] = core::name_of(trainer::loss_placement_names(), s.loss_on);
   out["timed"] = "Pipeline::step: forward and backward of one batch, medians";
   out["local_step_s"] = median(local.whole);
   out["naive_over_local"] = naive / median(local.whole);

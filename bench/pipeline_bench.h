@@ -9,17 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "ferry/trainer/settings.h"
+
 namespace ferry::bench {
 
 struct PipelineBenchSettings {
   std::string model = "synthetic";  // synthetic | unet
   int stages = 0;                   // synthetic: 0 is 2; unet: 0 is the three seams
-  std::string balance = "time";     // unet with --stages: memory | time | parameters
-  int width = 1024;                 // synthetic: features of every layer
-  int layers = 4;                   // synthetic: layers per stage
-  int batch = 128;                  // samples (synthetic) or images (unet) per step
-  int depth = 18;                   // unet: ResNet depth of the encoder
-  int image_size = 64;              // unet
+  trainer::Balance balance = trainer::Balance::Time;  // unet with --stages
+  int width = 1024;                                   // synthetic: features of every layer
+  int layers = 4;                                     // synthetic: layers per stage
+  int batch = 128;      // samples (synthetic) or images (unet) per step
+  int depth = 18;       // unet: ResNet depth of the encoder
+  int image_size = 64;  // unet
   std::vector<int> microbatches = {1, 2, 4, 8};
   int steps = 5;    // timed steps of each configuration; medians are reported
   int warmup = 1;   // untimed steps of each first
@@ -28,7 +30,7 @@ struct PipelineBenchSettings {
   // train --rebalance does) when that shortens the slowest stage by 5% or more.
   bool rebalance = true;
   // Where the loss is computed: "last-stage" (only its value comes to the master) or "master".
-  std::string loss_on = "last-stage";
+  trainer::LossPlacement loss_on = trainer::LossPlacement::LastStage;
   std::string trace_file;  // Chrome trace of the last configuration (zb, most micro-batches)
   std::string self_path;
 };

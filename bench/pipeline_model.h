@@ -13,7 +13,7 @@
 #include "bench/pipeline_bench.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/remote_module.h"
-#include "ferry/trainer/stage_plan.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::bench {
 

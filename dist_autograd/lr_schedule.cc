@@ -20,37 +20,21 @@ double cosine_between(double from, double to, double t) {
   return to + (from - to) * 0.5 * (1 + std::cos(kPi * t));
 }
 
-const char* name_of(LrSchedule::Kind kind) {
-  switch (kind) {
-    case LrSchedule::Kind::Constant:
-      return "constant";
-    case LrSchedule::Kind::Step:
-      return "step";
-    case LrSchedule::Kind::Cosine:
-      return "cosine";
-    case LrSchedule::Kind::OneCycle:
-      return "onecycle";
-  }
-  return "?";
-}
-
 }  // namespace
 
-LrSchedule LrSchedule::parse(const std::string& name, double base_lr, std::int64_t total_steps,
-                             std::int64_t warmup_steps, std::int64_t step_size, double gamma) {
+const core::EnumNames<LrSchedule::Kind>& LrSchedule::kind_names() {
+  static const core::EnumNames<Kind> names = {{Kind::Constant, "constant"},
+                                              {Kind::Step, "step"},
+                                              {Kind::Cosine, "cosine"},
+                                              {Kind::OneCycle, "onecycle"}};
+  return names;
+}
+
+LrSchedule LrSchedule::of(Kind kind, double base_lr, std::int64_t total_steps,
+                          std::int64_t warmup_steps, std::int64_t step_size, double gamma) {
   LrSchedule s;
-  if (name == "constant") {
-    s.kind = Kind::Constant;
-  } else if (name == "step") {
-    s.kind = Kind::Step;
-  } else if (name == "cosine") {
-    s.kind = Kind::Cosine;
-  } else if (name == "onecycle") {
-    s.kind = Kind::OneCycle;
-  } else {
-    throw std::invalid_argument(fmt::format(
-        "learning-rate schedule \"{}\" is none of constant, step, cosine, onecycle", name));
-  }
+  s.kind = kind;
+  const std::string name = core::name_of(kind_names(), kind);
   if (!(base_lr > 0)) {
     throw std::invalid_argument(fmt::format("the learning rate must be above 0, not {}", base_lr));
   }
@@ -110,7 +94,8 @@ double LrSchedule::lr_at(std::int64_t step) const {
 }
 
 std::string LrSchedule::describe() const {
-  std::string out = fmt::format("{} from {:g} over {} steps", name_of(kind), base_lr, total_steps);
+  std::string out = fmt::format("{} from {:g} over {} steps", core::name_of(kind_names(), kind),
+                                base_lr, total_steps);
   if (kind == Kind::Step) out += fmt::format(", x{:g} every {}", gamma, step_size);
   if (warmup_steps > 0) out += fmt::format(", {} warm-up", warmup_steps);
   return out;

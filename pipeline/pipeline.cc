@@ -46,25 +46,13 @@ std::int64_t clock_offset_ns(const std::string& worker) {
 
 }  // namespace
 
-Schedule parse_schedule(const std::string& name) {
-  if (name == "gpipe") return Schedule::GPipe;
-  if (name == "1f1b") return Schedule::OneFOneB;
-  if (name == "zb") return Schedule::ZeroBubble;
-  throw std::invalid_argument(
-      fmt::format("unknown pipeline schedule \"{}\" (known: gpipe, 1f1b, zb)", name));
+const core::EnumNames<Schedule>& schedule_names() {
+  static const core::EnumNames<Schedule> names = {
+      {Schedule::GPipe, "gpipe"}, {Schedule::OneFOneB, "1f1b"}, {Schedule::ZeroBubble, "zb"}};
+  return names;
 }
 
-const char* schedule_name(Schedule schedule) {
-  switch (schedule) {
-    case Schedule::GPipe:
-      return "gpipe";
-    case Schedule::OneFOneB:
-      return "1f1b";
-    case Schedule::ZeroBubble:
-      return "zb";
-  }
-  return "?";
-}
+std::string schedule_name(Schedule schedule) { return core::name_of(schedule_names(), schedule); }
 
 Pipeline::Pipeline(std::vector<remote_module::RemoteModule> stages, PipelineOptions options)
     : stages_(std::move(stages)), options_(std::move(options)) {

@@ -13,7 +13,7 @@
 
 #include "ferry/core/image_size.h"
 #include "ferry/models/block_costs.h"
-#include "ferry/trainer/planner.h"
+#include "trainer/planner.h"
 
 namespace ferry::trainer {
 

@@ -2,28 +2,19 @@
 
 #include <fmt/format.h>
 
-#include <utility>
-
 #include "ferry/rpc/error.h"
 
 namespace ferry::trainer {
 
-EpochMonitor::EpochMonitor(std::string metric, int patience)
-    : metric_(std::move(metric)), patience_(patience) {
-  if (metric_ != "val_loss" && metric_ != "val_iou" && metric_ != "val_dice" &&
-      metric_ != "val_miou") {
-    rpc::refuse(fmt::format("--monitor must be val_loss, val_iou, val_dice or val_miou, not \"{}\"",
-                            metric_));
-  }
+EpochMonitor::EpochMonitor(Monitor metric, int patience) : metric_(metric), patience_(patience) {
   if (patience_ < 0) {
     rpc::refuse(fmt::format("--early-stop-patience must be 0 (never) or more, not {}", patience_));
   }
-  lower_is_better_ = metric_ == "val_loss";
 }
 
 EpochMonitor::Verdict EpochMonitor::observe(int epoch, double value) {
   Verdict verdict;
-  const bool better = lower_is_better_ ? value < best_value_ : value > best_value_;
+  const bool better = lower_is_better(metric_) ? value < best_value_ : value > best_value_;
   if (best_epoch_ == 0 || better) {
     best_epoch_ = epoch;
     best_value_ = value;

@@ -6,15 +6,15 @@
 
 #include <string>
 
+#include "ferry/trainer/settings.h"
+
 namespace ferry::trainer {
 
 class EpochMonitor {
  public:
-  // `metric`: "val_loss" (lower is better), "val_iou", "val_dice" or "val_miou" (higher is
-  // better). With
-  // `patience` P > 0, observe() says stop after P epochs in a row without improvement; 0 never
-  // stops. Throws rpc::Error(InvalidArgument) naming the metrics there are.
-  EpochMonitor(std::string metric, int patience);
+  // With `patience` P > 0, observe() says stop after P epochs in a row without improvement of
+  // `metric`; 0 never stops. A patience below 0 is rpc::Error(InvalidArgument).
+  EpochMonitor(Monitor metric, int patience);
 
   struct Verdict {
     bool improved = false;  // this epoch is the best so far (the first always is)
@@ -25,15 +25,15 @@ class EpochMonitor {
   // Puts back what a checkpoint saved; best_epoch 0 means none yet.
   void restore(int best_epoch, double best_value, int stale_epochs);
 
-  const std::string& metric() const { return metric_; }
+  Monitor metric() const { return metric_; }
+  std::string metric_name() const { return core::name_of(monitor_names(), metric_); }
   int patience() const { return patience_; }
   int best_epoch() const { return best_epoch_; }  // 0 before the first observe()
   double best_value() const { return best_value_; }
   int stale_epochs() const { return stale_epochs_; }
 
  private:
-  std::string metric_;
-  bool lower_is_better_;
+  Monitor metric_;
   int patience_;
   int best_epoch_ = 0;
   double best_value_ = 0;

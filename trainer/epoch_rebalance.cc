@@ -7,7 +7,7 @@
 #include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/rpc/error.h"
-#include "ferry/trainer/rebalance.h"
+#include "trainer/rebalance.h"
 
 namespace ferry::trainer {
 
@@ -34,9 +34,9 @@ std::size_t EpochRebalance::first_look_within(bool pipelined, std::size_t batche
 }
 
 bool EpochRebalance::looks(bool pipelined) const {
-  if (!pipelined || s_.rebalance == "off") return false;
-  return s_.rebalance == "on" ||
-         (s_.plan.balance == "time" && s_.plan.stages > 0 && s_.plan.partition.empty());
+  if (!pipelined || s_.rebalance == Rebalance::Off) return false;
+  return s_.rebalance == Rebalance::On ||
+         (s_.plan.balance == Balance::Time && s_.plan.stages > 0 && s_.plan.partition.empty());
 }
 
 std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool pipelined,

@@ -1,4 +1,4 @@
-// When a training job re-cuts and where to (ferry/trainer/rebalance.h): with --rebalance on
+// When a training job re-cuts and where to (trainer/rebalance.h): with --rebalance on
 // pipelined steps, the cut its stages' measured compute calls for when it shortens the slowest
 // stage by kMinGain and its estimated peaks fit the memory budget; --rebalance-to's cut at the
 // first look. The first look comes after --rebalance-after batches of the first epoch (the first
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
+#include "trainer/stage_plan.h"
 #include "trainer/stages_on_workers.h"
 
 namespace ferry::trainer {

@@ -1,4 +1,4 @@
-#include "ferry/trainer/export_weights.h"
+#include "trainer/export_weights.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,4 +1,4 @@
-#include "ferry/trainer/job_log.h"
+#include "trainer/job_log.h"
 
 #include <regex>
 #include <sstream>

@@ -13,6 +13,7 @@
 #include "ferry/models/unet_blocks.h"
 #include "ferry/rpc/error.h"
 #include "trainer/image_size_json.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
 
@@ -91,23 +92,24 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks) {
 
 int measure_single_process(const std::string& model, int64_t classes,
                            const core::ImageSize& image_size, int64_t batch_size,
-                           const std::string& optimizer_name, int64_t memory_budget_mib) {
+                           Optimizer optimizer_kind, int64_t memory_budget_mib) {
   core::count_tensor_memory();
   core::set_tensor_memory_budget(memory_budget_mib << 20);
   models::Unet net(depth_of(model), classes);
   at::Tensor x = torch::randn({batch_size, 3, image_size.height, image_size.width});
   at::Tensor target = torch::zeros({batch_size, classes, image_size.height, image_size.width});
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  if (optimizer_name == "sgd") {
-    optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
-                                                    torch::optim::SGDOptions(0.01).momentum(0.9));
-  } else if (optimizer_name == "adamw") {
-    optimizer = std::make_unique<torch::optim::AdamW>(net->parameters());
-  } else if (optimizer_name == "adam") {
-    optimizer = std::make_unique<torch::optim::Adam>(net->parameters());
-  } else {
-    rpc::refuse(fmt::format("footprint: --optimizer must be sgd, adam or adamw, not \"{}\"",
-                            optimizer_name));
+  switch (optimizer_kind) {
+    case Optimizer::Sgd:
+      optimizer = std::make_unique<torch::optim::SGD>(net->parameters(),
+                                                      torch::optim::SGDOptions(0.01).momentum(0.9));
+      break;
+    case Optimizer::AdamW:
+      optimizer = std::make_unique<torch::optim::AdamW>(net->parameters());
+      break;
+    case Optimizer::Adam:
+      optimizer = std::make_unique<torch::optim::Adam>(net->parameters());
+      break;
   }
   torch::binary_cross_entropy_with_logits(net->forward(x), target).backward();
   optimizer->step();
@@ -119,11 +121,12 @@ int measure_single_process(const std::string& model, int64_t classes,
 }
 
 double single_process_peak_mib(const std::string& master_program, const PlanSettings& plan) {
-  const core::CommandOutput ran = core::run_process(
-      {master_program, "footprint", "--model", plan.model, "--classes",
-       std::to_string(plan.classes), "--image-size", plan.image_size.text(), "--batch-size",
-       std::to_string(plan.batch_size), "--optimizer", plan.optimizer},
-      {{}, {"RANK", "WORLD_SIZE", "SLURM_PROCID"}}, /*with_stderr=*/false);
+  const core::CommandOutput ran =
+      core::run_process({master_program, "footprint", "--model", plan.model, "--classes",
+                         std::to_string(plan.classes), "--image-size", plan.image_size.text(),
+                         "--batch-size", std::to_string(plan.batch_size), "--optimizer",
+                         core::name_of(optimizer_names(), plan.optimizer)},
+                        {{}, {"RANK", "WORLD_SIZE", "SLURM_PROCID"}}, /*with_stderr=*/false);
   if (ran.status != 0) return -1;
   try {
     return nlohmann::json::parse(ran.last_line()).at("peak_rss_mib").get<double>();

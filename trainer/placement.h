@@ -8,7 +8,7 @@
 
 #include "ferry/models/remote_unet.h"
 #include "ferry/rpc/error.h"
-#include "ferry/trainer/stage_plan.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
 

@@ -17,9 +17,7 @@ void record(Candidate& c, const StepCheck& check) {
   }
 }
 
-bool one_process(const Candidate& c) {
-  return c.stages == 1 && c.replicas == 1 && c.schedule == "plain";
-}
+bool one_process(const Candidate& c) { return c.stages == 1 && c.replicas == 1 && !c.schedule; }
 
 }  // namespace
 

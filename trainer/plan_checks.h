@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ferry/trainer/planner.h"
+#include "trainer/planner.h"
 
 namespace ferry::trainer {
 

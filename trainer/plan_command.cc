@@ -18,11 +18,12 @@
 #include "ferry/models/unet.h"
 #include "ferry/models/unet_blocks.h"
 #include "ferry/rpc/error.h"
-#include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
 #include "trainer/block_cost_cache.h"
 #include "trainer/image_size_json.h"
 #include "trainer/plan_checks.h"
+#include "trainer/planner.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
 namespace {
@@ -253,9 +254,6 @@ StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
 
 void check_request(const PlanRequest& r) {
   depth_of(r.model);
-  if (r.optimizer != "sgd" && r.optimizer != "adam" && r.optimizer != "adamw") {
-    rpc::refuse(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", r.optimizer));
-  }
   if (r.image_size.height % 32 != 0 || r.image_size.width % 32 != 0) {
     rpc::refuse(fmt::format("--image-size {} is not a multiple of 32", r.image_size.text()));
   }
@@ -397,21 +395,24 @@ TrainSettings with_plan(const TrainSettings& settings, const nlohmann::json& pla
     s.plan.model = request.at("model").get<std::string>();
     s.plan.classes = request.at("classes").get<int64_t>();
     s.plan.image_size = request.at("image_size").get<core::ImageSize>();
-    s.plan.optimizer = request.at("optimizer").get<std::string>();
+    s.plan.optimizer = core::parse_named(
+        optimizer_names(), request.at("optimizer").get<std::string>(), "its \"optimizer\"");
     const auto budget = static_cast<int64_t>(request.at("memory_budget_mib").get<double>());
     if (budget > 0) s.memory_budget_mib = budget;
     s.plan.batch_size = winner.at("batch_size").get<int64_t>();
     s.plan.stages = winner.at("stages").get<int>();
     s.plan.partition = partition_of(winner.at("first_blocks").get<std::vector<std::string>>());
     s.replicas = winner.at("replicas").get<int>();
-    const std::string schedule = winner.at("schedule").get<std::string>();
-    s.pipeline = schedule == "plain" ? "" : schedule;
+    s.pipeline = core::parse_named(step_schedule_names(), winner.at("schedule").get<std::string>(),
+                                   "its winner's \"schedule\"");
     s.microbatches = winner.at("microbatches").get<int>();
     s.checkpoint_activations = winner.at("recompute").get<bool>();
     s.planned_costs = cached_costs_of(plan, source);
   } catch (const nlohmann::json::exception& e) {
     rpc::refuse(
         fmt::format("--plan {}: not a plan of `ferry-master plan --json` ({})", source, e.what()));
+  } catch (const std::invalid_argument& e) {
+    rpc::refuse(fmt::format("--plan {}: {}", source, e.what()));
   }
   return s;
 }

@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "ferry/trainer/planner.h"
 #include "trainer/image_size_json.h"
+#include "trainer/planner.h"
 
 namespace ferry::trainer {
 
@@ -23,26 +23,29 @@ std::string partition_of(const std::vector<std::string>& first_blocks) {
 std::string Candidate::describe() const {
   std::string out = fmt::format("{} stage{}", stages, stages == 1 ? "" : "s");
   if (replicas > 1) out += fmt::format(" x {} replicas", replicas);
-  out += schedule == "plain" ? ", plain" : fmt::format(", {} x {}", schedule, microbatches);
+  out += schedule ? fmt::format(", {} x {}", pipeline::schedule_name(*schedule), microbatches)
+                  : ", plain";
   if (recompute) out += ", recomputed";
   return out;
 }
 
 std::vector<std::string> Candidate::arguments(const PlanRequest& request,
                                               const std::vector<std::string>& block_names) const {
-  std::vector<std::string> out = {"--model",      request.model,
-                                  "--classes",    std::to_string(request.classes),
-                                  "--image-size", request.image_size.text(),
-                                  "--optimizer",  request.optimizer,
-                                  "--batch-size", std::to_string(batch_size),
-                                  "--stages",     std::to_string(stages)};
+  std::vector<std::string> out = {
+      "--model",      request.model,
+      "--classes",    std::to_string(request.classes),
+      "--image-size", request.image_size.text(),
+      "--optimizer",  core::name_of(optimizer_names(), request.optimizer),
+      "--batch-size", std::to_string(batch_size),
+      "--stages",     std::to_string(stages)};
   auto add = [&out](std::initializer_list<std::string> words) {
     out.insert(out.end(), words.begin(), words.end());
   };
   if (stages > 1) add({"--partition", partition_of(first_blocks(cut, block_names))});
   if (replicas > 1) add({"--replicas", std::to_string(replicas)});
-  if (schedule != "plain") {
-    add({"--pipeline", schedule, "--microbatches", std::to_string(microbatches)});
+  if (schedule) {
+    add({"--pipeline", pipeline::schedule_name(*schedule), "--microbatches",
+         std::to_string(microbatches)});
   }
   if (recompute) add({"--checkpoint-activations"});
   if (request.budget_mib > 0) {
@@ -84,7 +87,7 @@ nlohmann::ordered_json plan_document(const PlanRequest& request,
     nlohmann::ordered_json out{
         {"stages", c.stages},
         {"replicas", c.replicas},
-        {"schedule", c.schedule},
+        {"schedule", core::name_of(step_schedule_names(), c.schedule)},
         {"microbatches", c.microbatches},
         {"recompute", c.recompute},
         {"batch_size", c.batch_size},
@@ -108,7 +111,7 @@ nlohmann::ordered_json plan_document(const PlanRequest& request,
   out["request"] = {{"model", request.model},
                     {"classes", request.classes},
                     {"image_size", request.image_size},
-                    {"optimizer", request.optimizer},
+                    {"optimizer", core::name_of(optimizer_names(), request.optimizer)},
                     {"workers", request.workers},
                     {"memory_budget_mib", request.budget_mib},
                     {"batch_size", request.largest_batch ? 0 : request.batch_size},

@@ -1,4 +1,4 @@
-#include "ferry/trainer/planner.h"
+#include "trainer/planner.h"
 
 #include <fmt/format.h>
 
@@ -8,15 +8,13 @@
 #include <stdexcept>
 
 #include "ferry/models/unet_blocks.h"
-#include "ferry/trainer/stage_plan.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
 namespace {
 
 constexpr double kMiB = 1 << 20;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-const std::vector<std::string> kPipelines = {"gpipe", "1f1b", "zb"};
 
 PlanSettings settings_of(const PlanRequest& r) {
   PlanSettings s;
@@ -98,15 +96,16 @@ int64_t microbatch_of(const Candidate& c) { return microbatch_samples(c.batch_si
 // zero-bubble schedule the micro-batches ahead of it, at most p - s; the zero-bubble schedule's
 // last stage holds one more whose weight pass waits.
 int64_t held_by(const Candidate& c, int s) {
-  if (c.schedule == "plain" || c.schedule == "gpipe") return c.batch_size;
-  const int last = c.schedule == "zb" && s + 1 == c.stages ? 1 : 0;
+  if (!c.schedule || c.schedule == pipeline::Schedule::GPipe) return c.batch_size;
+  const int last = c.schedule == pipeline::Schedule::ZeroBubble && s + 1 == c.stages ? 1 : 0;
   return std::min<int64_t>(c.batch_size,
                            microbatch_of(c) * std::min(parts_of(c), c.stages - s + last));
 }
 
 double stage_peak_bytes(const StageTable& table, const Candidate& c, int s, int64_t i, int64_t j) {
-  const int64_t deferred =
-      c.schedule == "zb" ? deferred_samples(c.batch_size, parts_of(c), c.stages, s) : 0;
+  const int64_t deferred = c.schedule == pipeline::Schedule::ZeroBubble
+                               ? deferred_samples(c.batch_size, parts_of(c), c.stages, s)
+                               : 0;
   return table.terms(i, j).peak_bytes(held_by(c, s), microbatch_of(c), parts_of(c) > 1, c.recompute,
                                       deferred);
 }
@@ -149,13 +148,14 @@ double step_seconds(const StageTable& table, const MachineCosts& m, const Candid
     }
   }
   double compute = sum_stage;
-  if (c.schedule != "plain") {
+  if (c.schedule) {
     // Each stage's share of one micro-batch; the slowest sets the steady state. The zero-bubble
     // schedule fills the drain with weight passes: of the other stages' backwards, only the
     // input-gradient half (about half) stays on the critical path.
     const double steady = (passes - 1) * largest_stage / passes;
-    compute = c.schedule == "zb" ? steady + (sum_forward + largest_backward) / passes
-                                 : steady + sum_stage / passes;
+    compute = c.schedule == pipeline::Schedule::ZeroBubble
+                  ? steady + (sum_forward + largest_backward) / passes
+                  : steady + sum_stage / passes;
     carries /= passes;
   }
   return compute + carries + optimizer + all_reduce;
@@ -203,7 +203,7 @@ std::optional<Candidate> scored(const StageTable& table, const MachineCosts& m,
 // The configurations of p stages x r replicas at a per-replica batch (micro-batches up to the
 // batch), not yet cut.
 std::vector<Candidate> shapes_of(int p, int r, int64_t batch) {
-  auto shape = [&](const std::string& schedule, int microbatches, bool recompute) {
+  auto shape = [&](StepSchedule schedule, int microbatches, bool recompute) {
     Candidate c;
     c.stages = p;
     c.replicas = r;
@@ -213,11 +213,11 @@ std::vector<Candidate> shapes_of(int p, int r, int64_t batch) {
     c.batch_size = batch;
     return c;
   };
-  std::vector<Candidate> out{shape("plain", 1, false)};
+  std::vector<Candidate> out{shape(std::nullopt, 1, false)};
   for (int m = 2; m <= 32 && m <= batch; m *= 2) {
-    for (const std::string& schedule : kPipelines) {
+    for (const auto& [schedule, name] : pipeline::schedule_names()) {
       // One stage has no bubble to fill: 1F1B there is micro-batching alone.
-      if (p == 1 && schedule != "1f1b") continue;
+      if (p == 1 && schedule != pipeline::Schedule::OneFOneB) continue;
       for (bool recompute : {false, true}) out.push_back(shape(schedule, m, recompute));
     }
   }
@@ -292,8 +292,10 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
     return fmt::format(
         "nothing fits {}: block {}'s parameters, gradients and {} state alone take {}, more than "
         "a worker's budget; it needs a larger budget{}",
-        where, costs[heaviest].name, request.optimizer, mib(state),
-        request.optimizer == "sgd" ? "" : " or --optimizer sgd (one copy of state, not two)");
+        where, costs[heaviest].name, core::name_of(optimizer_names(), request.optimizer),
+        mib(state),
+        request.optimizer == Optimizer::Sgd ? ""
+                                            : " or --optimizer sgd (one copy of state, not two)");
   }
   // The state alone, cut over every worker (no image in flight, plain steps).
   const int most_stages = static_cast<int>(std::min<int64_t>(request.workers, table.blocks()));
@@ -304,8 +306,9 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
     return fmt::format(
         "nothing fits {}: the parameters, gradients and {} state alone, cut into {} stages, "
         "exceed a worker's budget on some stage; it needs more workers, a larger budget{}",
-        where, request.optimizer, most_stages,
-        request.optimizer == "sgd" ? "" : " or --optimizer sgd (one copy of state, not two)");
+        where, core::name_of(optimizer_names(), request.optimizer), most_stages,
+        request.optimizer == Optimizer::Sgd ? ""
+                                            : " or --optimizer sgd (one copy of state, not two)");
   }
   PlanRequest largest = request;
   largest.largest_batch = true;

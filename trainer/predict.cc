@@ -17,12 +17,12 @@
 #include "ferry/remote_module/checkpoint.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
-#include "ferry/trainer/export_weights.h"
-#include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
 #include "ferry/trainer/worker_loop.h"
 #include "trainer/class_scores.h"
+#include "trainer/export_weights.h"
 #include "trainer/placement.h"
+#include "trainer/stage_plan.h"
 #include "trainer/train_report.h"
 
 namespace ferry::trainer {

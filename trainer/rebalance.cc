@@ -1,4 +1,4 @@
-#include "ferry/trainer/rebalance.h"
+#include "trainer/rebalance.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

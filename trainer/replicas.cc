@@ -43,10 +43,17 @@ at::Tensor share_of(const at::Tensor& batch, std::size_t r, std::size_t count) {
   return batch.narrow(0, begin, per + (index < extra ? 1 : 0));
 }
 
-double Validation::of(const std::string& metric) const {
-  if (metric == "val_loss") return loss;
-  if (metric == "val_iou") return iou;
-  if (metric == "val_miou") return miou;
+double Validation::of(Monitor metric) const {
+  switch (metric) {
+    case Monitor::ValLoss:
+      return loss;
+    case Monitor::ValIou:
+      return iou;
+    case Monitor::ValMiou:
+      return miou;
+    case Monitor::ValDice:
+      break;
+  }
   return dice;
 }
 

@@ -14,6 +14,7 @@
 #include "ferry/data/dataset.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/pipeline.h"
+#include "ferry/trainer/settings.h"
 
 namespace ferry::trainer {
 
@@ -36,7 +37,7 @@ struct Validation {
   double loss = 0, iou = 0, dice = 0, miou = 0;
   std::vector<double> class_iou, class_dice;  // each class's (ClassScores)
   // By EpochMonitor's names.
-  double of(const std::string& metric) const;
+  double of(Monitor metric) const;
 };
 
 // Every image of `loader` through the replicas (each batch shared among them, in eval mode and

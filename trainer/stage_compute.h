@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "ferry/trainer/stage_plan.h"
+#include "trainer/stage_plan.h"
 #include "trainer/train_report.h"
 
 namespace ferry::trainer {

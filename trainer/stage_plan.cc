@@ -1,4 +1,4 @@
-#include "ferry/trainer/stage_plan.h"
+#include "trainer/stage_plan.h"
 
 #include <fmt/format.h>
 
@@ -19,10 +19,10 @@ constexpr double kMiB = 1 << 20;
 
 // Bytes per parameter byte that training keeps, as the balance by memory sums them per block: the
 // parameter, its gradient and the optimizer's state.
-double state_factor(const std::string& optimizer) { return 2 + optimizer_state_copies(optimizer); }
+double state_factor(Optimizer optimizer) { return 2 + optimizer_state_copies(optimizer); }
 // Tensors of one parameter's size that the optimizer's step makes and drops, one parameter at a
 // time (Adam's square root of the second moment, its quotient and the update).
-double step_temporaries(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 3; }
+double step_temporaries(Optimizer optimizer) { return optimizer == Optimizer::Sgd ? 1 : 3; }
 
 // The bytes per sample of each element of the carry after block `k` (-1: the image), bottom
 // first: each element is the output of the block that made it.
@@ -111,20 +111,23 @@ std::vector<pipeline::Range> cut(const PlanSettings& s, const std::vector<models
     rpc::refuse(fmt::format("--stages {}: the U-Net has {} blocks, so 1 to {} stages", s.stages,
                             costs.size(), costs.size()));
   }
-  method = "balanced by " + s.balance;
-  if (s.balance == "memory") return pipeline::partition_min_max(memory, s.stages, time);
-  if (s.balance == "time") return pipeline::partition_min_max(time, s.stages, memory);
-  if (s.balance == "parameters") {
-    return pipeline::partition_min_max(parameter_costs(costs), s.stages, time);
+  method = "balanced by " + core::name_of(balance_names(), s.balance);
+  switch (s.balance) {
+    case Balance::Time:
+      return pipeline::partition_min_max(time, s.stages, memory);
+    case Balance::Parameters:
+      return pipeline::partition_min_max(parameter_costs(costs), s.stages, time);
+    case Balance::Memory:
+      break;
   }
-  rpc::refuse(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
+  return pipeline::partition_min_max(memory, s.stages, time);
 }
 
 }  // namespace
 
 std::string worker_of(const std::string& place) { return place.substr(0, place.find('/')); }
 
-double optimizer_state_copies(const std::string& optimizer) { return optimizer == "sgd" ? 1 : 2; }
+double optimizer_state_copies(Optimizer optimizer) { return optimizer == Optimizer::Sgd ? 1 : 2; }
 
 std::vector<double> summed_by_worker(const std::vector<double>& values,
                                      const std::vector<std::string>& places) {
@@ -299,9 +302,6 @@ namespace {
 
 void check_settings(const PlanSettings& s) {
   if (s.stages < 0) rpc::refuse(fmt::format("--stages {} is not a number of stages", s.stages));
-  if (s.balance != "memory" && s.balance != "time" && s.balance != "parameters") {
-    rpc::refuse(fmt::format("--balance must be memory, time or parameters, not \"{}\"", s.balance));
-  }
   if (s.batch_size < 1) rpc::refuse(fmt::format("--batch-size {} is not a batch", s.batch_size));
   if (s.microbatches < 1) {
     rpc::refuse(fmt::format("--microbatches {} is not a number of micro-batches", s.microbatches));
@@ -336,8 +336,8 @@ StagePlan plan_stages(const PlanSettings& s) {
   sampling.neighbours = s.neighbours;
   // A balance by time needs the steadier figure of three timed passes; otherwise time is only
   // shown, and one pass saves start-up.
-  sampling.timed_passes = s.balance == "time" && s.stages > 0 ? 3 : 1;
-  if (sampling.neighbours > 0 && s.balance == "time" && s.stages > 1) {
+  sampling.timed_passes = s.balance == Balance::Time && s.stages > 0 ? 3 : 1;
+  if (sampling.neighbours > 0 && s.balance == Balance::Time && s.stages > 1) {
     // Each stage's blocks are timed beside the other stages' (CostSampling::cut), which a first
     // cut from one pass of each block alone names.
     models::CostSampling rough = sampling;

@@ -66,7 +66,6 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
                                               const std::vector<std::string>& workers) {
   auto job = std::make_unique<StagesOnWorkers>();
   const std::size_t stages = plan.stages.size();
-  const remote_module::Precision precision = precision_of(s);
   std::vector<std::vector<rpc::RRefPtr>> parameters;
   for (int r = 0; r < s.replicas; ++r) {
     std::vector<std::string> places(workers.begin() + r * stages,
@@ -77,9 +76,9 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
                                    static_cast<int64_t>(s.seed), s.freeze_batchnorm),
                 nullptr});
     Replica& replica = job->replicas.back();
-    if (precision != remote_module::Precision::Float32) {
+    if (s.precision != remote_module::Precision::Float32) {
       for (const remote_module::RemoteModule& stage : replica.split.modules())
-        stage.set_precision(precision);
+        stage.set_precision(s.precision);
     }
     replica.pipe = pipeline_of(s, replica.split);
     parameters.push_back(replica.split.parameters());
@@ -99,7 +98,7 @@ remote_module::NamedValues progress_values(const Progress& p, const StagesOnWork
   remote_module::NamedValues values{
       {"optimizer", job.optimizer->state_dict()}, {"epoch", int64_t{p.epoch}}, {"step", p.step}};
   if (p.monitor) {
-    values["monitor"] = p.monitor->metric();
+    values["monitor"] = p.monitor->metric_name();
     values["best_epoch"] = int64_t{p.monitor->best_epoch()};
     values["best_value"] = p.monitor->best_value();
     values["stale_epochs"] = int64_t{p.monitor->stale_epochs()};
@@ -121,9 +120,9 @@ void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_ste
   EpochMonitor& monitor = *progress.monitor;
   monitor.restore(0, 0, 0);
   if (!extra.count("monitor")) return;
-  if (extra.at("monitor").toStringRef() != monitor.metric()) {
+  if (extra.at("monitor").toStringRef() != monitor.metric_name()) {
     log::warn("the checkpoint in {} watched {}; --monitor {} starts afresh", dir,
-              extra.at("monitor").toStringRef(), monitor.metric());
+              extra.at("monitor").toStringRef(), monitor.metric_name());
     return;
   }
   monitor.restore(static_cast<int>(extra.at("best_epoch").toInt()),

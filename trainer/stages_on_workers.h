@@ -14,10 +14,10 @@
 #include "ferry/dist_autograd/optimizer.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/remote_module/checkpoint.h"
-#include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
 #include "trainer/epoch_monitor.h"
 #include "trainer/replicas.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
 
@@ -81,7 +81,7 @@ enum class Handover {
 
 // Builds the stages of `to` on `workers` (every replica) in place of `job`'s and moves every
 // parameter, buffer and the optimizer's state into them by tensor name, as a resume onto another
-// cut restores them, without a checkpoint on disk (ferry/trainer/rebalance.h says when). What this
+// cut restores them, without a checkpoint on disk (trainer/rebalance.h says when). What this
 // throws leaves `job` empty: the caller goes back to a checkpoint, as after a lost worker.
 void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, const StagePlan& to,
                  const std::vector<std::string>& workers, Handover handover);

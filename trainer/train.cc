@@ -27,7 +27,6 @@
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/model_tools.h"
 #include "ferry/trainer/plan_command.h"
-#include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/worker_loop.h"
 #include "trainer/epoch_monitor.h"
 #include "trainer/epoch_rebalance.h"
@@ -35,6 +34,7 @@
 #include "trainer/placement.h"
 #include "trainer/replicas.h"
 #include "trainer/stage_compute.h"
+#include "trainer/stage_plan.h"
 #include "trainer/stages_on_workers.h"
 #include "trainer/train_epoch.h"
 #include "trainer/train_report.h"
@@ -486,8 +486,8 @@ void report(Run& run) {
 
 // The settings with the plan --plan asks for applied.
 TrainSettings planned(const TrainSettings& s) {
-  if (s.plan_from.empty()) return s;
-  if (s.plan_from != "auto") return with_plan(s, read_plan_file(s.plan_from), s.plan_from);
+  if (!s.plan_file.empty()) return with_plan(s, read_plan_file(s.plan_file), s.plan_file);
+  if (!s.plan_auto) return s;
   const int workers = static_cast<int>(world_names().size()) - 1 - s.spares;
   return with_plan(s, plan_for_training(s, std::max(workers, 1)), "auto");
 }

@@ -15,7 +15,7 @@
 
 #include "ferry/dist_autograd/context.h"
 #include "ferry/remote_module/checkpoint.h"
-#include "ferry/trainer/rebalance.h"
+#include "trainer/rebalance.h"
 
 namespace ferry::trainer {
 namespace {
@@ -128,8 +128,8 @@ void report_best(const EpochMonitor& monitor, const std::string& best_dir, int s
                  nlohmann::ordered_json& metrics) {
   if (monitor.best_epoch() == 0) return;
   std::string line = fmt::format("best epoch: {} ({} {:.4f})", monitor.best_epoch(),
-                                 monitor.metric(), monitor.best_value());
-  metrics["monitor"] = monitor.metric();
+                                 monitor.metric_name(), monitor.best_value());
+  metrics["monitor"] = monitor.metric_name();
   metrics["best_epoch"] = monitor.best_epoch();
   metrics["best_value"] = monitor.best_value();
   if (!best_dir.empty() && remote_module::has_checkpoint(best_dir)) {
@@ -140,7 +140,7 @@ void report_best(const EpochMonitor& monitor, const std::string& best_dir, int s
   }
   if (stopped_after > 0) {
     line += fmt::format("; stopped early after epoch {}: {} did not improve for {} epochs",
-                        stopped_after, monitor.metric(), monitor.patience());
+                        stopped_after, monitor.metric_name(), monitor.patience());
     metrics["stopped_after_epoch"] = stopped_after;
   }
   std::cerr << line << "\n";

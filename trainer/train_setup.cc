@@ -24,20 +24,20 @@ DataSplit datasets_of(const TrainSettings& s) {
   options.seed = s.seed;
   options.labels = labels_of(s);
   DataSplit split;
-  if (s.data == "synthetic") {
+  if (s.data_dir.empty()) {
     split.train = split.validation = std::make_shared<data::SyntheticDataset>(
         s.samples, s.plan.image_size, s.seed, s.plan.classes);
   } else {
-    split.validation = std::make_shared<data::FolderDataset>(s.data, options);
+    split.validation = std::make_shared<data::FolderDataset>(s.data_dir, options);
     data::FolderDataset::Options augmented = options;
     augmented.augment = augmentation_of(s);
-    split.train = std::make_shared<data::FolderDataset>(s.data, augmented);
-    log::info("data: {} image/mask pairs from {}", split.train->size(), s.data);
+    split.train = std::make_shared<data::FolderDataset>(s.data_dir, augmented);
+    log::info("data: {} image/mask pairs from {}", split.train->size(), s.data_dir);
   }
   const data::Normalization normalization = normalization_of(s);
   split.train = data::normalized(split.train, normalization);
   split.validation =
-      s.data == "synthetic" ? split.train : data::normalized(split.validation, normalization);
+      s.data_dir.empty() ? split.train : data::normalized(split.validation, normalization);
   if (s.val_data.empty()) {
     std::tie(split.train_indices, split.validation_indices) =
         data::split_indices(split.train->size(), s.validation_share);
@@ -92,12 +92,12 @@ std::vector<std::string> class_names_of(const TrainSettings& s) {
   const std::int64_t counted = std::max<std::int64_t>(s.plan.classes, 2);
   std::string source = "--class-names";
   std::vector<std::string> names = s.class_names;
-  if (names.empty() && s.data != "synthetic") {
-    names = class_file_names(s.data);
-    source = (std::filesystem::path(s.data) / "classes.txt").string();
+  if (names.empty() && !s.data_dir.empty()) {
+    names = class_file_names(s.data_dir);
+    source = (std::filesystem::path(s.data_dir) / "classes.txt").string();
   }
   if (names.empty()) {
-    if (s.data == "synthetic") return data::synthetic_class_names(s.plan.classes);
+    if (s.data_dir.empty()) return data::synthetic_class_names(s.plan.classes);
     if (s.plan.classes == 1) return {"background", "foreground"};
     for (std::int64_t k = 0; k < counted; ++k) names.push_back(fmt::format("class{}", k));
     return names;
@@ -126,10 +126,15 @@ std::string loss_spec(const TrainSettings& s) {
 }
 
 dist_autograd::OptimizerSpec optimizer_spec(const TrainSettings& s) {
-  if (s.plan.optimizer == "sgd") return dist_autograd::OptimizerSpec::sgd(s.lr, 0.9, 1e-4);
-  if (s.plan.optimizer == "adam") return dist_autograd::OptimizerSpec::adam(s.lr);
-  if (s.plan.optimizer == "adamw") return dist_autograd::OptimizerSpec::adamw(s.lr);
-  rpc::refuse(fmt::format("--optimizer must be sgd, adam or adamw, not \"{}\"", s.plan.optimizer));
+  switch (s.plan.optimizer) {
+    case Optimizer::Sgd:
+      return dist_autograd::OptimizerSpec::sgd(s.lr, 0.9, 1e-4);
+    case Optimizer::AdamW:
+      return dist_autograd::OptimizerSpec::adamw(s.lr);
+    case Optimizer::Adam:
+      break;
+  }
+  return dist_autograd::OptimizerSpec::adam(s.lr);
 }
 
 void check_sync_batchnorm(const TrainSettings& s) {
@@ -142,19 +147,13 @@ void check_sync_batchnorm(const TrainSettings& s) {
   if (s.via_master) {
     rpc::refuse("--sync-batchnorm needs pipelined steps; --via-master (the naive split) is not");
   }
-  bool interleaved = false;
-  try {
-    interleaved =
-        !s.pipeline.empty() && pipeline::parse_schedule(s.pipeline) != pipeline::Schedule::GPipe;
-  } catch (const std::invalid_argument&) {
-    // pipeline_of says what is wrong with it.
-  }
+  const bool interleaved = s.pipeline && *s.pipeline != pipeline::Schedule::GPipe;
   if (s.replicas > 1 && interleaved) {
     rpc::refuse(fmt::format(
         "--sync-batchnorm with --replicas and --pipeline {0}: under {0} a stage's forwards "
         "and backwards interleave differently in each replica, and the replicas' batch norms "
         "must sum their statistics in the same order; use --pipeline gpipe",
-        s.pipeline));
+        pipeline::schedule_name(*s.pipeline)));
   }
 }
 
@@ -163,16 +162,12 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
                                                 const models::RemoteUnet& split) {
   // --sync-batchnorm: a pipelined stage runs each micro-batch's backward at once, in order, on
   // one thread, so every replica's batch norms sum in the same order.
-  bool wanted = !s.pipeline.empty() || s.microbatches > 1 || s.checkpoint_activations ||
+  bool wanted = s.pipeline || s.microbatches > 1 || s.checkpoint_activations ||
                 !s.trace_file.empty() || s.sync_batchnorm;
   if (!wanted) return nullptr;
   if (s.via_master) rpc::refuse("--via-master is the naive split; it cannot be pipelined");
   pipeline::PipelineOptions options;
-  try {
-    options.schedule = pipeline::parse_schedule(s.pipeline.empty() ? "gpipe" : s.pipeline);
-  } catch (const std::invalid_argument& e) {
-    rpc::refuse(fmt::format("--pipeline: {}", e.what()));
-  }
+  options.schedule = s.pipeline.value_or(pipeline::Schedule::GPipe);
   options.microbatches = s.microbatches;
   if (s.microbatches > s.plan.batch_size) {
     rpc::refuse(fmt::format("--microbatches {} is more than the {} images of a batch",
@@ -197,7 +192,8 @@ std::unique_ptr<pipeline::Pipeline> pipeline_of(const TrainSettings& s,
 }
 
 bool loss_on_last_stage(const TrainSettings& s, bool pipelined) {
-  return !s.via_master && (s.loss_on == "last-stage" || (s.loss_on == "auto" && pipelined));
+  return !s.via_master &&
+         (s.loss_on == LossPlacement::LastStage || (s.loss_on == LossPlacement::Auto && pipelined));
 }
 
 PlanSettings plan_settings_of(const TrainSettings& s) {
@@ -210,10 +206,10 @@ PlanSettings plan_settings_of(const TrainSettings& s) {
   }
   // The zero-bubble schedule's last stage holds a micro-batch whose weight pass waits besides
   // the one in flight: as many as a stage of two stages before it.
-  const bool zero_bubble = s.pipeline == "zb";
-  p.in_flight_samples =
-      in_flight_samples(s.plan.batch_size, s.microbatches, s.pipeline == "1f1b" || zero_bubble,
-                        zero_bubble ? std::max(stages, 2) : stages);
+  const bool zero_bubble = s.pipeline == pipeline::Schedule::ZeroBubble;
+  p.in_flight_samples = in_flight_samples(s.plan.batch_size, s.microbatches,
+                                          s.pipeline == pipeline::Schedule::OneFOneB || zero_bubble,
+                                          zero_bubble ? std::max(stages, 2) : stages);
   p.deferred_samples = 0;
   for (int stage = 0; zero_bubble && stage < stages; ++stage) {
     p.deferred_samples = std::max(
@@ -242,8 +238,8 @@ StagePlan plan_of(const TrainSettings& s) {
 
 dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total_steps) {
   try {
-    return dist_autograd::LrSchedule::parse(s.lr_schedule, s.lr, total_steps, s.warmup_steps,
-                                            s.lr_step_size, s.lr_gamma);
+    return dist_autograd::LrSchedule::of(s.lr_schedule, s.lr, total_steps, s.warmup_steps,
+                                         s.lr_step_size, s.lr_gamma);
   } catch (const std::invalid_argument& e) {
     rpc::refuse(fmt::format("--lr-schedule: {}", e.what()));
   }
@@ -255,20 +251,8 @@ std::optional<EpochMonitor> monitor_of(const TrainSettings& s) {
     rpc::refuse(
         "--save-best needs --checkpoint-dir: the best epoch's checkpoint goes to its best/");
   }
-  if (s.monitor.empty() && !s.save_best && s.early_stop_patience == 0) return std::nullopt;
-  try {
-    return EpochMonitor(s.monitor.empty() ? "val_loss" : s.monitor, s.early_stop_patience);
-  } catch (const std::invalid_argument& e) {
-    rpc::refuse(e.what());
-  }
-}
-
-remote_module::Precision precision_of(const TrainSettings& s) {
-  try {
-    return remote_module::parse_precision(s.precision);
-  } catch (const std::invalid_argument& e) {
-    rpc::refuse(fmt::format("--precision: {}", e.what()));
-  }
+  if (!s.monitor && !s.save_best && s.early_stop_patience == 0) return std::nullopt;
+  return EpochMonitor(s.monitor.value_or(Monitor::ValLoss), s.early_stop_patience);
 }
 
 namespace {
@@ -300,7 +284,7 @@ void check_classes(const TrainSettings& s) {
     rpc::refuse(fmt::format("--ignore-index {} is the id of one of the classes (0 to {})",
                             *s.ignore_index, std::max<std::int64_t>(k, 2) - 1));
   }
-  if (s.data == "synthetic") {
+  if (s.data_dir.empty()) {
     try {
       data::SyntheticDataset(0, s.plan.image_size, s.seed, k);
     } catch (const std::invalid_argument& e) {
@@ -327,13 +311,9 @@ void check_settings(const TrainSettings& s) {
   check_classes(s);
   normalization_of(s);
   augmentation_of(s);
-  if (s.loss_on != "auto" && s.loss_on != "last-stage" && s.loss_on != "master") {
-    rpc::refuse(fmt::format("--loss-on must be auto, last-stage or master, not \"{}\"", s.loss_on));
-  }
   if (s.accumulate < 1)
     rpc::refuse(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
   if (s.replicas < 1) rpc::refuse(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
-  precision_of(s);
   check_sync_batchnorm(s);
 }
 

@@ -17,9 +17,9 @@
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/precision.h"
-#include "ferry/trainer/stage_plan.h"
 #include "ferry/trainer/train.h"
 #include "trainer/epoch_monitor.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
 
@@ -69,7 +69,6 @@ StagePlan plan_of(const TrainSettings& s);
 // The learning rate of each of the run's `total_steps` optimizer steps.
 dist_autograd::LrSchedule schedule_of(const TrainSettings& s, std::int64_t total_steps);
 
-remote_module::Precision precision_of(const TrainSettings& s);
 // Fails on --sync-batchnorm with settings it cannot work with.
 void check_sync_batchnorm(const TrainSettings& s);
 

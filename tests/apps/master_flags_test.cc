@@ -119,8 +119,7 @@ TEST(MasterFlags, AnUnknownWordIsRefusedListingTheKnownOnes) {
       {{"train", "--pipeline", "foo"}, "--pipeline: must be gpipe, 1f1b or zb, not \"foo\""},
       {{"train", "--optimizer", "foo"}, "--optimizer: must be sgd, adam or adamw, not \"foo\""},
       {{"plan", "--optimizer", "foo"}, "--optimizer: must be sgd, adam or adamw, not \"foo\""},
-      {{"train", "--balance", "foo"},
-       "--balance: must be memory, time or parameters, not \"foo\""},
+      {{"train", "--balance", "foo"}, "--balance: must be memory, time or parameters, not \"foo\""},
       {{"describe", "--balance", "foo"},
        "--balance: must be memory, time or parameters, not \"foo\""},
       {{"train", "--precision", "16-mixed"},
@@ -135,9 +134,22 @@ TEST(MasterFlags, AnUnknownWordIsRefusedListingTheKnownOnes) {
       {{"train", "--resize", "squash"}, "--resize: must be pad, crop or stretch, not \"squash\""},
   };
   for (const auto& [args, message] : cases) EXPECT_EQ(parse_error(args), message);
-  for (const char* known : {"gpipe", "1f1b", "zb"}) {
-    EXPECT_EQ(parse_error({"train", "--pipeline", known}), "") << known;
-  }
+  MasterCommandLine line;
+  ASSERT_EQ(
+      parse_error({"train", "--pipeline", "zb", "--precision", "32-true", "--monitor", "val_dice",
+                   "--loss-on", "master", "--rebalance", "off", "--lr-schedule", "onecycle"},
+                  line),
+      "");
+  EXPECT_EQ(line.train.pipeline, pipeline::Schedule::ZeroBubble);
+  EXPECT_EQ(line.train.precision, remote_module::Precision::Float32);
+  EXPECT_EQ(line.train.monitor, trainer::Monitor::ValDice);
+  EXPECT_EQ(line.train.loss_on, trainer::LossPlacement::Master);
+  EXPECT_EQ(line.train.rebalance, trainer::Rebalance::Off);
+  EXPECT_EQ(line.train.lr_schedule, dist_autograd::LrSchedule::Kind::OneCycle);
+  MasterCommandLine plain;
+  ASSERT_EQ(parse_error({"train"}, plain), "");
+  EXPECT_FALSE(plain.train.pipeline.has_value());
+  EXPECT_FALSE(plain.train.monitor.has_value());
 }
 
 TEST(MasterFlags, AnImageSizeIsASideOrTheHeightAndWidthEachAMultipleOf32) {
@@ -165,8 +177,8 @@ TEST(MasterFlags, TheSharedGroupsFillEachSubCommandsOwnSettings) {
   EXPECT_EQ(line.train.plan.image_size, 64);
   EXPECT_EQ(line.train.plan.batch_size, 16);
   EXPECT_EQ(line.train.plan.stages, 4);
-  EXPECT_EQ(line.train.plan.balance, "time");
-  EXPECT_EQ(line.train.plan.optimizer, "sgd");
+  EXPECT_EQ(line.train.plan.balance, trainer::Balance::Time);
+  EXPECT_EQ(line.train.plan.optimizer, trainer::Optimizer::Sgd);
   EXPECT_EQ(line.describe.image_size, 256);  // describe's own default, untouched
 
   MasterCommandLine describe;
@@ -180,7 +192,9 @@ TEST(MasterFlags, HelpShowsEveryDefault) {
   const std::string train = line.train_cmd->help();
   // CLI11 shows a default after the value's type and range: "--epochs INT:1 to 1048576=3".
   EXPECT_THAT(train, HasSubstr("--epochs INT:1 to 1048576=3"));
-  EXPECT_THAT(train, HasSubstr("--lr-schedule TEXT=constant"));
+  EXPECT_THAT(train, HasSubstr("--lr-schedule constant|step|cosine|onecycle=constant"));
+  EXPECT_THAT(train, HasSubstr("--pipeline gpipe|1f1b|zb "));
+  EXPECT_THAT(train, HasSubstr("--rebalance auto|on|off=auto"));
   EXPECT_THAT(train, HasSubstr("--model TEXT=unet-resnet34"));
   EXPECT_THAT(train, HasSubstr("--normalize TEXT=imagenet"));
   EXPECT_THAT(train, HasSubstr("--augment TEXT=flip"));

@@ -16,7 +16,7 @@ using testing::error_of;
 using ::testing::HasSubstr;
 
 TEST(LrSchedule, ConstantWarmsUpLinearlyThenHolds) {
-  LrSchedule s = LrSchedule::parse("constant", 0.1, 100, 4, 0, 0.1);
+  LrSchedule s = LrSchedule::of(LrSchedule::Kind::Constant, 0.1, 100, 4, 0, 0.1);
   EXPECT_DOUBLE_EQ(s.lr_at(0), 0.02);
   EXPECT_DOUBLE_EQ(s.lr_at(3), 0.08);
   EXPECT_DOUBLE_EQ(s.lr_at(4), 0.1);
@@ -24,18 +24,18 @@ TEST(LrSchedule, ConstantWarmsUpLinearlyThenHolds) {
 }
 
 TEST(LrSchedule, StepMultipliesByGammaEveryStepSize) {
-  LrSchedule s = LrSchedule::parse("step", 1.0, 100, 0, 10, 0.5);
+  LrSchedule s = LrSchedule::of(LrSchedule::Kind::Step, 1.0, 100, 0, 10, 0.5);
   EXPECT_DOUBLE_EQ(s.lr_at(9), 1.0);
   EXPECT_DOUBLE_EQ(s.lr_at(10), 0.5);
   EXPECT_DOUBLE_EQ(s.lr_at(25), 0.25);
   // Without a step size, the rate drops three times over the run.
-  LrSchedule thirds = LrSchedule::parse("step", 1.0, 90, 0, 0, 0.1);
+  LrSchedule thirds = LrSchedule::of(LrSchedule::Kind::Step, 1.0, 90, 0, 0, 0.1);
   EXPECT_EQ(thirds.step_size, 30);
   EXPECT_THAT(thirds.lr_at(89), DoubleNear(0.01, 1e-12));
 }
 
 TEST(LrSchedule, CosineFallsFromTheRateTowardsZeroAfterTheWarmUp) {
-  LrSchedule s = LrSchedule::parse("cosine", 0.2, 110, 10, 0, 0.1);
+  LrSchedule s = LrSchedule::of(LrSchedule::Kind::Cosine, 0.2, 110, 10, 0, 0.1);
   EXPECT_DOUBLE_EQ(s.lr_at(10), 0.2);
   EXPECT_THAT(s.lr_at(60), DoubleNear(0.1, 1e-12));  // half way: half the rate
   EXPECT_GT(s.lr_at(109), 0);
@@ -45,7 +45,7 @@ TEST(LrSchedule, CosineFallsFromTheRateTowardsZeroAfterTheWarmUp) {
 }
 
 TEST(LrSchedule, OneCycleRisesFromATwentyFifthToTheRateThenFallsFarBelowIt) {
-  LrSchedule s = LrSchedule::parse("onecycle", 1.0, 101, -1, 0, 0.1);
+  LrSchedule s = LrSchedule::of(LrSchedule::Kind::OneCycle, 1.0, 101, -1, 0, 0.1);
   EXPECT_EQ(s.warmup_steps, 30);  // 30% of the run, as PyTorch's pct_start
   EXPECT_THAT(s.lr_at(0), DoubleNear(1.0 / 25, 1e-12));
   EXPECT_DOUBLE_EQ(s.lr_at(30), 1.0);
@@ -53,15 +53,16 @@ TEST(LrSchedule, OneCycleRisesFromATwentyFifthToTheRateThenFallsFarBelowIt) {
 }
 
 TEST(LrSchedule, BadSettingsSayWhatIsWrong) {
-  EXPECT_THAT(error_of([] { LrSchedule::parse("linear", 0.1, 10, 0, 0, 0.1); }),
-              HasSubstr("\"linear\" is none of constant, step, cosine, onecycle"));
-  EXPECT_THAT(error_of([] { LrSchedule::parse("cosine", 0.1, 10, 10, 0, 0.1); }),
+  EXPECT_THAT(
+      error_of([] { core::parse_named(LrSchedule::kind_names(), "linear", "--lr-schedule"); }),
+      HasSubstr("--lr-schedule must be constant, step, cosine or onecycle, not \"linear\""));
+  EXPECT_THAT(error_of([] { LrSchedule::of(LrSchedule::Kind::Cosine, 0.1, 10, 10, 0, 0.1); }),
               HasSubstr("10 warm-up steps leave none of the run's 10 optimizer steps"));
-  EXPECT_THAT(error_of([] { LrSchedule::parse("step", 0.1, 10, 0, 2, 1.5); }),
+  EXPECT_THAT(error_of([] { LrSchedule::of(LrSchedule::Kind::Step, 0.1, 10, 0, 2, 1.5); }),
               HasSubstr("factor must be in (0, 1], not 1.5"));
-  EXPECT_THAT(error_of([] { LrSchedule::parse("constant", 0, 10, 0, 0, 0.1); }),
+  EXPECT_THAT(error_of([] { LrSchedule::of(LrSchedule::Kind::Constant, 0, 10, 0, 0, 0.1); }),
               HasSubstr("must be above 0, not 0"));
-  EXPECT_THAT(error_of([] { LrSchedule::parse("constant", 0.1, 0, 0, 0, 0.1); }),
+  EXPECT_THAT(error_of([] { LrSchedule::of(LrSchedule::Kind::Constant, 0.1, 0, 0, 0, 0.1); }),
               HasSubstr("at least one optimizer step, not 0"));
 }
 

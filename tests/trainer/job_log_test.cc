@@ -1,7 +1,7 @@
 // Reading a job's course back from its output: the progress bar's lines (as written when the
 // output is not a terminal), the takeovers of lost workers by spares, and the returns to a
 // checkpoint.
-#include "ferry/trainer/job_log.h"
+#include "trainer/job_log.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // The planner's search on hand-made cost tables (nothing measured): the configuration it must
 // find, the same with a budget that rules it out, and what it says when nothing fits; and the
 // block-cost cache's keys.
-#include "ferry/trainer/planner.h"
+#include "trainer/planner.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -70,7 +70,7 @@ TEST(Planner, WithoutABudgetTwoReplicasOfTheWholeModelAreFastestOnTwoWorkers) {
   const Candidate& best = plan.front();
   EXPECT_EQ(best.stages, 1);
   EXPECT_EQ(best.replicas, 2);
-  EXPECT_EQ(best.schedule, "plain");
+  EXPECT_EQ(best.schedule, std::nullopt);
   EXPECT_EQ(best.batch_size, 8);
   // Each replica's step: 8 images through every block once, forward and backward.
   const double blocks = static_cast<double>(costs.size());
@@ -78,7 +78,7 @@ TEST(Planner, WithoutABudgetTwoReplicasOfTheWholeModelAreFastestOnTwoWorkers) {
   EXPECT_NEAR(best.predicted_images_per_s(), 16 / best.predicted_step_s, 1e-9);
   // One process on one worker is among the candidates, at half the speed.
   auto single = std::find_if(plan.begin(), plan.end(), [](const Candidate& c) {
-    return c.stages == 1 && c.replicas == 1 && c.schedule == "plain";
+    return c.stages == 1 && c.replicas == 1 && !c.schedule;
   });
   ASSERT_NE(single, plan.end());
   EXPECT_NEAR(single->predicted_step_s, blocks * (0.002 + 16 * 0.030), 1e-9);
@@ -97,7 +97,7 @@ TEST(Planner, ABudgetThatRulesOutTheWholeModelOnAWorkerGivesABalancedTwoStageCut
     EXPECT_LE(c.predicted_largest_peak_mib(), budget) << c.describe();
   }
   const Candidate& best = plan.front();
-  EXPECT_NE(best.schedule, "plain");  // a pipeline beats naive model parallelism
+  ASSERT_TRUE(best.schedule.has_value());  // a pipeline beats naive model parallelism
   // The blocks are alike in time: the cut halves them (15 blocks: 7 and 8).
   ASSERT_EQ(best.cut.size(), 2u);
   EXPECT_EQ(best.cut[0].begin, 0);
@@ -112,7 +112,8 @@ TEST(Planner, ABudgetThatRulesOutTheWholeModelOnAWorkerGivesABalancedTwoStageCut
   EXPECT_THAT(
       best.flags(request_for(2, 16, budget), names),
       AllOf(HasSubstr("--stages 2 --partition " + names[static_cast<size_t>(best.cut[1].begin)]),
-            HasSubstr("--batch-size 16"), HasSubstr("--pipeline " + best.schedule)));
+            HasSubstr("--batch-size 16"),
+            HasSubstr("--pipeline " + pipeline::schedule_name(*best.schedule))));
 }
 
 TEST(Planner, TheLargestBatchFillsTheBudgetAndOneImageMoreDoesNot) {

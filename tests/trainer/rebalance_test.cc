@@ -1,6 +1,6 @@
 // Re-balancing's arithmetic: blocks' costs calibrated by what their stages measured, the cut those
 // costs call for, when it is worth a move, and what a move or a budget says.
-#include "ferry/trainer/rebalance.h"
+#include "trainer/rebalance.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // and each stage's compute per step for a number of micro-batches. And one small plan measured
 // beside a neighbour, and the memory estimate from blocks measured at a few images against a
 // real step of several hundred.
-#include "ferry/trainer/stage_plan.h"
+#include "trainer/stage_plan.h"
 
 #include <ATen/Parallel.h>
 #include <gmock/gmock.h>
@@ -92,7 +92,7 @@ TEST(PlanStages, ABalanceByTimeBesideANeighbourCutsFromEveryBlocksCost) {
   s.batch_size = 4;
   s.microbatches = 2;
   s.stages = 2;
-  s.balance = "time";
+  s.balance = Balance::Time;
   s.threads = 1;
   s.neighbours = 1;
   const StagePlan plan = plan_stages(s);

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ferry/core/enum_names.h"
+
 namespace ferry::dist_autograd {
 
 struct LrSchedule {
@@ -22,10 +24,13 @@ struct LrSchedule {
   std::int64_t step_size = 0;  // Step: the rate is multiplied by `gamma` every step_size steps
   double gamma = 0.1;
 
-  // "constant", "step", "cosine" or "onecycle"; throws std::invalid_argument naming the ones
-  // there are, or a setting out of range (no steps, a warm-up as long as the run, ...).
-  static LrSchedule parse(const std::string& name, double base_lr, std::int64_t total_steps,
-                          std::int64_t warmup_steps, std::int64_t step_size, double gamma);
+  // "constant", "step", "cosine", "onecycle".
+  static const core::EnumNames<Kind>& kind_names();
+
+  // Throws std::invalid_argument for a setting out of range (no steps, a warm-up as long as the
+  // run, ...).
+  static LrSchedule of(Kind kind, double base_lr, std::int64_t total_steps,
+                       std::int64_t warmup_steps, std::int64_t step_size, double gamma);
 
   // The rate of optimizer step `step` (0 is the first).
   double lr_at(std::int64_t step) const;

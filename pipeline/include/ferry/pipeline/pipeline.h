@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/pipeline/schedules.h"
 #include "ferry/pipeline/timeline.h"
 #include "ferry/remote_module/portal.h"
 #include "ferry/remote_module/remote_module.h"
@@ -55,11 +56,6 @@ namespace ferry::pipeline {
 // distributed autograd's and optimizer's (dist_autograd) and the pipeline's own. The one call a
 // master or worker needs; a second call does nothing.
 void install(rpc::FunctionRegistry& registry);
-
-enum class Schedule { GPipe, OneFOneB, ZeroBubble };
-// "gpipe", "1f1b" or "zb". Throws std::invalid_argument listing them for anything else.
-Schedule parse_schedule(const std::string& name);
-const char* schedule_name(Schedule schedule);
 
 struct PipelineOptions {
   Schedule schedule = Schedule::GPipe;

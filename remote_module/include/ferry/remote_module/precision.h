@@ -6,12 +6,15 @@
 
 #include <string>
 
+#include "ferry/core/enum_names.h"
+
 namespace ferry::remote_module {
 
 enum class Precision { Float32, BFloat16Mixed };
 
-// "32" or "32-true", "bf16-mixed"; throws std::invalid_argument naming the ones there are.
-Precision parse_precision(const std::string& name);
-const char* precision_name(Precision precision);
+// "32" (or "32-true", as Lightning writes it), "bf16-mixed". Float16 is not among them: it needs
+// a loss scaler Ferry does not have.
+const core::EnumNames<Precision>& precision_names();
+std::string precision_name(Precision precision);
 
 }  // namespace ferry::remote_module

@@ -1,11 +1,14 @@
-// ferry-master's looks at a model without a world: `describe` (its stages, their sizes and
-// estimates) and `footprint` (the whole model's training step in one process).
+// ferry-master's commands on a model outside a training job: `describe` (its stages, their sizes
+// and estimates), `footprint` (the whole model's training step in one process) and `export` (a
+// trained model out of its checkpoint, as one state dict that Python's
+// segmentation_models_pytorch loads: `smp.Unet(...).load_state_dict(torch.load(path))`).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "ferry/trainer/stage_plan.h"
+#include "ferry/core/image_size.h"
+#include "ferry/trainer/settings.h"
 
 namespace ferry::trainer {
 
@@ -20,11 +23,24 @@ int describe_model(const PlanSettings& settings, bool json, bool blocks);
 // none), a step that does not fit it throws c10::OutOfMemoryError.
 int measure_single_process(const std::string& model, int64_t classes,
                            const core::ImageSize& image_size, int64_t batch_size,
-                           const std::string& optimizer, int64_t memory_budget_mib = 0);
+                           Optimizer optimizer, int64_t memory_budget_mib = 0);
 
 // Runs `master_program footprint` (ferry-master's) as a fresh process, so that nothing of this
 // one counts, for the model, image size, batch and optimizer of `plan`; returns the peak memory
 // it reports, or -1.
 double single_process_peak_mib(const std::string& master_program, const PlanSettings& plan);
+
+struct ExportSettings {
+  std::string checkpoint_dir;
+  int epoch = 0;  // 0: the latest checkpoint
+  std::string out;
+};
+
+// Writes the chosen checkpoint's stages as one state dict to `out` and says what it wrote; and
+// beside it, in about_path(out), a JSON object of the smp model to load it into ("model"), how
+// its inputs were normalised in training ("normalize": {"mean": [3], "std": [3]}) and the size
+// they were brought to ("input": {"height", "width", "resize"}), for predict and for Python.
+// Returns the exit code.
+int export_weights(const ExportSettings& settings);
 
 }  // namespace ferry::trainer

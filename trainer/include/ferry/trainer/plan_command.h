@@ -8,10 +8,25 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "ferry/trainer/planner.h"
+#include "ferry/core/image_size.h"
+#include "ferry/trainer/settings.h"
 #include "ferry/trainer/train.h"
 
 namespace ferry::trainer {
+
+// What to plan for. Value type.
+struct PlanRequest {
+  std::string model = "unet-resnet34";
+  int64_t classes = 1;
+  core::ImageSize image_size = 128;
+  Optimizer optimizer = Optimizer::Adam;
+  int workers = 1;
+  double budget_mib = 0;  // each worker's tensor memory; 0: none
+  // The batch of one optimizer step over all replicas; 0 with `largest_batch`.
+  int64_t batch_size = 8;
+  bool largest_batch = false;  // the largest batch any configuration fits instead
+  int64_t max_batch = 1 << 14;
+};
 
 struct PlanCommandSettings {
   PlanRequest request;

@@ -9,7 +9,10 @@
 #include <vector>
 
 #include "ferry/data/dataset.h"
-#include "ferry/trainer/stage_plan.h"
+#include "ferry/dist_autograd/lr_schedule.h"
+#include "ferry/models/block_costs.h"
+#include "ferry/remote_module/precision.h"
+#include "ferry/trainer/settings.h"
 #include "ferry/trainer/worker_loop.h"
 
 namespace ferry::trainer {
@@ -18,32 +21,33 @@ struct TrainSettings {
   // The model, its input, the batch (per replica), the cut and the optimizer whose state enters
   // the memory estimates (stage_plan.h). Its in_flight_samples is worked out from the schedule.
   PlanSettings plan;
-  // "auto": plan the cut, replicas, schedule, micro-batches and recomputation for the world's
-  // workers first (plan_command.h), --batch-size being the step's whole batch; or a file of
-  // `ferry-master plan --json` to take them from; empty: the flags say.
-  std::string plan_from;
+  // Plan the cut, replicas, schedule, micro-batches and recomputation for the world's workers
+  // first (plan_command.h), --batch-size being the step's whole batch (`plan_auto`); or take them
+  // from a file of `ferry-master plan --json` (`plan_file`); neither: the settings say.
+  bool plan_auto = false;
+  std::string plan_file;
   // The blocks' costs the plan was made from, taken from the block-cost cache where it holds
   // them (with_plan); empty: the job measures them.
   std::vector<models::BlockCost> planned_costs;
   std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: round robin
   int64_t memory_budget_mib = 0;  // every rank's tensor memory bound; 0: FERRY_MEMORY_BUDGET_MIB
-  std::string data = "synthetic";
-  int64_t samples = 512;  // of the synthetic set
+  std::string data_dir;           // DIR/images/* and DIR/masks/*; empty: the synthetic set
+  int64_t samples = 512;          // of the synthetic set
   // How a folder image of another shape than the plan's image size reaches it.
   data::Resize resize = data::Resize::pad;
   bool crop = false;        // folder images: cut image_size out instead of resizing
   std::string weights;      // initial weights file, if set
   bool via_master = false;  // activations through the master instead of stage to stage
-  // Pipelined steps: "gpipe", "1f1b" or "zb" over `microbatches` micro-batches; empty for plain
-  // steps (unless microbatches > 1, checkpointing or a trace asks for a pipeline: then gpipe).
-  std::string pipeline;
+  // Pipelined steps under this schedule over `microbatches` micro-batches; none for plain steps
+  // (unless microbatches > 1, checkpointing or a trace asks for a pipeline: then GPipe).
+  StepSchedule pipeline;
   int microbatches = 1;
   bool checkpoint_activations = false;  // every stage recomputes its forward in backward
   std::string trace_file;               // Chrome trace of the pipelined steps, if set
   // Pipelined steps: cut the blocks anew from what the stages measured, and move blocks between
   // stages while the job runs when that shortens the step by 5% or more (trainer/rebalance.h).
-  // auto: when the cut is balanced by time; on; off.
-  std::string rebalance = "auto";
+  // Auto: when the cut is balanced by time.
+  Rebalance rebalance = Rebalance::Auto;
   // The first look at the stages' compute: after this many batches of the first epoch (the
   // first step, warming up, is not counted), or after the epoch when it has no more; 0: after the
   // first epoch. Later looks follow epochs.
@@ -67,25 +71,25 @@ struct TrainSettings {
   // their gradients averaged (Gloo) so that they stay equal: data parallel beside model parallel.
   int replicas = 1;
   double bucket_mib = 25;  // the replicas' gradient buckets (all-reduced as each fills)
-  // The learning rate per optimizer step (dist_autograd::LrSchedule): constant | step | cosine |
-  // onecycle, with a warm-up (-1: none, or 30% of the run for onecycle).
-  std::string lr_schedule = "constant";
+  // The learning rate per optimizer step, with a warm-up (-1: none, or 30% of the run for
+  // onecycle).
+  dist_autograd::LrSchedule::Kind lr_schedule = dist_autograd::LrSchedule::Kind::Constant;
   int64_t warmup_steps = -1;
   int64_t lr_step_size = 0;  // step: optimizer steps between drops (0: a third of the run)
   double lr_gamma = 0.1;     // step: the factor of each drop
-  // The best epoch by a validation metric (val_loss | val_iou | val_dice | val_miou; empty:
-  // val_loss where --save-best or --early-stop-patience needs one), its checkpoint in
-  // checkpoint_dir/best, and a stop after `early_stop_patience` epochs without improvement.
-  std::string monitor;
+  // The best epoch by a validation metric (none: val_loss where --save-best or
+  // --early-stop-patience needs one), its checkpoint in checkpoint_dir/best, and a stop after
+  // `early_stop_patience` epochs without improvement.
+  std::optional<Monitor> monitor;
   bool save_best = false;
   int early_stop_patience = 0;
   bool freeze_batchnorm = false;  // batch norms keep their statistics and affine parameters
   // Batch norms normalise by the statistics of every replica's batch together, and move their
   // running statistics once per step over all micro-batches (ferry/models/sync_batch_norm.h).
   bool sync_batchnorm = false;
-  // "32" or "bf16-mixed": each stage computes under autocast and sends bfloat16 activations
-  // and gradients; parameters and optimizer state stay float32 (ferry/remote_module/precision.h).
-  std::string precision = "32";
+  // BFloat16Mixed: each stage computes under autocast and sends bfloat16 activations and
+  // gradients; parameters and optimizer state stay float32 (ferry/remote_module/precision.h).
+  remote_module::Precision precision = remote_module::Precision::Float32;
   // A registered loss (ferry/remote_module/loss.h): with one class bce | dice | focal |
   // bce+dice, with more ce | dice | focal | ce+dice; or a plugin's. Empty: bce+dice with one
   // class, ce+dice with more.
@@ -97,11 +101,11 @@ struct TrainSettings {
   // The classes' names in the metrics; empty: DIR/classes.txt (a name a line) for a folder, the
   // synthetic set's own, or class0, class1, ...
   std::vector<std::string> class_names;
-  // Where steps compute it: "last-stage" (only the loss value comes to the master; each
-  // micro-batch's, in pipelined steps), "master" (the logits come here and their gradients go
-  // back) or "auto": the last stage in pipelined steps, the master in plain ones (where the
-  // last stage measured no faster; docs/training.md). --via-master steps always compute it here.
-  std::string loss_on = "auto";
+  // Where steps compute it: the last stage (only the loss value comes to the master; each
+  // micro-batch's, in pipelined steps), the master (the logits come here and their gradients go
+  // back) or auto: the last stage in pipelined steps, the master in plain ones (where the last
+  // stage measured no faster; docs/training.md). --via-master steps always compute it here.
+  LossPlacement loss_on = LossPlacement::Auto;
   std::string checkpoint_dir;
   bool resume = false;
   int spares = 0;  // the last ranks wait as spares; one takes over the stages of a lost worker

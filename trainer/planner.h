@@ -15,6 +15,8 @@
 #include "ferry/core/image_size.h"
 #include "ferry/models/block_costs.h"
 #include "ferry/pipeline/partition.h"
+#include "ferry/trainer/plan_command.h"
+#include "ferry/trainer/settings.h"
 
 namespace ferry::trainer {
 
@@ -28,25 +30,11 @@ struct MachineCosts {
   double optimizer_s_per_parameter = 0;  // one optimizer step, per parameter, on one thread
 };
 
-// What to plan for. Value type.
-struct PlanRequest {
-  std::string model = "unet-resnet34";
-  int64_t classes = 1;
-  core::ImageSize image_size = 128;
-  std::string optimizer = "adam";
-  int workers = 1;
-  double budget_mib = 0;  // each worker's tensor memory; 0: none
-  // The batch of one optimizer step over all replicas; 0 with `largest_batch`.
-  int64_t batch_size = 8;
-  bool largest_batch = false;  // the largest batch any configuration fits instead
-  int64_t max_batch = 1 << 14;
-};
-
 // One way to train. Value type.
 struct Candidate {
   int stages = 1;
   int replicas = 1;
-  std::string schedule = "plain";  // plain | gpipe | 1f1b | zb
+  StepSchedule schedule;  // none: plain steps
   int microbatches = 1;
   bool recompute = false;
   int64_t batch_size = 0;  // per replica: the step's batch is batch_size x replicas

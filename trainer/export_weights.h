@@ -1,5 +1,6 @@
-// ferry-master export: a trained model out of its checkpoint, as one state dict that Python's
-// segmentation_models_pytorch loads (`smp.Unet(...).load_state_dict(torch.load(path))`).
+// What ferry-master export (ferry/trainer/model_tools.h) and predict read of a checkpoint and
+// write beside an export: the epoch's folder, the smp model the state belongs to, and how the
+// model's inputs were fed in training.
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -11,6 +12,7 @@
 #include "ferry/core/image_size.h"
 #include "ferry/data/dataset.h"
 #include "ferry/remote_module/checkpoint.h"
+#include "ferry/trainer/model_tools.h"
 
 namespace ferry::trainer {
 
@@ -24,12 +26,6 @@ std::string checkpoint_of_epoch(const std::string& dir, int epoch);
 // shapes; empty when they are not a U-Net with a ResNet encoder.
 std::string smp_model_of(const c10::Dict<std::string, at::Tensor>& state);
 
-struct ExportSettings {
-  std::string checkpoint_dir;
-  int epoch = 0;  // 0: the latest checkpoint
-  std::string out;
-};
-
 // How training fed its images to the model, as far as its checkpoint or export records it: what
 // predict needs to feed the model alike. Value type.
 struct TrainedInputs {
@@ -42,13 +38,6 @@ struct TrainedInputs {
 // Throws rpc::Error(InvalidArgument) naming the folder when one is malformed.
 TrainedInputs inputs_of(const remote_module::SavedCheckpoint& checkpoint,
                         const std::string& folder);
-
-// Writes the chosen checkpoint's stages as one state dict to `out` and says what it wrote; and
-// beside it, in about_path(out), a JSON object of the smp model to load it into ("model"), how
-// its inputs were normalised in training ("normalize": {"mean": [3], "std": [3]}) and the size
-// they were brought to ("input": {"height", "width", "resize"}), for predict and for Python.
-// Returns the exit code.
-int export_weights(const ExportSettings& settings);
 
 // The JSON file beside an export: OUT with the extension .json.
 std::string about_path(const std::string& weights);

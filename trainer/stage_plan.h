@@ -15,30 +15,9 @@
 #include "ferry/models/block_costs.h"
 #include "ferry/models/remote_unet.h"
 #include "ferry/pipeline/partition.h"
+#include "ferry/trainer/settings.h"
 
 namespace ferry::trainer {
-
-struct PlanSettings {
-  std::string model = "unet-resnet34";
-  int64_t classes = 1;
-  core::ImageSize image_size = 128;
-  int64_t batch_size = 8;
-  int stages = 0;                  // 0: the three seams (unless `partition` is set)
-  std::string balance = "memory";  // memory | time | parameters
-  std::string partition;           // the first block of each stage after the first, comma-separated
-  std::string optimizer = "adam";  // its state per parameter enters the memory estimate
-  // Samples whose activations a stage holds at once: the batch for plain and GPipe steps, fewer
-  // for 1F1B (see in_flight_samples); and of those, the samples whose weight pass waits under the
-  // zero-bubble schedule (deferred_samples).
-  int64_t in_flight_samples = 0;  // 0: the batch
-  int64_t deferred_samples = 0;
-  int microbatches = 1;    // a step's forwards and backwards per stage
-  bool recompute = false;  // every stage runs its forward again in backward
-  int threads = 0;         // each stage's intra-op threads; 0: this process's
-  // Stages computing beside each one on its machine (models::CostSampling::neighbours); needs
-  // `threads` 1.
-  int neighbours = 0;
-};
 
 // The sizes blocks are timed at for a batch of `batch_size` in `microbatches`: the micro-batch
 // and, to tell a block's fixed cost from its cost per sample, half of it for plain steps or up to
@@ -122,7 +101,7 @@ std::vector<double> stage_compute_s(const StagePlan& plan, int64_t batch_size, i
 std::string worker_of(const std::string& place);
 
 // The optimizer's state per parameter byte: a momentum for SGD; two moments for Adam and AdamW.
-double optimizer_state_copies(const std::string& optimizer);
+double optimizer_state_copies(Optimizer optimizer);
 
 // Each of `values` (one per stage, at `places`) replaced by the sum over the stages on its
 // worker: what that worker holds or computes for them all.

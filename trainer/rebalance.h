@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ferry/pipeline/partition.h"
-#include "ferry/trainer/stage_plan.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
 

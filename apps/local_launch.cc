@@ -13,6 +13,8 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include "ferry/core/local_world.h"
@@ -75,32 +77,6 @@ std::string describe_status(int status) {
   }
   return "stopped";
 }
-
-// Without --master-port, rank 0's store binds a port of the system's choosing and writes it here,
-// where the other ranks read it: no port is picked, released and handed out, for another process
-// to take in between. A folder of its own, removed with what is in it when the world has ended.
-struct PortFile {
-  std::string folder, path;
-  bool make() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ferry-launch-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) {
-      std::fprintf(stderr,
-                   "ferry-launch: cannot make a folder for the master's port file (%s): %s\n",
-                   pattern.c_str(), std::strerror(errno));
-      return false;
-    }
-    folder = pattern;
-    path = folder + "/master-port";
-    return true;
-  }
-  ~PortFile() {
-    if (folder.empty()) return;
-    std::remove(path.c_str());
-    rmdir(folder.c_str());
-  }
-};
 
 // Starts every rank with its output on a pipe of its own. False, with what was started stopped,
 // if one cannot be.
@@ -263,8 +239,17 @@ class Supervisor {
 }  // namespace
 
 int launch_local_world(LaunchSettings s) {
-  PortFile port_file;
-  if (s.port == 0 && !port_file.make()) return 2;
+  // Without --master-port, rank 0's store binds a port of the system's choosing and writes it
+  // to a file the other ranks read.
+  std::optional<core::PortFile> port_file;
+  if (s.port == 0) {
+    try {
+      port_file.emplace();
+    } catch (const std::runtime_error& e) {
+      std::fprintf(stderr, "ferry-launch: %s\n", e.what());
+      return 2;
+    }
+  }
   const bool set_spin = s.nproc > 1 && std::getenv("GOMP_SPINCOUNT") == nullptr;
   if (set_spin) {
     std::fprintf(stderr,
@@ -275,7 +260,7 @@ int launch_local_world(LaunchSettings s) {
   signal(SIGINT, remember_signal);
   signal(SIGTERM, remember_signal);
   std::vector<Child> children(s.nproc);
-  if (!start_children(s, port_file.path, set_spin, children)) return 1;
+  if (!start_children(s, port_file ? port_file->path() : "", set_spin, children)) return 1;
   return Supervisor(s, children).run();
 }
 

@@ -180,16 +180,16 @@ int run_autograd_bench(const AutogradBenchSettings& settings) {
   dist_autograd::install(rpc::default_registry());
   models::register_unet_stages();
 
-  int port = core::pick_free_port();
+  const core::PortFile port_file;
   std::vector<pid_t> workers;
   std::string worker_binary = core::executable_dir() + "/ferry-worker";
   for (int rank = 1; rank <= 3; ++rank) {
-    auto env = core::loopback_world_env(rank, 4, port);
+    auto env = core::loopback_world_env(rank, 4, 0, port_file.path());
     env["OMP_NUM_THREADS"] = std::to_string(threads);
     env["FERRY_LOG_LEVEL"] = "warn";
     workers.push_back(spawn_process(worker_binary, {"--name", fmt::format("worker{}", rank)}, env));
   }
-  init_loopback_master("master", 4, port);
+  init_loopback_master("master", 4, port_file.path());
 
   nlohmann::ordered_json out = measure(settings, threads);
   nlohmann::ordered_json rss;

@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdlib>
+#include <exception>
+#include <iostream>
 #include <string>
 
 #include "apps/flag_ranges.h"
@@ -186,13 +188,19 @@ int main(int argc, char** argv) {
   auto* peer_cmd = app.add_subcommand("rpc-peer", "the peer process of `rpc` (started by it)");
   peer_cmd->group("");
   CLI11_PARSE(app, argc, argv);
-  if (*rpc_cmd) return ferry::bench::run_rpc_bench(rpc);
-  if (*autograd_cmd) return ferry::bench::run_autograd_bench(autograd);
-  if (*train_cmd) return ferry::bench::run_train_bench(train);
-  if (*pipeline_cmd) return ferry::bench::run_pipeline_bench(pipeline);
-  if (*memory_cmd) return ferry::bench::run_memory_bench(memory);
-  if (*chaos_cmd) return ferry::bench::run_chaos_bench(chaos);
-  if (*data_cmd) return ferry::bench::run_data_bench(data);
-  if (*peer_cmd) return ferry::bench::run_rpc_peer();
+  // A benchmark that cannot go on says why in one line and exits 1, instead of terminating.
+  try {
+    if (*rpc_cmd) return ferry::bench::run_rpc_bench(rpc);
+    if (*autograd_cmd) return ferry::bench::run_autograd_bench(autograd);
+    if (*train_cmd) return ferry::bench::run_train_bench(train);
+    if (*pipeline_cmd) return ferry::bench::run_pipeline_bench(pipeline);
+    if (*memory_cmd) return ferry::bench::run_memory_bench(memory);
+    if (*chaos_cmd) return ferry::bench::run_chaos_bench(chaos);
+    if (*data_cmd) return ferry::bench::run_data_bench(data);
+    if (*peer_cmd) return ferry::bench::run_rpc_peer();
+  } catch (const std::exception& e) {
+    std::cerr << "ferry-bench " << app.get_subcommands().front()->get_name() << ": " << e.what()
+              << "\n";
+  }
   return 1;
 }

@@ -365,11 +365,11 @@ int run_pipeline_bench(const PipelineBenchSettings& s) {
   if (s.pin && !pinned) {
     std::cerr << fmt::format("{} stages on {} cores: not pinned\n", p, cores);
   }
-  int port = core::pick_free_port();
+  const core::PortFile port_file;
   std::vector<pid_t> workers;
   std::string worker_binary = core::executable_dir() + "/ferry-worker";
   for (int rank = 1; rank <= p; ++rank) {
-    auto env = core::loopback_world_env(rank, p + 1, port);
+    auto env = core::loopback_world_env(rank, p + 1, 0, port_file.path());
     env["OMP_NUM_THREADS"] = "1";
     env["FERRY_LOG_LEVEL"] = "warn";
     std::vector<std::string> args = {"--name", fmt::format("worker{}", rank)};
@@ -380,7 +380,7 @@ int run_pipeline_bench(const PipelineBenchSettings& s) {
       workers.push_back(spawn_process(worker_binary, args, env));
     }
   }
-  init_loopback_master("master", p + 1, port);
+  init_loopback_master("master", p + 1, port_file.path());
   int code = 0;
   nlohmann::ordered_json out;
   try {

@@ -47,8 +47,10 @@ void reap_process(pid_t pid, std::chrono::milliseconds grace) {
   waitpid(pid, nullptr, 0);
 }
 
-void init_loopback_master(const std::string& name, int world_size, int port) {
-  rpc::init(rpc::loopback_options(name, 0, world_size, port));
+void init_loopback_master(const std::string& name, int world_size, const std::string& port_file) {
+  rpc::Options options = rpc::loopback_options(name, 0, world_size, 0);
+  options.master_port_file = port_file;
+  rpc::init(options);
 }
 
 }  // namespace ferry::bench

@@ -22,7 +22,8 @@ int run_process(const std::string& binary, const std::vector<std::string>& args,
                 const std::map<std::string, std::string>& env, const std::string& output = "");
 // Waits up to `grace` for `pid` to exit, then kills it.
 void reap_process(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(10));
-// Joins that world as its rank 0, named `name` (rpc::init).
-void init_loopback_master(const std::string& name, int world_size, int port);
+// Joins that world as its rank 0, named `name` (rpc::init), its store on a port of the system's
+// choosing, written to `port_file` for the other ranks (core::loopback_world_env with port 0).
+void init_loopback_master(const std::string& name, int world_size, const std::string& port_file);
 
 }  // namespace ferry::bench

@@ -138,10 +138,10 @@ void measure_async_calls(const RpcBenchSettings& settings, const std::string& to
 
 int run_rpc_bench(const RpcBenchSettings& settings) {
   register_bench_functions();
-  int port = core::pick_free_port();
-  pid_t peer =
-      spawn_process(settings.self_path, {"rpc-peer"}, core::loopback_world_env(1, 2, port));
-  init_loopback_master("bench", 2, port);
+  const core::PortFile port_file;
+  pid_t peer = spawn_process(settings.self_path, {"rpc-peer"},
+                             core::loopback_world_env(1, 2, 0, port_file.path()));
+  init_loopback_master("bench", 2, port_file.path());
   const std::string to = "worker1";
   nlohmann::ordered_json out;
   out["benchmark"] = "rpc";

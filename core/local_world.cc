@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -48,6 +50,23 @@ std::map<std::string, std::string> loopback_world_env(int rank, int world_size, 
                                          {"MASTER_PORT", std::to_string(port)}};
   if (!port_file.empty()) env["FERRY_MASTER_PORT_FILE"] = port_file;
   return env;
+}
+
+PortFile::PortFile() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ferry-world-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) {
+    throw std::runtime_error(fmt::format("cannot make a folder for the master's port file ({}): {}",
+                                         pattern, std::strerror(errno)));
+  }
+  folder_ = pattern;
+  path_ = folder_ + "/master-port";
+}
+
+PortFile::~PortFile() {
+  std::remove(path_.c_str());
+  rmdir(folder_.c_str());
 }
 
 // A port from the kernel's ephemeral range can be handed to another socket bound to port 0 (an

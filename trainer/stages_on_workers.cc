@@ -173,13 +173,11 @@ void move_worker_to_worker(std::unique_ptr<StagesOnWorkers>& job, const TrainSet
 
 void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, const StagePlan& to,
                  const std::vector<std::string>& workers, Handover handover) {
-  const double last_loss = job->last_train_loss;
   if (handover == Handover::WorkerToWorker) {
     move_worker_to_worker(job, s, to, workers);
   } else {
     move_through_master(job, s, to, workers);
   }
-  job->last_train_loss = last_loss;
 }
 
 }  // namespace ferry::trainer

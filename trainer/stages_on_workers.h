@@ -26,7 +26,6 @@ namespace ferry::trainer {
 struct StagesOnWorkers {
   std::vector<Replica> replicas;
   std::unique_ptr<dist_autograd::DistributedOptimizer> optimizer;
-  double last_train_loss = 0;  // mean over the last epoch's steps
 
   // Replica 0: what checkpoints save and reports show (every replica's parameters are equal).
   models::RemoteUnet& split() { return replicas.front().split; }

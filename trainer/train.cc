@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -176,7 +177,7 @@ void start(Run& run) {
 void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
                   const StageSeconds& before, const StageSeconds& after, std::size_t batches) {
   const TrainSettings& s = run.s;
-  const double loss = run.job->last_train_loss;
+  const double loss = times.train_loss;
   const double lr = run.job->optimizer->spec().options.at("lr");
   const bool classes = s.plan.classes > 1;
   if (run.metrics_log) {
@@ -267,28 +268,30 @@ bool rebalance(Run& run, const RebalanceMoment& when, const StageSeconds& measur
 bool run_epoch(Run& run, int epoch) {
   const TrainSettings& s = run.s;
   auto first_replica = [&run] { return stage_seconds(run.job->replicas.front()); };
+  auto train_until = [&run](EpochPass& pass, std::size_t batches) {
+    return pass.train_until(batches, *run.job, *run.schedule, run.progress.step);
+  };
   // The epoch's stage figures count from its start, or from the last move within it.
   StageSeconds before = first_replica();
   std::size_t before_batch = 0;
-  std::size_t look_at = run.rebalance->first_look_within(run.job->replicas.front().pipe != nullptr,
-                                                         run.train_loader->batches());
-  std::optional<std::pair<StageSeconds, std::size_t>> warm;  // after the first step
-  auto after_step = [&](std::size_t done) {
-    if (look_at == 0) return;
-    if (!warm) {
-      warm.emplace(first_replica(), done);
-      return;
-    }
-    if (done < look_at) return;
-    look_at = 0;
-    const StageSeconds measured = per_batch(warm->first, first_replica(), done - warm->second);
-    if (rebalance(run, RebalanceMoment{epoch, done}, measured)) {
+  const std::size_t look_at = run.rebalance->first_look_within(
+      run.job->replicas.front().pipe != nullptr, run.train_loader->batches());
+  EpochPass pass(*run.train_loader, epoch, s, *run.job);
+  if (look_at > 0) {
+    // The first step warms up: the look measures the steps after it.
+    train_until(pass, 1);
+    const StageSeconds warm = first_replica();
+    const std::size_t warm_done = pass.done();
+    train_until(pass, std::max(look_at, warm_done + 1));
+    const std::size_t done = pass.done();
+    if (done > warm_done && rebalance(run, RebalanceMoment{epoch, done},
+                                      per_batch(warm, first_replica(), done - warm_done))) {
       before = first_replica();
       before_batch = done;
     }
-  };
-  const EpochTimes times = train_epoch(run.job, *run.train_loader, epoch, s, *run.schedule,
-                                       run.progress.step, after_step);
+  }
+  train_until(pass, std::numeric_limits<std::size_t>::max());
+  const EpochTimes times = pass.times(*run.job);
   const StageSeconds after = first_replica();
   StagesOnWorkers& job = *run.job;
   run.train_s += times.train_s;
@@ -401,44 +404,6 @@ void report_stages(Run& run, const std::vector<remote_module::StageStats>& measu
                      run.metrics["stages"], run.metrics["blocks"]);
 }
 
-// With replicas: how each owner's gradient buckets went, into the metrics JSON.
-void report_buckets(Run& run) {
-  if (run.job->replicas.size() < 2) return;
-  auto& out = run.metrics["gradient_buckets"] = nlohmann::ordered_json::array();
-  for (const auto& owner : run.job->optimizer->bucket_stats()) {
-    out.push_back({{"worker", owner.worker},
-                   {"replica", owner.replica},
-                   {"buckets", owner.buckets},
-                   {"mib", static_cast<double>(owner.bytes) / (1 << 20)},
-                   {"started_in_backward", owner.started_in_backward},
-                   {"started_at_step", owner.started_at_step},
-                   {"late_rounds", owner.late_rounds},
-                   {"waited_s", owner.waited_s}});
-  }
-}
-
-// The pipeline's timeline, activation peaks and bubble, and the trace (--trace).
-void report_pipeline(Run& run, pipeline::Pipeline& pipe) {
-  std::cerr << "\n" << pipe.timeline().table();
-  std::vector<pipeline::Pipeline::StageMemory> memory = pipe.memory_peaks();
-  std::string peaks;
-  for (std::size_t k = 0; k < memory.size(); ++k) {
-    peaks += fmt::format("{}{} {:.0f} MiB", k ? ", " : "", run.plan.stages[k].name,
-                         memory[k].activation_mib);
-  }
-  std::cerr << "most activations held at once: " << peaks << "\n";
-  pipeline::TimelineReport report = pipe.timeline().report();
-  run.metrics["pipeline"] = {{"schedule", pipeline::schedule_name(pipe.options().schedule)},
-                             {"microbatches", pipe.options().microbatches},
-                             {"bubble", report.bubble},
-                             {"ideal_bubble", report.ideal_bubble}};
-  if (run.s.trace_file.empty()) return;
-  pipe.timeline().write_chrome_trace(run.s.trace_file);
-  std::cerr << fmt::format(
-      "trace of {} steps written to {} (open it in Perfetto or chrome://tracing)\n", report.steps,
-      run.s.trace_file);
-}
-
 // The end of the run: the best epoch, each stage's figures, the comparison with one process, and
 // the metrics file (--metrics-file).
 void report(Run& run) {
@@ -456,12 +421,12 @@ void report(Run& run) {
   const std::vector<remote_module::StageStats> measured = stage_stats(run);
   std::unique_ptr<pipeline::Pipeline>& pipe = run.job->replicas.front().pipe;
   if (pipe) {
-    report_pipeline(run, *pipe);
+    report_pipeline(*pipe, run.plan, s.trace_file, run.metrics);
   } else {
     print_stage_table(run.job->split(), run.train_s, !s.via_master);
   }
   report_stages(run, measured);
-  report_buckets(run);
+  if (run.job->replicas.size() > 1) report_buckets(*run.job->optimizer, run.metrics);
   if (s.compare_single_process) {
     const double whole = single_process_peak_mib(s.master_program, s.plan);
     std::cerr << fmt::format(

@@ -32,30 +32,33 @@ std::uint64_t bytes_sent_by_job(const StagesOnWorkers& job) {
 
 }  // namespace
 
-EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job_ptr, data::BatchLoader& loader,
-                       int epoch, const TrainSettings& s, const dist_autograd::LrSchedule& schedule,
-                       std::int64_t& step, const AfterStep& after_step) {
+EpochPass::EpochPass(data::BatchLoader& loader, int epoch, const TrainSettings& s,
+                     const StagesOnWorkers& job)
+    : loader_(loader),
+      s_(s),
+      loss_name_(loss_spec(s)),
+      bar_(fmt::format("epoch {}/{}", epoch, s.epochs), loader.batches()) {
+  loader_.start_epoch(epoch);
+  waited_before_ = loader_.waited_s();
+  bytes_before_ = bytes_sent_by_job(job);
+}
+
+bool EpochPass::train_until(std::size_t batches, StagesOnWorkers& job,
+                            const dist_autograd::LrSchedule& schedule, std::int64_t& step) {
   // Each batch's loss is a mean over its images; 1/K of it, summed over K batches, is the mean
   // over the K batches, as one step on a K times larger batch.
-  const double scale = 1.0 / s.accumulate;
-  const std::string loss_name = loss_spec(s);
-  const remote_module::LossFunction loss_fn = remote_module::loss_function(loss_name);
+  const double scale = 1.0 / s_.accumulate;
+  const remote_module::LossFunction loss_fn = remote_module::loss_function(loss_name_);
   auto micro_loss = [&loss_fn, scale](const at::Tensor& out, const at::Tensor& target) {
     return loss_fn(out, target) * scale;
   };
-  loader.start_epoch(epoch);
-  const double waited_before = loader.waited_s();
-  ProgressBar bar(fmt::format("epoch {}/{}", epoch, s.epochs), loader.batches());
-  double loss_sum = 0, rate = 0;
-  EpochTimes times;
-  const std::uint64_t bytes_before = bytes_sent_by_job(*job_ptr);
-  std::size_t index = 0;
-  const std::size_t count = job_ptr->replicas.size();
-  while (auto batch = loader.next()) {
-    StagesOnWorkers& job = *job_ptr;
+  const std::size_t count = job.replicas.size();
+  while (index_ < batches || !ended_step_) {
+    std::optional<data::Batch> batch = loader_.next();
+    if (!batch) return false;
     auto start = Clock::now();
-    ++index;
-    const bool steps = index % s.accumulate == 0 || index == loader.batches();
+    ++index_;
+    ended_step_ = index_ % s_.accumulate == 0 || index_ == loader_.batches();
     // Each replica's share of the batch in an autograd context of its own (released once the
     // optimizer has stepped with them all).
     std::vector<std::unique_ptr<dist_autograd::Context>> contexts(count);
@@ -75,14 +78,14 @@ EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job_ptr, data::BatchLoa
         losses[r] = replica.pipe->step(images, masks, micro_loss).loss / scale;
         return;
       }
-      at::Tensor loss = loss_on_last_stage(s, /*pipelined=*/false)
-                            ? replica.split.loss(images, masks, loss_name)
-                            : loss_fn(replica.split.forward(images, !s.via_master), masks);
+      at::Tensor loss = loss_on_last_stage(s_, /*pipelined=*/false)
+                            ? replica.split.loss(images, masks, loss_name_)
+                            : loss_fn(replica.split.forward(images, !s_.via_master), masks);
       dist_autograd::backward(ids[r], {loss * scale});
       losses[r] = loss.item<double>();
     });
     auto optimizer_start = Clock::now();
-    if (steps) {
+    if (ended_step_) {
       const double lr = schedule.lr_at(step);
       if (lr != job.optimizer->spec().options.at("lr")) job.optimizer->set_lr(lr);
       job.optimizer->step(ids);
@@ -90,23 +93,28 @@ EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job_ptr, data::BatchLoa
     } else {
       job.optimizer->accumulate(ids);
     }
-    times.optimizer_s += std::chrono::duration<double>(Clock::now() - optimizer_start).count();
+    times_.optimizer_s += std::chrono::duration<double>(Clock::now() - optimizer_start).count();
     contexts.clear();
     double loss_value = 0;
     for (double l : losses) loss_value += l / count;
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    times.train_s += seconds;
-    times.images += batch->images.size(0);
+    times_.train_s += seconds;
+    times_.images += batch->images.size(0);
     double images_per_s = batch->images.size(0) / seconds;
-    rate = index == 1 ? images_per_s : 0.9 * rate + 0.1 * images_per_s;
-    loss_sum += loss_value;
-    bar.update(index, fmt::format("loss {:.4f} {:.1f} img/s", loss_sum / index, rate));
-    if (steps && after_step) after_step(index);
+    rate_ = index_ == 1 ? images_per_s : 0.9 * rate_ + 0.1 * images_per_s;
+    loss_sum_ += loss_value;
+    bar_.update(index_, fmt::format("loss {:.4f} {:.1f} img/s", loss_sum_ / index_, rate_));
   }
-  job_ptr->last_train_loss = loss_sum / std::max<std::size_t>(index, 1);
-  times.batches = index;
-  times.data_wait_s = loader.waited_s() - waited_before;
-  times.bytes_sent = bytes_sent_by_job(*job_ptr) - bytes_before;
-  return times;
+  return index_ < loader_.batches();
 }
+
+EpochTimes EpochPass::times(const StagesOnWorkers& job) const {
+  EpochTimes out = times_;
+  out.train_loss = loss_sum_ / std::max<std::size_t>(index_, 1);
+  out.batches = index_;
+  out.data_wait_s = loader_.waited_s() - waited_before_;
+  out.bytes_sent = bytes_sent_by_job(job) - bytes_before_;
+  return out;
+}
+
 }  // namespace ferry::trainer

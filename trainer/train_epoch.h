@@ -1,17 +1,19 @@
-// One epoch of training as the master drives it: each batch split over the replicas, forward
-// and distributed backward (plain or pipelined) in an autograd context per replica, and the
-// optimizer's step or accumulation. Used from the master's thread.
+// One epoch of training as the master drives it, in ranges of batches: each batch split over the
+// replicas, forward and distributed backward (plain or pipelined) in an autograd context per
+// replica, and the optimizer's step or accumulation. Used from the master's thread.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "ferry/data/dataset.h"
 #include "ferry/dist_autograd/lr_schedule.h"
 #include "ferry/trainer/train.h"
 #include "trainer/stages_on_workers.h"
+#include "trainer/train_report.h"
 
 namespace ferry::trainer {
 
@@ -20,7 +22,7 @@ inline std::size_t steps_per_epoch(std::size_t batches, int accumulate) {
   return (batches + accumulate - 1) / accumulate;
 }
 
-// Where an epoch's time went, as the master saw it.
+// Where an epoch's time went, as the master saw it, and its training loss.
 struct EpochTimes {
   double train_s = 0;      // in steps: forward, backward and the optimizer
   double optimizer_s = 0;  // in the optimizer's calls (with replicas, their all-reduce too)
@@ -28,21 +30,45 @@ struct EpochTimes {
   std::size_t batches = 0;
   int64_t images = 0;
   std::uint64_t bytes_sent = 0;  // by every process of the job
+  double train_loss = 0;         // the mean of its batches' losses
   // The share of the steps' time spent waiting for data.
   double data_wait_share() const {
     return train_s + data_wait_s > 0 ? data_wait_s / (train_s + data_wait_s) : 0;
   }
 };
 
-// Called after each optimizer step with the epoch's batches done so far; it may move the stages
-// (replace `job`), and the epoch goes on with the new ones.
-using AfterStep = std::function<void(std::size_t batches_done)>;
+// One epoch in progress, trained in ranges of batches: between two ranges the caller may look at
+// the stages and move them (a new StagesOnWorkers), and the next range trains the job it is
+// given. Keeps the loader's place, the running figures and the progress bar across ranges.
+// Resource type; used from the master's thread.
+class EpochPass {
+ public:
+  // Starts epoch `epoch` of `loader` (reshuffled) for the job of `s`.
+  EpochPass(data::BatchLoader& loader, int epoch, const TrainSettings& s,
+            const StagesOnWorkers& job);
 
-// One pass over the training set. Each batch's gradients are kept on the owners until
-// --accumulate of them are summed into one optimizer step, its learning rate the schedule's at
-// `step` (counted on). Sets job->last_train_loss.
-EpochTimes train_epoch(std::unique_ptr<StagesOnWorkers>& job, data::BatchLoader& loader, int epoch,
-                       const TrainSettings& s, const dist_autograd::LrSchedule& schedule,
-                       std::int64_t& step, const AfterStep& after_step = {});
+  // Trains the epoch's next batches on `job` until at least `batches` of it are done and the
+  // last of them ended an optimizer step, or the epoch is over. Each batch's gradients are kept
+  // on the owners until --accumulate of them are summed into one optimizer step, its learning
+  // rate the schedule's at `step` (counted on). False once the epoch has no batch left.
+  bool train_until(std::size_t batches, StagesOnWorkers& job,
+                   const dist_autograd::LrSchedule& schedule, std::int64_t& step);
+  // The epoch's batches done so far.
+  std::size_t done() const { return index_; }
+  // The epoch's figures so far (all of them, once train_until said it is over).
+  EpochTimes times(const StagesOnWorkers& job) const;
+
+ private:
+  data::BatchLoader& loader_;
+  const TrainSettings& s_;
+  std::string loss_name_;
+  ProgressBar bar_;
+  EpochTimes times_;
+  double waited_before_;
+  std::uint64_t bytes_before_;
+  double loss_sum_ = 0, rate_ = 0;
+  std::size_t index_ = 0;
+  bool ended_step_ = true;  // the last batch ended an optimizer step
+};
 
 }  // namespace ferry::trainer

@@ -183,4 +183,41 @@ std::string class_table(const std::vector<std::string>& names, const Validation&
   return out;
 }
 
+void report_buckets(const dist_autograd::DistributedOptimizer& optimizer,
+                    nlohmann::ordered_json& metrics) {
+  auto& out = metrics["gradient_buckets"] = nlohmann::ordered_json::array();
+  for (const auto& owner : optimizer.bucket_stats()) {
+    out.push_back({{"worker", owner.worker},
+                   {"replica", owner.replica},
+                   {"buckets", owner.buckets},
+                   {"mib", static_cast<double>(owner.bytes) / (1 << 20)},
+                   {"started_in_backward", owner.started_in_backward},
+                   {"started_at_step", owner.started_at_step},
+                   {"late_rounds", owner.late_rounds},
+                   {"waited_s", owner.waited_s}});
+  }
+}
+
+void report_pipeline(pipeline::Pipeline& pipe, const StagePlan& plan, const std::string& trace_file,
+                     nlohmann::ordered_json& metrics) {
+  std::cerr << "\n" << pipe.timeline().table();
+  std::vector<pipeline::Pipeline::StageMemory> memory = pipe.memory_peaks();
+  std::string peaks;
+  for (std::size_t k = 0; k < memory.size(); ++k) {
+    peaks += fmt::format("{}{} {:.0f} MiB", k ? ", " : "", plan.stages[k].name,
+                         memory[k].activation_mib);
+  }
+  std::cerr << "most activations held at once: " << peaks << "\n";
+  pipeline::TimelineReport report = pipe.timeline().report();
+  metrics["pipeline"] = {{"schedule", pipeline::schedule_name(pipe.options().schedule)},
+                         {"microbatches", pipe.options().microbatches},
+                         {"bubble", report.bubble},
+                         {"ideal_bubble", report.ideal_bubble}};
+  if (trace_file.empty()) return;
+  pipe.timeline().write_chrome_trace(trace_file);
+  std::cerr << fmt::format(
+      "trace of {} steps written to {} (open it in Perfetto or chrome://tracing)\n", report.steps,
+      trace_file);
+}
+
 }  // namespace ferry::trainer

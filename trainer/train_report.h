@@ -8,9 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "ferry/dist_autograd/optimizer.h"
 #include "ferry/models/remote_unet.h"
+#include "ferry/pipeline/pipeline.h"
 #include "trainer/epoch_monitor.h"
 #include "trainer/replicas.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
 
@@ -54,6 +57,15 @@ StageSeconds stage_seconds(const Replica& replica);
 // `stopped_after` (0: it did not). Printed and put in `metrics`.
 void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
                  nlohmann::ordered_json& metrics);
+
+// With replicas: how each owner's gradient buckets went, into `metrics`.
+void report_buckets(const dist_autograd::DistributedOptimizer& optimizer,
+                    nlohmann::ordered_json& metrics);
+
+// The pipeline's timeline (printed), activation peaks and bubble (into `metrics`), and the
+// Chrome trace to `trace_file` (--trace; empty: none).
+void report_pipeline(pipeline::Pipeline& pipe, const StagePlan& plan, const std::string& trace_file,
+                     nlohmann::ordered_json& metrics);
 
 // "background 0.970, ellipse 0.810, ...": each of `names`' classes with its figure in `values`.
 std::string per_class(const std::vector<std::string>& names, const std::vector<double>& values);

@@ -1,6 +1,6 @@
 // What starting several processes of one world on one machine needs, for ferry-launch, the
-// benchmarks and the tests: a port for their rendezvous, and an OpenMP spin count that lets them
-// share the cores.
+// benchmarks and the tests: a port or port file for their rendezvous, and an OpenMP spin count that
+// lets them share the cores.
 #pragma once
 
 #include <map>
@@ -14,6 +14,23 @@ namespace ferry::core {
 // other ranks read it (FERRY_MASTER_PORT_FILE, rpc::Options::master_port_file).
 std::map<std::string, std::string> loopback_world_env(int rank, int world_size, int port,
                                                       const std::string& port_file = "");
+
+// Where rank 0 of a local world writes the port its store took from the system, for the other
+// ranks to read (loopback_world_env's `port_file` with port 0): no port is picked, released and
+// handed out, for another process to take in between. A file in a folder of its own under
+// $TMPDIR (else /tmp), removed with what is in it when this is destroyed. Resource type.
+class PortFile {
+ public:
+  // Throws std::runtime_error naming the folder if it cannot be made.
+  PortFile();
+  ~PortFile();
+  PortFile(const PortFile&) = delete;
+  PortFile& operator=(const PortFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string folder_, path_;
+};
 
 // A TCP port that is free on `host` right now (bound, then released): what a launcher hands out
 // as MASTER_PORT. Throws std::runtime_error if none can be had.

@@ -2,7 +2,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <iostream>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -477,26 +476,6 @@ MasterCommandLine::MasterCommandLine() {
   // The programs the trainer starts are this one and the launcher installed beside it.
   train.master_program = plan.master = core::executable_path();
   plan.launcher = core::executable_dir() + "/ferry-launch";
-}
-
-int run_master_command(const MasterCommandLine& l) {
-  if (*l.train_cmd) {
-    if (const std::string given = flags_a_plan_sets(l); !given.empty()) {
-      std::cerr << "ferry-master train: --plan " << (l.train.plan_auto ? "auto" : l.train.plan_file)
-                << " sets " << given << "; leave them out, or plan again with them\n";
-      return 2;
-    }
-    return trainer::run_training(l.train);
-  }
-  if (*l.plan_cmd) return trainer::run_plan(l.plan);
-  if (*l.export_cmd) return trainer::export_weights(l.export_settings);
-  if (*l.predict_cmd) return trainer::run_prediction(l.predict);
-  if (*l.footprint_cmd) {
-    const trainer::PlanSettings& f = l.footprint;
-    return trainer::measure_single_process(f.model, f.classes, f.image_size, f.batch_size,
-                                           f.optimizer, l.footprint_budget_mib);
-  }
-  return trainer::describe_model(l.describe, l.json, l.blocks);
 }
 
 }  // namespace ferry::apps

@@ -42,7 +42,4 @@ struct MasterCommandLine {
 // leaves the model, the batch and the budget to them): an error names them. Empty: none.
 std::string flags_a_plan_sets(const MasterCommandLine& line);
 
-// Runs the sub-command that was parsed; returns the exit code.
-int run_master_command(const MasterCommandLine& line);
-
 }  // namespace ferry::apps

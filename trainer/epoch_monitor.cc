@@ -14,7 +14,8 @@ EpochMonitor::EpochMonitor(Monitor metric, int patience) : metric_(metric), pati
 
 EpochMonitor::Verdict EpochMonitor::observe(int epoch, double value) {
   Verdict verdict;
-  const bool better = lower_is_better(metric_) ? value < best_value_ : value > best_value_;
+  // The loss is better lower; IoU and Dice higher.
+  const bool better = metric_ == Monitor::ValLoss ? value < best_value_ : value > best_value_;
   if (best_epoch_ == 0 || better) {
     best_epoch_ = epoch;
     best_value_ = value;

@@ -35,8 +35,6 @@ const core::EnumNames<Monitor>& monitor_names() {
   return names;
 }
 
-bool lower_is_better(Monitor monitor) { return monitor == Monitor::ValLoss; }
-
 const core::EnumNames<StepSchedule>& step_schedule_names() {
   static const core::EnumNames<StepSchedule> names = [] {
     core::EnumNames<StepSchedule> all = {{std::nullopt, "plain"}};

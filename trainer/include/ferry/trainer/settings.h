@@ -33,7 +33,6 @@ const core::EnumNames<Rebalance>& rebalance_names();  // auto, on, off
 // The validation metric that picks the best epoch and stops early.
 enum class Monitor { ValLoss, ValIou, ValDice, ValMiou };
 const core::EnumNames<Monitor>& monitor_names();  // val_loss, val_iou, val_dice, val_miou
-bool lower_is_better(Monitor monitor);
 
 // How a step runs: plain (no schedule: each stage once per step) or pipelined under a schedule.
 using StepSchedule = std::optional<pipeline::Schedule>;

@@ -211,6 +211,11 @@ FolderDataset::FolderDataset(const std::string& dir, Options options) : options_
 }
 
 Sample FolderDataset::get(std::size_t index) const {
+  // Apart from the loader's keys, which count up from 0.
+  return get_drawn(index, (std::uint64_t{1} << 63) + draws_.fetch_add(1));
+}
+
+Sample FolderDataset::get_drawn(std::size_t index, std::uint64_t draw) const {
   const std::string& image_path = images_.at(index);
   const std::string& mask_path = masks_.at(index);
   cv::Mat image = colour_image(image_path, said_converted_);
@@ -223,8 +228,8 @@ Sample FolderDataset::get(std::size_t index) const {
   const core::ImageSize& size = options_.image_size;
   const int height = static_cast<int>(size.height), width = static_cast<int>(size.width);
   const Augmentation& augment = options_.augment;
-  std::mt19937_64 rng(options_.seed * 0x9E3779B97F4A7C15ULL + index * 1000003ULL +
-                      draws_.fetch_add(1));
+  std::seed_seq seeds{options_.seed, static_cast<std::uint64_t>(index), draw};
+  std::mt19937_64 rng(seeds);
   if (augment.scale) {
     // The largest part of the size's aspect the image holds, then a quarter to all of its area,
     // anywhere in the image.

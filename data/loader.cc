@@ -21,6 +21,12 @@ void use_one_intra_op_thread() {
   omp_set_num_threads(1);
 }
 
+// A sample's draw: its epoch and its place in the epoch's order (below 2^63, where
+// Dataset::get's own draws start).
+std::uint64_t draw_key(int epoch, std::size_t place) {
+  return (static_cast<std::uint64_t>(epoch) << 32) + place;
+}
+
 }  // namespace
 
 BatchLoader::BatchLoader(std::shared_ptr<const Dataset> dataset, std::vector<std::size_t> indices,
@@ -54,15 +60,16 @@ std::size_t BatchLoader::batches() const {
   return (indices_.size() + batch_size_ - 1) / batch_size_;
 }
 
-void BatchLoader::start_epoch(int epoch) {
+void BatchLoader::start_epoch(int epoch, std::size_t first_batch) {
   stop();
   order_ = indices_;
   if (shuffle_seed_) {
     std::mt19937_64 rng(*shuffle_seed_ + static_cast<std::uint64_t>(epoch));
     std::shuffle(order_.begin(), order_.end(), rng);
   }
-  cursor_ = 0;
-  if (batches() > 0) builder_ = std::thread([this] { produce(); });
+  epoch_ = epoch;
+  cursor_ = std::min(first_batch, batches());
+  if (cursor_ < batches()) builder_ = std::thread([this, first = cursor_] { produce(first); });
 }
 
 Batch BatchLoader::build(std::size_t batch_index) const {
@@ -75,7 +82,7 @@ Batch BatchLoader::build(std::size_t batch_index) const {
     use_one_intra_op_thread();
     try {
       for (std::size_t i = begin + t; i < end; i += threads_)
-        samples[i - begin] = dataset_->get(order_[i]);
+        samples[i - begin] = dataset_->get_drawn(order_[i], draw_key(epoch_, i));
     } catch (...) {
       failures[t] = std::current_exception();
     }
@@ -97,9 +104,9 @@ Batch BatchLoader::build(std::size_t batch_index) const {
 
 // The builder thread: the epoch's batches in order, each handed over once fewer than `prefetch_`
 // wait; after a failure, none.
-void BatchLoader::produce() {
+void BatchLoader::produce(std::size_t first_batch) {
   use_one_intra_op_thread();
-  for (std::size_t b = 0; b < batches(); ++b) {
+  for (std::size_t b = first_batch; b < batches(); ++b) {
     Built built;
     try {
       built.batch = build(b);

@@ -40,6 +40,11 @@ class NormalizedDataset final : public Dataset {
     s.image = normalization_.apply(s.image);
     return s;
   }
+  Sample get_drawn(std::size_t index, std::uint64_t draw) const override {
+    Sample s = dataset_->get_drawn(index, draw);
+    s.image = normalization_.apply(s.image);
+    return s;
+  }
 
  private:
   std::shared_ptr<const Dataset> dataset_;

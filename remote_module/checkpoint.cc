@@ -16,6 +16,7 @@
 #include "ferry/core/files.h"
 #include "ferry/remote_module/stage_here.h"
 #include "ferry/rpc/error.h"
+#include "ferry/rpc/rpc.h"
 #include "remote_module/installers.h"
 
 namespace ferry::remote_module {
@@ -64,13 +65,26 @@ std::vector<int> existing(const fs::path& dir) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const NamedStages& stages, int keep,
-                            const NamedValues& extra) {
+CheckpointContent gather_checkpoint(const NamedStages& stages, NamedValues extra) {
+  CheckpointContent content;
   for (const auto& [name, module] : stages) {
     if (extra.count(name)) {
       rpc::refuse(fmt::format("checkpoint value \"{}\" has the name of a stage", name));
     }
+    c10::Dict<std::string, at::Tensor> state = module.state_dict();
+    // A stage of this process hands back its own tensors, which training goes on changing.
+    if (module.worker() == rpc::self().name) {
+      c10::Dict<std::string, at::Tensor> copies;
+      for (const auto& item : state) copies.insert(item.key(), item.value().clone());
+      state = std::move(copies);
+    }
+    content.stages.push_back({name, module.type(), module.worker(), std::move(state)});
   }
+  content.extra = std::move(extra);
+  return content;
+}
+
+std::string write_checkpoint(const std::string& dir, const CheckpointContent& content, int keep) {
   fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -84,17 +98,16 @@ std::string save_checkpoint(const std::string& dir, const NamedStages& stages, i
   nlohmann::ordered_json manifest;
   manifest["format"] = "ferry-checkpoint-1";
   manifest["stages"] = nlohmann::ordered_json::array();
-  for (const auto& [name, module] : stages) {
-    auto state = module.state_dict();
-    write_atomically(folder / (name + ".pt"), torch::pickle_save(c10::IValue(state)));
-    manifest["stages"].push_back({{"name", name},
-                                  {"type", module.type()},
-                                  {"worker", module.worker()},
-                                  {"file", name + ".pt"},
-                                  {"tensors", state.size()}});
+  for (const CheckpointContent::Stage& stage : content.stages) {
+    write_atomically(folder / (stage.name + ".pt"), torch::pickle_save(c10::IValue(stage.state)));
+    manifest["stages"].push_back({{"name", stage.name},
+                                  {"type", stage.type},
+                                  {"worker", stage.worker},
+                                  {"file", stage.name + ".pt"},
+                                  {"tensors", stage.state.size()}});
   }
   manifest["extra"] = nlohmann::ordered_json::array();
-  for (const auto& [name, value] : extra) {
+  for (const auto& [name, value] : content.extra) {
     write_atomically(folder / (name + ".pt"), torch::pickle_save(value));
     manifest["extra"].push_back({{"name", name}, {"file", name + ".pt"}});
   }
@@ -118,6 +131,11 @@ std::string save_checkpoint(const std::string& dir, const NamedStages& stages, i
     fs::remove_all(root / fmt::format("ckpt-{}", complete[i]), ec);
   }
   return folder.string();
+}
+
+std::string save_checkpoint(const std::string& dir, const NamedStages& stages, int keep,
+                            const NamedValues& extra) {
+  return write_checkpoint(dir, gather_checkpoint(stages, extra), keep);
 }
 
 namespace {

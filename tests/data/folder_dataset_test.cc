@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <opencv2/imgcodecs.hpp>
 #include <set>
 
@@ -99,6 +100,45 @@ TEST_F(FolderData, CropsFromTheCentreAndAugmentationFlipsImageAndMaskTogether) {
   }
   EXPECT_TRUE(saw_flip);
   EXPECT_TRUE(saw_shift);
+}
+
+// A run resumed in the middle of an epoch sees the batches the unbroken run saw there: the same
+// images in the same order, augmented the same way, whichever loader thread read them.
+TEST_F(FolderData, AnEpochStartedAtABatchGivesTheBatchesOfTheWholeEpochFromThere) {
+  for (int i = 0; i < 8; ++i) {
+    write_pair(std::to_string(i) + ".png", std::to_string(i) + ".png", 48, 48, 4 * i + 3);
+  }
+  auto set = std::make_shared<FolderDataset>(dir(), sized(32, /*crop=*/true, /*augment=*/true));
+  std::vector<std::size_t> all(8);
+  std::iota(all.begin(), all.end(), 0);
+  auto epoch_from = [&](std::size_t first_batch, int threads) {
+    BatchLoader loader(set, all, 2, /*shuffle_seed=*/11, /*drop_last=*/true, threads);
+    loader.start_epoch(3, first_batch);
+    std::vector<Batch> batches;
+    while (auto batch = loader.next()) batches.push_back(std::move(*batch));
+    return batches;
+  };
+  const std::vector<Batch> whole = epoch_from(0, 3);
+  ASSERT_EQ(whole.size(), 4u);
+  const std::vector<Batch> again = epoch_from(0, 1);
+  const std::vector<Batch> tail = epoch_from(2, 2);
+  ASSERT_EQ(tail.size(), 2u);
+  for (std::size_t b = 0; b < whole.size(); ++b) {
+    EXPECT_TRUE(again[b].images.equal(whole[b].images)) << "batch " << b;
+    EXPECT_TRUE(again[b].masks.equal(whole[b].masks)) << "batch " << b;
+  }
+  for (std::size_t b = 0; b < tail.size(); ++b) {
+    EXPECT_TRUE(tail[b].images.equal(whole[b + 2].images)) << "batch " << b + 2;
+    EXPECT_TRUE(tail[b].masks.equal(whole[b + 2].masks)) << "batch " << b + 2;
+  }
+  // Another epoch draws anew; an epoch started past its end gives nothing.
+  BatchLoader loader(set, all, 2, 11, /*drop_last=*/true, 1);
+  loader.start_epoch(4);
+  std::optional<Batch> first = loader.next();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_FALSE(first->images.equal(whole[0].images));
+  loader.start_epoch(3, 9);
+  EXPECT_FALSE(loader.next().has_value());
 }
 
 TEST_F(FolderData, BadFoldersAndFilesAreErrorsThatNameThem) {

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "ferry/core/files.h"
+#include "ferry/remote_module/checkpoint_writer.h"
 #include "tests/support/cluster.h"
 #include "tests/support/temp_dir.h"
 
@@ -97,6 +98,50 @@ TEST(Checkpoint, MissingCheckpointsAndStagesAreNamed) {
               std::string::npos)
         << e.what();
   }
+}
+
+// In the background: the state as it was when taken, though the stage trains on; checkpoints on
+// disk in the order given; a write that fails is thrown by the next wait, naming the folder.
+TEST(CheckpointWriter, WritesTheStateAsTakenInOrderAndReportsAFailedWrite) {
+  LocalWorld world;
+  ferry::testing::TempDir dir("checkpoint");
+  NamedStages stages = {{"only", RemoteModule::create("a", "test.mlp", mlp(1))}};
+  const c10::Dict<std::string, at::Tensor> taken = stages[0].second.state_dict();
+  CheckpointContent first = gather_checkpoint(stages, {{"step", int64_t{10}}});
+  stages[0].second.load_state_dict(
+      RemoteModule::create("a", "test.mlp", mlp(2)).state_dict());  // the stage moves on
+  std::vector<std::string> written;
+  {
+    CheckpointWriter writer;
+    auto note = [&written](const std::string& folder, double seconds) {
+      EXPECT_GE(seconds, 0);
+      written.push_back(folder);
+    };
+    writer.save(dir.path(), std::move(first), 3, note);
+    writer.save(dir.path(), gather_checkpoint(stages, {{"step", int64_t{20}}}), 3, note);
+    writer.wait();
+    ASSERT_EQ(written.size(), 2u);
+    EXPECT_EQ(written, checkpoint_folders(dir.path()));
+    EXPECT_EQ(latest_checkpoint_folder(dir.path()), written[1]);
+    EXPECT_EQ(read_checkpoint_value(written[1], "step").toInt(), 20);
+    const SavedCheckpoint saved = read_checkpoint(written[0]);
+    const c10::Dict<std::string, at::Tensor> merged = merged_state(saved);
+    for (const auto& item : taken) EXPECT_TRUE(merged.at(item.key()).equal(item.value()));
+
+    const std::string blocked = dir.path() + "/not-a-folder";
+    std::ofstream(blocked) << "a file";
+    writer.save(blocked + "/ckpt", gather_checkpoint(stages), 3);
+    try {
+      writer.wait();
+      FAIL() << "a write into a file's path succeeded";
+    } catch (const rpc::Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(blocked)) << e.what();
+    }
+    // The failure was said once; the writer writes again.
+    writer.save(dir.path(), gather_checkpoint(stages, {{"step", int64_t{30}}}), 3, note);
+  }
+  ASSERT_EQ(written.size(), 3u);
+  EXPECT_EQ(read_checkpoint_value(latest_checkpoint_folder(dir.path()), "step").toInt(), 30);
 }
 
 // What export reads: a checkpoint's files without stages to load them into.

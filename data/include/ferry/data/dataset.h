@@ -43,6 +43,14 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual std::size_t size() const = 0;
   virtual Sample get(std::size_t index) const = 0;
+  // The sample at `index` as draw `draw` makes it: a dataset that draws at random (augmentation)
+  // seeds that draw from `draw` alone, so that the same (index, draw) gives the same sample in any
+  // run and on any thread. The loader keys each draw by the epoch and the place in it. A dataset
+  // that draws nothing gives get(index).
+  virtual Sample get_drawn(std::size_t index, std::uint64_t draw) const {
+    (void)draw;
+    return get(index);
+  }
 };
 
 // Filled ellipses and convex polygons on textured noise, with their masks: deterministic from
@@ -125,12 +133,14 @@ class FolderDataset final : public Dataset {
   // naming the file that is unreadable, smaller than a crop, or whose mask's size differs.
   FolderDataset(const std::string& dir, Options options);
   std::size_t size() const override { return images_.size(); }
+  // Each call draws anew.
   Sample get(std::size_t index) const override;
+  Sample get_drawn(std::size_t index, std::uint64_t draw) const override;
 
  private:
   std::vector<std::string> images_, masks_;
   Options options_;
-  mutable std::atomic<std::uint64_t> draws_{0};      // each get() draws its own augmentation
+  mutable std::atomic<std::uint64_t> draws_{0};      // get()'s draws, from 2^63 up
   mutable std::atomic<bool> said_converted_{false};  // a grey or RGBA image was read as RGB
 };
 
@@ -208,8 +218,10 @@ class BatchLoader {
 
   // Batches per epoch (the last may be smaller).
   std::size_t batches() const;
-  // Starts epoch `epoch` (reshuffles); next() then yields its batches.
-  void start_epoch(int epoch);
+  // Starts epoch `epoch` (reshuffles); next() then yields its batches from batch `first_batch`
+  // on, the same ones an epoch started at 0 yields there (its order and each sample's draw depend
+  // only on the seed, the epoch and the place): a run resumed mid-epoch sees what it would have.
+  void start_epoch(int epoch, std::size_t first_batch = 0);
   // The next batch of the epoch, or nullopt at its end.
   std::optional<Batch> next();
   // Seconds next() has waited for a batch not yet built, since the loader was made.
@@ -222,7 +234,7 @@ class BatchLoader {
     std::exception_ptr failure;
   };
   Batch build(std::size_t batch_index) const;
-  void produce();
+  void produce(std::size_t first_batch);
   void stop();
 
   std::shared_ptr<const Dataset> dataset_;
@@ -233,7 +245,8 @@ class BatchLoader {
   bool drop_last_;
   int threads_;
   std::size_t prefetch_;
-  std::size_t cursor_ = 0;  // batches next() has given this epoch
+  int epoch_ = 0;           // the epoch's; read by the builder while it runs
+  std::size_t cursor_ = 0;  // the epoch's next batch next() gives
   double waited_s_ = 0;
 
   std::mutex mutex_;

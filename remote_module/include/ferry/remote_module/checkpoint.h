@@ -25,6 +25,23 @@ using NamedValues = std::map<std::string, c10::IValue>;
 // Each of `extra` goes to DIR/ckpt-<n>/<name>.pt; its names must differ from the stages'.
 std::string save_checkpoint(const std::string& dir, const NamedStages& stages, int keep = 2,
                             const NamedValues& extra = {});
+
+// What a checkpoint holds, taken from its stages at one moment: each stage's tensors (copies:
+// the stages may go on training while it is written), and the values beside them. Value type.
+struct CheckpointContent {
+  struct Stage {
+    std::string name, type, worker;
+    c10::Dict<std::string, at::Tensor> state;
+  };
+  std::vector<Stage> stages;
+  NamedValues extra;
+};
+// Takes every stage's tensors now. rpc::Error when `extra` has a stage's name.
+CheckpointContent gather_checkpoint(const NamedStages& stages, NamedValues extra = {});
+// Writes `content` into `dir` as save_checkpoint does and returns its folder.
+std::string write_checkpoint(const std::string& dir, const CheckpointContent& content,
+                             int keep = 2);
+
 // Loads the latest checkpoint of `dir` into `stages` by stage name and returns the extra values
 // saved with it. Throws rpc::Error naming the directory, the stage and what is wrong (no
 // checkpoint, a stage it lacks, a tensor that does not fit).

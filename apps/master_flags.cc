@@ -275,7 +275,18 @@ void add_device_flag(CLI::App* cmd, std::string& device) {
 
 void add_run_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--checkpoint-dir", t.checkpoint_dir, "save after every epoch here");
+  cmd->add_option("--checkpoint-every-steps", t.checkpoint_every_steps,
+                  "with --checkpoint-dir, save after every N-th optimizer step too (written in "
+                  "the background; --resume and spares go on from the batch after it)")
+      ->check(in_range(0, 1'000'000'000));
+  cmd->add_option("--keep-checkpoints", t.keep_checkpoints,
+                  "the newest K checkpoints of --checkpoint-dir stay, older ones are removed")
+      ->check(in_range(1, 1'000'000))
+      ->capture_default_str();
   cmd->add_flag("--resume", t.resume, "continue from the latest checkpoint");
+  cmd->add_option("--events", t.events_file,
+                  "write one JSON object a line for every start, optimizer step, checkpoint, lost "
+                  "worker, takeover and resume, with its time and step");
   cmd->add_option("--spares", t.spares,
                   "the last K workers hold no stage; when a worker is lost, one of them takes "
                   "over its stages from the last checkpoint and training goes on")

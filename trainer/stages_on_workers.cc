@@ -95,8 +95,11 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
 }
 
 remote_module::NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
-  remote_module::NamedValues values{
-      {"optimizer", job.optimizer->state_dict()}, {"epoch", int64_t{p.epoch}}, {"step", p.step}};
+  remote_module::NamedValues values{{"optimizer", job.optimizer->state_dict()},
+                                    {"epoch", int64_t{p.epoch}},
+                                    {"batch", static_cast<int64_t>(p.batch)},
+                                    {"loss_sum", p.loss_sum},
+                                    {"step", p.step}};
   if (p.monitor) {
     values["monitor"] = p.monitor->metric_name();
     values["best_epoch"] = int64_t{p.monitor->best_epoch()};
@@ -106,13 +109,18 @@ remote_module::NamedValues progress_values(const Progress& p, const StagesOnWork
   return values;
 }
 
-void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
-             Progress& progress) {
-  remote_module::NamedValues extra =
-      remote_module::load_checkpoint_by_tensor_name(dir, job.split().named());
+namespace {
+
+// The optimizer's state and `progress` from the values a checkpoint saved beside the stages.
+// `source` names the checkpoint in what the log says.
+void restore_progress(StagesOnWorkers& job, const remote_module::NamedValues& extra,
+                      const std::string& source, std::size_t epoch_steps, Progress& progress) {
   align_replicas(job);
   job.optimizer->load_state_dict(extra.at("optimizer"));
   progress.epoch = static_cast<int>(extra.at("epoch").toInt());
+  // Checkpoints saved only after epochs counted no batches.
+  progress.batch = extra.count("batch") ? static_cast<std::size_t>(extra.at("batch").toInt()) : 0;
+  progress.loss_sum = extra.count("loss_sum") ? extra.at("loss_sum").toDouble() : 0;
   // Checkpoints written before schedules counted no steps: a step per batch then.
   progress.step = extra.count("step") ? extra.at("step").toInt()
                                       : progress.epoch * static_cast<int64_t>(epoch_steps);
@@ -121,13 +129,35 @@ void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_ste
   monitor.restore(0, 0, 0);
   if (!extra.count("monitor")) return;
   if (extra.at("monitor").toStringRef() != monitor.metric_name()) {
-    log::warn("the checkpoint in {} watched {}; --monitor {} starts afresh", dir,
+    log::warn("{} watched {}; --monitor {} starts afresh", source,
               extra.at("monitor").toStringRef(), monitor.metric_name());
     return;
   }
   monitor.restore(static_cast<int>(extra.at("best_epoch").toInt()),
                   extra.at("best_value").toDouble(),
                   static_cast<int>(extra.at("stale_epochs").toInt()));
+}
+
+}  // namespace
+
+std::string restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
+                    Progress& progress) {
+  const std::string folder = remote_module::latest_checkpoint_folder(dir);
+  const remote_module::NamedValues extra =
+      remote_module::load_checkpoint_by_tensor_name(dir, job.split().named());
+  restore_progress(job, extra, fmt::format("the checkpoint in {}", dir), epoch_steps, progress);
+  return folder;
+}
+
+void restore(StagesOnWorkers& job, const remote_module::CheckpointContent& content,
+             std::size_t epoch_steps, Progress& progress) {
+  std::map<std::string, at::Tensor> state;
+  for (const remote_module::CheckpointContent::Stage& stage : content.stages) {
+    for (const auto& item : stage.state) state[item.key()] = item.value();
+  }
+  remote_module::load_state_by_tensor_name(std::move(state), job.split().named(),
+                                           "the last checkpoint's state in memory");
+  restore_progress(job, content.extra, "the last checkpoint", epoch_steps, progress);
 }
 
 namespace {

@@ -48,11 +48,13 @@ void align_replicas(StagesOnWorkers& job);
 std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const StagePlan& plan,
                                               const std::vector<std::string>& workers);
 
-// Where a run stands between epochs: what a checkpoint saves beside the weights and the
-// optimizer's state, so that --resume goes on along the same learning-rate curve and keeps its
-// best epoch.
+// Where a run stands between two optimizer steps: what a checkpoint saves beside the weights and
+// the optimizer's state, so that --resume goes on from the next batch, along the same
+// learning-rate curve, and keeps its best epoch.
 struct Progress {
   int epoch = 0;          // epochs done
+  std::size_t batch = 0;  // batches done of the next epoch (at the end of an optimizer step)
+  double loss_sum = 0;    // of those batches' losses, for the epoch's mean
   std::int64_t step = 0;  // optimizer steps done
   std::optional<EpochMonitor> monitor;
 };
@@ -61,12 +63,15 @@ struct Progress {
 remote_module::NamedValues progress_values(const Progress& p, const StagesOnWorkers& job);
 
 // Loads the latest checkpoint in `dir` into replica 0 (read once; the other replicas get its
-// tensors) and the optimizer, and `progress` with where it was saved. Tensors are found by name,
-// so the checkpoint may come from another cut; the optimizer's state is per parameter in the
-// whole model's order, which no cut changes. `epoch_steps`: optimizer steps per epoch, for
-// checkpoints that did not count them.
-void restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
-             Progress& progress);
+// tensors) and the optimizer, and `progress` with where it was saved; returns its folder.
+// Tensors are found by name, so the checkpoint may come from another cut; the optimizer's state
+// is per parameter in the whole model's order, which no cut changes. `epoch_steps`: optimizer
+// steps per epoch, for checkpoints that did not count them.
+std::string restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
+                    Progress& progress);
+// The same from a checkpoint's content still in memory (what was last given to the writer).
+void restore(StagesOnWorkers& job, const remote_module::CheckpointContent& content,
+             std::size_t epoch_steps, Progress& progress);
 
 // How move_stages hands the state over.
 enum class Handover {

@@ -24,6 +24,7 @@
 #include "ferry/dist_autograd/lr_schedule.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/checkpoint.h"
+#include "ferry/remote_module/checkpoint_writer.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/model_tools.h"
@@ -31,6 +32,7 @@
 #include "ferry/trainer/worker_loop.h"
 #include "trainer/epoch_monitor.h"
 #include "trainer/epoch_rebalance.h"
+#include "trainer/event_log.h"
 #include "trainer/metrics_log.h"
 #include "trainer/placement.h"
 #include "trainer/replicas.h"
@@ -71,6 +73,11 @@ struct Run {
   int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
   std::optional<Validation> last_validation;
   std::vector<std::string> class_names;  // as the metrics name the classes
+  std::unique_ptr<EventLog> events;
+  std::unique_ptr<remote_module::CheckpointWriter> writer;  // with --checkpoint-dir
+  // What was last given to the writer: a lost worker's stages are restored from it, without
+  // waiting for the disk or reading it back.
+  std::optional<remote_module::CheckpointContent> last_checkpoint;
 };
 
 std::string best_dir(const TrainSettings& s) {
@@ -149,16 +156,35 @@ std::optional<MetricsLog> metrics_log_of(const TrainSettings& s, const StagePlan
   return MetricsLog(s.log_dir, columns);
 }
 
+// Where the run stands, as the log says it: "after epoch 2", "after batch 40 of 100 of epoch 3".
+std::string where_in_training(const Run& run) {
+  const Progress& p = run.progress;
+  if (p.batch == 0) return fmt::format("after epoch {}", p.epoch);
+  return fmt::format("after batch {} of {} of epoch {}", p.batch, run.train_loader->batches(),
+                     p.epoch + 1);
+}
+
 // The stages built, the checkpoint resumed from (--resume) and the metrics log opened.
 void start(Run& run) {
   const TrainSettings& s = run.s;
+  run.events->add("start", {{"epochs", s.epochs},
+                            {"batches_per_epoch", run.train_loader->batches()},
+                            {"steps_per_epoch", run.epoch_steps},
+                            {"stages", run.plan.stages.size()},
+                            {"replicas", s.replicas},
+                            {"spares", run.spares.size()}});
   run.job = build_stages(s, run.plan, run.workers);
   if (s.resume) {
     if (s.checkpoint_dir.empty()) rpc::refuse("--resume needs --checkpoint-dir");
-    restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
-    log::info("resumed from {} after epoch {} (optimizer step {})", s.checkpoint_dir,
-              run.progress.epoch, run.progress.step);
+    const std::string folder = restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
+    log::info("resumed from {} {} (optimizer step {})", s.checkpoint_dir, where_in_training(run),
+              run.progress.step);
+    run.events->add("resume", {{"folder", folder},
+                               {"epoch", run.progress.epoch},
+                               {"batch", run.progress.batch},
+                               {"step", run.progress.step}});
   }
+  if (!s.checkpoint_dir.empty()) run.writer = std::make_unique<remote_module::CheckpointWriter>();
   run.metrics_log = metrics_log_of(s, run.plan, run.class_names);
   if (run.metrics_log && s.resume) {
     const std::string why = run.metrics_log->resume_after(run.progress.epoch);
@@ -222,21 +248,54 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
   if (classes) {
     std::cerr << fmt::format("  IoU by class: {}\n", per_class(run.class_names, v.class_iou));
   }
+  run.events->add("epoch", {{"epoch", epoch},
+                            {"step", run.progress.step},
+                            {"train_loss", loss},
+                            {"val_loss", v.loss},
+                            {"val_iou", v.iou}});
 }
 
-// The epoch's checkpoint, and the best one's when it improved.
-void save_checkpoints(Run& run, bool improved) {
+// The state at this moment into the background writer: the checkpoint's (and the best one's,
+// when `improved`). What is copied here is all the step waits for.
+void save_checkpoints(Run& run, bool improved = false) {
   const TrainSettings& s = run.s;
-  if (s.checkpoint_dir.empty()) return;
+  if (!run.writer) return;
+  const auto start = Clock::now();
   remote_module::NamedValues values = progress_values(run.progress, *run.job);
   // What predict and export need to feed the model as it was trained.
   values["normalize"] = normalization_of(s).to_string();
   values["image_size"] = s.plan.image_size.text();
   values["resize"] = data::resize_name(s.resize);
-  remote_module::save_checkpoint(s.checkpoint_dir, run.job->split().named(), 2, values);
-  if (s.save_best && improved) {
-    remote_module::save_checkpoint(best_dir(s), run.job->split().named(), 1, values);
-  }
+  remote_module::CheckpointContent content =
+      remote_module::gather_checkpoint(run.job->split().named(), std::move(values));
+  const double copy_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (s.save_best && improved) run.writer->save(best_dir(s), content, 1);
+  run.last_checkpoint = content;
+  EventLog& events = *run.events;
+  const nlohmann::ordered_json at = {{"epoch", run.progress.epoch},
+                                     {"batch", run.progress.batch},
+                                     {"step", run.progress.step},
+                                     {"copy_s", copy_s}};
+  run.writer->save(s.checkpoint_dir, std::move(content), s.keep_checkpoints,
+                   [&events, at](const std::string& folder, double seconds) {
+                     nlohmann::ordered_json fields = at;
+                     fields["folder"] = folder;
+                     fields["write_s"] = seconds;
+                     events.add("checkpoint", fields);
+                   });
+}
+
+// After an optimizer step within the epoch: its event, and the step's checkpoint every
+// --checkpoint-every-steps (not at the epoch's end, which has its own).
+void step_done(Run& run, int epoch, const EpochPass::StepEnd& end) {
+  run.events->add("step",
+                  {{"step", end.step}, {"epoch", epoch}, {"batch", end.batch}, {"loss", end.loss}});
+  const int every = run.s.checkpoint_every_steps;
+  if (every == 0 || end.step % every != 0 || end.batch >= run.train_loader->batches()) return;
+  run.progress.epoch = epoch - 1;
+  run.progress.batch = end.batch;
+  run.progress.loss_sum = end.epoch_loss_sum;
+  save_checkpoints(run);
 }
 
 // At `when`: the cut EpochRebalance calls for from what the stages and blocks `measured` per
@@ -271,13 +330,15 @@ bool run_epoch(Run& run, int epoch) {
   auto train_until = [&run](EpochPass& pass, std::size_t batches) {
     return pass.train_until(batches, *run.job, *run.schedule, run.progress.step);
   };
-  // The epoch's stage figures count from its start, or from the last move within it.
+  // The epoch's stage figures count from its start (or the batch it resumed at), or from the
+  // last move within it.
   StageSeconds before = first_replica();
-  std::size_t before_batch = 0;
+  std::size_t before_batch = run.progress.batch;
   const std::size_t look_at = run.rebalance->first_look_within(
       run.job->replicas.front().pipe != nullptr, run.train_loader->batches());
-  EpochPass pass(*run.train_loader, epoch, s, *run.job);
-  if (look_at > 0) {
+  EpochPass pass(*run.train_loader, epoch, s, *run.job, run.progress.batch, run.progress.loss_sum,
+                 [&run, epoch](const EpochPass::StepEnd& end) { step_done(run, epoch, end); });
+  if (look_at > before_batch) {
     // The first step warms up: the look measures the steps after it.
     train_until(pass, 1);
     const StageSeconds warm = first_replica();
@@ -301,9 +362,11 @@ bool run_epoch(Run& run, int epoch) {
       validate(job.replicas, *run.validation_loader, loss_spec(s), !s.via_master, labels_of(s),
                microbatch_samples(s.plan.batch_size, s.microbatches));
   run.last_validation = v;
-  const std::size_t batches = times.batches - before_batch;
+  const std::size_t batches = pass.done() - before_batch;
   record_epoch(run, epoch, times, v, before, after, batches);
   run.progress.epoch = epoch;
+  run.progress.batch = 0;
+  run.progress.loss_sum = 0;
   EpochMonitor::Verdict verdict;
   if (run.progress.monitor) {
     verdict = run.progress.monitor->observe(epoch, v.of(run.progress.monitor->metric()));
@@ -315,10 +378,18 @@ bool run_epoch(Run& run, int epoch) {
   return verdict.stop;
 }
 
+double seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
 // After a lost worker (e): spares take over its stages, every stage is rebuilt and training goes
-// back to the last checkpoint. Rethrows `e`, with what the user needs to know, when no spare can.
+// back to the last checkpoint (of an epoch or, with --checkpoint-every-steps, of a step). Rethrows
+// `e`, with what the user needs to know, when no spare can.
 void take_over(Run& run, const rpc::Error& e) {
   const TrainSettings& s = run.s;
+  const auto start = Clock::now();
+  const std::vector<std::string> lost = rpc::agent().lost_workers();
+  run.events->add("worker_lost", {{"workers", lost}, {"error", e.what()}});
   std::vector<std::string> taken;
   if (!run.spares.empty() && rpc::is_lost(e)) {
     // The error may come from a worker that saw the loss before this process's own connection
@@ -331,7 +402,10 @@ void take_over(Run& run, const rpc::Error& e) {
         },
         Clock::now() + std::chrono::seconds(3), std::chrono::milliseconds(50));
   }
+  const auto spare_found = Clock::now();
   if (taken.empty()) {
+    // What the writer was given is on disk before the user is told to resume from it.
+    if (run.writer) run.writer->wait();
     throw rpc::Error(e.kind(),
                      fmt::format("{}{}", e.what(),
                                  run.job ? stages_concerned(e, run.job->splits(), s.checkpoint_dir)
@@ -341,20 +415,45 @@ void take_over(Run& run, const rpc::Error& e) {
   // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
   run.job.reset();
   run.job = build_stages(s, run.plan, run.workers);
-  const bool saved = !s.checkpoint_dir.empty() && remote_module::has_checkpoint(s.checkpoint_dir);
-  run.progress = Progress{0, 0, monitor_of(s)};
-  if (saved) restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
-  log::warn("training goes on from epoch {}{}", run.progress.epoch + 1,
-            saved ? fmt::format(" (the checkpoint in {})", s.checkpoint_dir) : "");
+  const auto built = Clock::now();
+  const std::int64_t reached = run.progress.step;
+  run.progress = Progress{0, 0, 0, 0, monitor_of(s)};
+  // The last checkpoint given to the writer is still here; a run resumed from disk that has
+  // saved nothing since reads it back.
+  std::string from = "the first step";
+  if (run.last_checkpoint) {
+    restore(*run.job, *run.last_checkpoint, run.epoch_steps, run.progress);
+    from = "the last checkpoint, kept in memory";
+  } else if (!s.checkpoint_dir.empty() && remote_module::has_checkpoint(s.checkpoint_dir)) {
+    from = "the checkpoint " + restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
+  }
+  const std::int64_t lost_steps = reached - run.progress.step;
+  const auto restored = Clock::now();
+  log::warn("training goes on from epoch {}{} ({}; {} optimizer step{} to train again)",
+            run.progress.epoch + 1,
+            run.progress.batch > 0 ? fmt::format(", batch {} of {}", run.progress.batch + 1,
+                                                 run.train_loader->batches())
+                                   : "",
+            from, lost_steps, lost_steps == 1 ? "" : "s");
   if (run.metrics_log) run.metrics_log->truncate_after(run.progress.epoch);
   auto& done = run.metrics["epochs"];
   while (!done.empty() && done.back()["epoch"].get<int>() > run.progress.epoch) {
     done.erase(done.size() - 1);
   }
   ++run.takeovers;
+  run.events->add("takeover", {{"taken", taken},
+                               {"from", from},
+                               {"epoch", run.progress.epoch},
+                               {"batch", run.progress.batch},
+                               {"step", run.progress.step},
+                               {"steps_lost", lost_steps},
+                               {"spare_s", seconds(start, spare_found)},
+                               {"build_s", seconds(spare_found, built)},
+                               {"restore_s", seconds(built, restored)}});
 }
 
-// Epochs until the last, early stopping or a loss no spare can take over.
+// Epochs until the last, early stopping or a loss no spare can take over; then every checkpoint
+// is on disk.
 void run_epochs(Run& run) {
   for (;;) {
     try {
@@ -364,6 +463,8 @@ void run_epochs(Run& run) {
           break;
         }
       }
+      if (run.writer) run.writer->wait();
+      run.events->add("end", {{"epoch", run.progress.epoch}, {"step", run.progress.step}});
       return;
     } catch (const rpc::Error& e) {
       take_over(run, e);
@@ -461,6 +562,7 @@ int train_as_master(const TrainSettings& settings) {
   const TrainSettings s = planned(settings);
   check_settings(s);
   Run run(s);
+  run.events = std::make_unique<EventLog>(s.events_file);
   load_data(run);
   place(run);
   start(run);

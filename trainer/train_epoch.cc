@@ -33,12 +33,17 @@ std::uint64_t bytes_sent_by_job(const StagesOnWorkers& job) {
 }  // namespace
 
 EpochPass::EpochPass(data::BatchLoader& loader, int epoch, const TrainSettings& s,
-                     const StagesOnWorkers& job)
+                     const StagesOnWorkers& job, std::size_t first_batch, double loss_sum,
+                     StepDone step_done)
     : loader_(loader),
       s_(s),
       loss_name_(loss_spec(s)),
-      bar_(fmt::format("epoch {}/{}", epoch, s.epochs), loader.batches()) {
-  loader_.start_epoch(epoch);
+      bar_(fmt::format("epoch {}/{}", epoch, s.epochs), loader.batches()),
+      first_(first_batch),
+      index_(first_batch),
+      loss_sum_(loss_sum),
+      step_done_(std::move(step_done)) {
+  loader_.start_epoch(epoch, first_batch);
   waited_before_ = loader_.waited_s();
   bytes_before_ = bytes_sent_by_job(job);
 }
@@ -85,6 +90,9 @@ bool EpochPass::train_until(std::size_t batches, StagesOnWorkers& job,
       losses[r] = loss.item<double>();
     });
     auto optimizer_start = Clock::now();
+    double loss_value = 0;
+    for (double l : losses) loss_value += l / count;
+    step_loss_ += loss_value;
     if (ended_step_) {
       const double lr = schedule.lr_at(step);
       if (lr != job.optimizer->spec().options.at("lr")) job.optimizer->set_lr(lr);
@@ -95,15 +103,18 @@ bool EpochPass::train_until(std::size_t batches, StagesOnWorkers& job,
     }
     times_.optimizer_s += std::chrono::duration<double>(Clock::now() - optimizer_start).count();
     contexts.clear();
-    double loss_value = 0;
-    for (double l : losses) loss_value += l / count;
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     times_.train_s += seconds;
     times_.images += batch->images.size(0);
     double images_per_s = batch->images.size(0) / seconds;
-    rate_ = index_ == 1 ? images_per_s : 0.9 * rate_ + 0.1 * images_per_s;
+    rate_ = index_ == first_ + 1 ? images_per_s : 0.9 * rate_ + 0.1 * images_per_s;
     loss_sum_ += loss_value;
     bar_.update(index_, fmt::format("loss {:.4f} {:.1f} img/s", loss_sum_ / index_, rate_));
+    if (ended_step_) {
+      const std::size_t in_step = (index_ - 1) % s_.accumulate + 1;
+      if (step_done_) step_done_(StepEnd{step, index_, step_loss_ / in_step, loss_sum_});
+      step_loss_ = 0;
+    }
   }
   return index_ < loader_.batches();
 }
@@ -111,7 +122,7 @@ bool EpochPass::train_until(std::size_t batches, StagesOnWorkers& job,
 EpochTimes EpochPass::times(const StagesOnWorkers& job) const {
   EpochTimes out = times_;
   out.train_loss = loss_sum_ / std::max<std::size_t>(index_, 1);
-  out.batches = index_;
+  out.batches = index_ - first_;
   out.data_wait_s = loader_.waited_s() - waited_before_;
   out.bytes_sent = bytes_sent_by_job(job) - bytes_before_;
   return out;

@@ -43,9 +43,21 @@ struct EpochTimes {
 // Resource type; used from the master's thread.
 class EpochPass {
  public:
-  // Starts epoch `epoch` of `loader` (reshuffled) for the job of `s`.
+  // Where an optimizer step left the epoch.
+  struct StepEnd {
+    std::int64_t step;      // steps done
+    std::size_t batch;      // the epoch's batches done
+    double loss;            // the step's (the mean of its batches')
+    double epoch_loss_sum;  // of the epoch's batches done
+  };
+  // Called after each optimizer step, before the next batch.
+  using StepDone = std::function<void(const StepEnd&)>;
+
+  // Starts epoch `epoch` of `loader` (reshuffled) for the job of `s`, at batch `first_batch`
+  // (one that begins an optimizer step) with `loss_sum` the losses of the batches before it.
   EpochPass(data::BatchLoader& loader, int epoch, const TrainSettings& s,
-            const StagesOnWorkers& job);
+            const StagesOnWorkers& job, std::size_t first_batch = 0, double loss_sum = 0,
+            StepDone step_done = {});
 
   // Trains the epoch's next batches on `job` until at least `batches` of it are done and the
   // last of them ended an optimizer step, or the epoch is over. Each batch's gradients are kept
@@ -53,9 +65,12 @@ class EpochPass {
   // rate the schedule's at `step` (counted on). False once the epoch has no batch left.
   bool train_until(std::size_t batches, StagesOnWorkers& job,
                    const dist_autograd::LrSchedule& schedule, std::int64_t& step);
-  // The epoch's batches done so far.
+  // The epoch's batches done so far (those before its first batch too).
   std::size_t done() const { return index_; }
-  // The epoch's figures so far (all of them, once train_until said it is over).
+  // Their losses' sum.
+  double loss_sum() const { return loss_sum_; }
+  // The epoch's figures so far (all of them, once train_until said it is over): its loss over
+  // every batch done, its times and counts over those this pass trained.
   EpochTimes times(const StagesOnWorkers& job) const;
 
  private:
@@ -66,8 +81,12 @@ class EpochPass {
   EpochTimes times_;
   double waited_before_;
   std::uint64_t bytes_before_;
-  double loss_sum_ = 0, rate_ = 0;
-  std::size_t index_ = 0;
+  std::size_t first_;
+  std::size_t index_;
+  double loss_sum_;
+  StepDone step_done_;
+  double rate_ = 0;
+  double step_loss_ = 0;    // of the batches of the step in progress
   bool ended_step_ = true;  // the last batch ended an optimizer step
 };
 

@@ -315,6 +315,16 @@ void check_settings(const TrainSettings& s) {
     rpc::refuse(fmt::format("--accumulate must be 1 or more, not {}", s.accumulate));
   if (s.replicas < 1) rpc::refuse(fmt::format("--replicas must be 1 or more, not {}", s.replicas));
   check_sync_batchnorm(s);
+  if (s.checkpoint_every_steps < 0) {
+    rpc::refuse(fmt::format("--checkpoint-every-steps must be 0 or more, not {}",
+                            s.checkpoint_every_steps));
+  }
+  if (s.checkpoint_every_steps > 0 && s.checkpoint_dir.empty()) {
+    rpc::refuse("--checkpoint-every-steps needs --checkpoint-dir");
+  }
+  if (s.keep_checkpoints < 1) {
+    rpc::refuse(fmt::format("--keep-checkpoints must be 1 or more, not {}", s.keep_checkpoints));
+  }
 }
 
 }  // namespace ferry::trainer

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -28,6 +30,7 @@
 #include "tests/support/cluster.h"
 #include "tests/support/sanitizer_allowance.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/training_runs.h"
 #include "tests/support/wait.h"
 
 namespace {
@@ -235,31 +238,105 @@ TEST(Faults, WorkersExitByThemselvesWhenTheMasterIsKilled) {
   EXPECT_LT(gone, 5.0);
 }
 
+// The events of `kind` in a --events file, in order.
+std::vector<nlohmann::json> events_of(const std::string& path, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  for (nlohmann::json& event : ferry::testing::read_events(path)) {
+    if (event.at("event") == kind) out.push_back(std::move(event));
+  }
+  return out;
+}
+
+// Two epochs of 8 batches, 2 to an optimizer step: 4 steps an epoch, a checkpoint after every
+// third step besides each epoch's.
+const std::string kStepJob =
+    kCurveBase + " --epochs 2 --accumulate 2 --checkpoint-every-steps 3 --keep-checkpoints 10";
+
+// A step checkpoint made the latest (a run that died after it): --resume goes on at the next
+// batch, and every epoch's losses and the final weights are the straight run's, bit for bit.
+TEST(Faults, AStepCheckpointResumesAtTheNextBatchWithTheSameLossesAndWeights) {
+  const std::string ckpt = ferry::testing::process_temp_dir().file("step-ckpt");
+  const std::string events = ckpt + ".events", metrics = ckpt + ".json";
+  fs::remove_all(ckpt);
+  fs::remove(events);
+  const std::string job = kStepJob + " --checkpoint-dir " + ckpt + " --events " + events;
+  {
+    World straight("step-straight", job + " --metrics-file " + metrics);
+    std::optional<int> status = straight.master->wait(kJobTime);
+    ASSERT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << straight.log();
+  }
+  const auto expected = losses_in(metrics);
+  ASSERT_EQ(expected.size(), 2u);
+  EXPECT_EQ(events_of(events, "step").size(), 8u);
+  // Where each checkpoint stands: (epochs done, batches of the next, steps).
+  std::vector<std::array<int64_t, 3>> saved;
+  std::string step_3;
+  for (const nlohmann::json& c : events_of(events, "checkpoint")) {
+    saved.push_back(
+        {c.at("epoch").get<int64_t>(), c.at("batch").get<int64_t>(), c.at("step").get<int64_t>()});
+    if (c.at("step") == 3) step_3 = c.at("folder");
+  }
+  EXPECT_EQ(saved,
+            (std::vector<std::array<int64_t, 3>>{{0, 6, 3}, {1, 0, 4}, {1, 4, 6}, {2, 0, 8}}));
+  ASSERT_FALSE(step_3.empty());
+  const ferry::testing::SavedCheckpoint straight_end =
+      ferry::testing::read_checkpoint(ferry::testing::latest_checkpoint(ckpt));
+
+  std::ofstream(ckpt + "/LATEST", std::ios::trunc) << fs::path(step_3).filename().string();
+  const std::string resumed_metrics = ckpt + "-resumed.json";
+  World resumed("step-resumed", job + " --resume --metrics-file " + resumed_metrics);
+  std::optional<int> status = resumed.master->wait(kJobTime);
+  ASSERT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << resumed.log();
+  EXPECT_THAT(resumed.log(), ::testing::HasSubstr("resumed from " + ckpt +
+                                                  " after batch 6 of 8 of epoch 1 (optimizer "
+                                                  "step 3)"));
+  const auto got = losses_in(resumed_metrics);
+  EXPECT_EQ(got, expected) << resumed.log();
+  EXPECT_EQ(
+      ferry::testing::largest_absolute_difference(
+          ferry::testing::read_checkpoint(ferry::testing::latest_checkpoint(ckpt)), straight_end),
+      0.0);
+  // The resumed run's events follow the straight run's in the same file.
+  const std::vector<nlohmann::json> resumes = events_of(events, "resume");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_EQ(resumes[0].at("step"), 3);
+  EXPECT_EQ(events_of(events, "step").size(), 8u + 5u);
+  fs::remove_all(ckpt);
+  fs::remove(events);
+  fs::remove(metrics);
+  fs::remove(resumed_metrics);
+}
+
 // With a spare, a killed worker's stage is rebuilt on the spare from the last checkpoint, and the
 // job finishes by itself with the losses of a run that was never interrupted. `flags` are added
-// to kCurveJob's for both runs; `workers` hold the stages, one more waits as the spare;
-// worker2 is killed, and `takeover` is what the master says of it.
+// to kCurveJob's for both runs, `broken_flags` to the run with the kill only; `workers` hold the
+// stages, one more waits as the spare; worker2 is killed, and `takeover` is what the master says
+// of it.
 void expect_spare_takes_over(const std::string& flags, int workers = 3,
                              const std::string& takeover =
                                  "worker \"worker2\" was lost; spare "
-                                 "\"worker4\" takes over stage decoder") {
+                                 "\"worker4\" takes over stage decoder",
+                             const std::string& broken_flags = "",
+                             std::function<bool(const std::string& log)> ready = {}) {
   auto expected = uninterrupted_losses(flags, workers);
   ASSERT_EQ(expected.size(), 3u);
   std::string ckpt = ferry::testing::process_temp_dir().file("fault-spare");
   std::string metrics = ckpt + ".json";
   fs::remove_all(ckpt);
-  World world(
-      "spare",
-      kCurveJob + flags + " --spares 1 --checkpoint-dir " + ckpt + " --metrics-file " + metrics,
-      workers + 1);
+  World world("spare",
+              kCurveJob + flags + broken_flags + " --spares 1 --checkpoint-dir " + ckpt +
+                  " --metrics-file " + metrics,
+              workers + 1);
   // Into the second epoch: the checkpoint of the first is whole and a step of the second is
   // done (the progress bar prints every step of so short an epoch when it is not a terminal).
   const std::regex second_epoch_step(R"(epoch 2/3 \[[#.]*\] [1-9])");
-  ASSERT_TRUE(wait_until(
-      [&] {
-        return fs::exists(ckpt + "/LATEST") && std::regex_search(world.log(), second_epoch_step);
-      },
-      kJobTime, std::chrono::milliseconds(10)))
+  if (!ready) {
+    ready = [&](const std::string& log) {
+      return fs::exists(ckpt + "/LATEST") && std::regex_search(log, second_epoch_step);
+    };
+  }
+  ASSERT_TRUE(
+      wait_until([&] { return ready(world.log()); }, kJobTime, std::chrono::milliseconds(10)))
       << world.log();
   world.workers[1]->kill(SIGKILL);  // worker2, the decoder's
   std::optional<int> status = world.master->wait(kJobTime);
@@ -288,6 +365,32 @@ void expect_spare_takes_over(const std::string& flags, int workers = 3,
 
 TEST(Faults, ASpareTakesOverAKilledWorkersStageAndTheJobFinishesOnTheSameCurve) {
   expect_spare_takes_over("");
+}
+
+// With a checkpoint every second step, the spare goes on from the last of them, in the middle of
+// the epoch: at most two steps are trained again, and the curve is the same. The worker is
+// killed once a checkpoint within the second epoch is on disk.
+TEST(Faults, ASpareGoesOnFromTheLastStepCheckpointInTheMiddleOfTheEpoch) {
+  const std::string events = ferry::testing::process_temp_dir().file("spare-steps.events");
+  fs::remove(events);
+  auto within_second_epoch = [&events](const std::string&) {
+    for (const nlohmann::json& c : events_of(events, "checkpoint")) {
+      if (c.at("epoch") == 1 && c.at("batch").get<int>() > 0) return true;
+    }
+    return false;
+  };
+  expect_spare_takes_over("", 3,
+                          "worker \"worker2\" was lost; spare \"worker4\" takes over stage decoder",
+                          " --checkpoint-every-steps 2 --events " + events, within_second_epoch);
+  const std::vector<nlohmann::json> takeovers = events_of(events, "takeover");
+  ASSERT_EQ(takeovers.size(), 1u);
+  const nlohmann::json& takeover = takeovers[0];
+  EXPECT_LE(takeover.at("steps_lost").get<int>(), 2) << takeover;
+  // From a step's checkpoint (unless the epoch ended before the kill reached the job).
+  EXPECT_TRUE(takeover.at("batch").get<int>() > 0 || takeover.at("epoch") == 2) << takeover;
+  EXPECT_EQ(events_of(events, "worker_lost").size(), 1u);
+  std::cout << "takeover: " << takeovers[0] << "\n";
+  fs::remove(events);
 }
 
 // The same with micro-batches in flight when the worker dies: the new pipeline runs over the

@@ -120,4 +120,24 @@ double largest_relative_difference(const SavedCheckpoint& a, const SavedCheckpoi
   return largest;
 }
 
+double largest_absolute_difference(const SavedCheckpoint& a, const SavedCheckpoint& b) {
+  if (a.tensors.size() != b.tensors.size()) return std::numeric_limits<double>::infinity();
+  double largest = 0;
+  for (const auto& [name, tensor] : a.tensors) {
+    auto other = b.tensors.find(name);
+    if (other == b.tensors.end()) return std::numeric_limits<double>::infinity();
+    largest = std::max(largest, (tensor - other->second).abs().max().item<double>());
+  }
+  return largest;
+}
+
+std::vector<nlohmann::json> read_events(const std::string& path) {
+  std::vector<nlohmann::json> events;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) events.push_back(nlohmann::json::parse(line));
+  }
+  return events;
+}
+
 }  // namespace ferry::testing

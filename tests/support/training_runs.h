@@ -53,5 +53,11 @@ bool parses_as_svg(const std::string& path);
 // The largest difference between same-named tensors, relative to the tensor's norm; infinite
 // when the names differ.
 double largest_relative_difference(const SavedCheckpoint& a, const SavedCheckpoint& b);
+// The largest absolute difference of a tensor of `a` from the same tensor of `b`: 0 for the
+// same weights bit by bit; infinity when their tensors' names differ.
+double largest_absolute_difference(const SavedCheckpoint& a, const SavedCheckpoint& b);
+
+// The lines of a --events file, in order; empty when it is missing.
+std::vector<nlohmann::json> read_events(const std::string& path);
 
 }  // namespace ferry::testing

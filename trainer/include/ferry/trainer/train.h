@@ -106,8 +106,14 @@ struct TrainSettings {
   // back) or auto: the last stage in pipelined steps, the master in plain ones (where the last
   // stage measured no faster; docs/training.md). --via-master steps always compute it here.
   LossPlacement loss_on = LossPlacement::Auto;
-  std::string checkpoint_dir;
+  std::string checkpoint_dir;  // a checkpoint after every epoch (and step, as below) here
+  // Also one after every N-th optimizer step (0: only after epochs); --resume goes on from the
+  // batch after it.
+  int checkpoint_every_steps = 0;
+  int keep_checkpoints = 2;  // the newest K of the directory stay
   bool resume = false;
+  // One JSON object a line for each start, step, checkpoint, lost worker, takeover and resume.
+  std::string events_file;
   int spares = 0;  // the last ranks wait as spares; one takes over the stages of a lost worker
   std::uint64_t seed = 0;
   std::string secret_file;           // the cluster secret; empty: FERRY_SECRET or FERRY_SECRET_FILE

@@ -1,6 +1,6 @@
 // The soak watches the job only from outside, as a user or a launcher would: through the
-// master's output (trainer::read_job_course) and the processes' exit statuses. It polls every
-// 50 ms on its own thread; every process of the job gets one intra-op thread.
+// master's --events file (trainer::read_job_course) and the processes' exit statuses. It polls
+// every 50 ms on its own thread; every process of the job gets one intra-op thread.
 #include "bench/chaos_bench.h"
 
 #include <fmt/format.h>
@@ -24,7 +24,7 @@
 #include "ferry/core/files.h"
 #include "ferry/core/local_world.h"
 #include "ferry/core/processes.h"
-#include "trainer/job_log.h"
+#include "trainer/event_log.h"
 
 namespace ferry::bench {
 namespace {
@@ -42,7 +42,8 @@ double seconds_since(Clock::time_point t) {
 class ChaosWorld {
  public:
   ChaosWorld(const ChaosBenchSettings& s, const std::string& dir, int number, bool resume)
-      : log_(fmt::format("{}/master-{}.log", dir, number)) {
+      : log_(fmt::format("{}/master-{}.log", dir, number)),
+        events_(fmt::format("{}/events-{}.jsonl", dir, number)) {
     const int world_size = 1 + kStageWorkers + s.spares;
     const std::string port_file = fmt::format("{}/port-{}", dir, number);
     auto env = [&](int rank) {
@@ -56,7 +57,9 @@ class ChaosWorld {
         "--samples", std::to_string(s.samples), "--batch-size", std::to_string(s.batch),
         "--epochs", std::to_string(s.epochs), "--replicas", "2", "--partition", "decoder.0",
         "--spares", std::to_string(s.spares), "--optimizer", "adam",
-        "--checkpoint-dir", dir + "/ckpt"};
+        "--checkpoint-dir", dir + "/ckpt",
+        "--checkpoint-every-steps", std::to_string(s.checkpoint_every),
+        "--events", events_};
     // clang-format on
     if (resume) args.push_back("--resume");
     const std::string bin = core::executable_dir();
@@ -74,9 +77,8 @@ class ChaosWorld {
     }
   }
 
-  trainer::JobCourse course() const {
-    return trainer::read_job_course(core::read_whole_file(log_));
-  }
+  // This world's course: its takeovers say which workers hold stages now.
+  trainer::JobCourse course() const { return trainer::read_job_course(events_); }
   const std::string& log() const { return log_; }
 
   // The master's exit status once it has exited (-1: a signal ended it).
@@ -94,9 +96,11 @@ class ChaosWorld {
     std::set<std::string> holding;
     for (int rank = 1; rank <= kStageWorkers; ++rank)
       holding.insert("worker" + std::to_string(rank));
-    for (const trainer::Takeover& t : course.takeovers) {
-      holding.erase(t.lost);
-      holding.insert(t.spare);
+    for (const auto& takeover : course.takeovers) {
+      for (const trainer::JobCourse::Takeover& t : takeover) {
+        holding.erase(t.lost);
+        holding.insert(t.spare);
+      }
     }
     for (const std::string& gone : killed_) holding.erase(gone);
     return {holding.begin(), holding.end()};
@@ -111,6 +115,7 @@ class ChaosWorld {
 
  private:
   std::string log_;
+  std::string events_;
   pid_t master_ = -1;
   std::optional<int> master_status_;
   std::map<std::string, pid_t> workers_;
@@ -174,29 +179,32 @@ struct Soak {
   std::string ended;  // why the soak stopped short, if it did
 };
 
-// The kill in `k` is over once this world trains again.
+// The kill in `k` is over once the job trains again: the steps trained again are those the
+// takeover or the resume went back.
 void recover(Kill& k, const trainer::JobCourse& course) {
   k.recovered = true;
-  if (k.by.empty()) {
-    k.by = course.takeovers.size() > k.takeovers_before ? "spare " + course.takeovers.back().spare
-                                                        : "restart";
+  const bool by_spare = course.takeovers.size() > k.takeovers_before;
+  if (k.by.empty()) k.by = by_spare ? "spare " + course.takeovers.back().front().spare : "restart";
+  if (by_spare) {
+    k.steps_lost = course.takeover_steps_lost.back();
+  } else if (k.by == "restart" && !course.resumed_at.empty()) {
+    k.steps_lost = std::max<long>(0, k.step - course.resumed_at.back());
   }
-  k.steps_lost = std::max(0L, k.step - (course.global_step - 1));
   k.stall_s = seconds_since(k.at);
 }
 
 void soak(const ChaosBenchSettings& s, const std::string& dir, Soak& out) {
   std::mt19937 random(static_cast<unsigned>(s.seed));
   auto world = std::make_unique<ChaosWorld>(s, dir, 0, false);
-  long lines_at_kill = 0;
+  long steps_seen_at_kill = 0;
   long next_kill_at = s.every;
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const trainer::JobCourse course = world->course();
     Kill* pending = !out.kills.empty() && !out.kills.back().recovered ? &out.kills.back() : nullptr;
-    if (pending && course.progress_lines > lines_at_kill) {
+    if (pending && course.steps_seen > steps_seen_at_kill) {
       recover(*pending, course);
-      next_kill_at = course.global_step + s.every;
+      next_kill_at = course.step + s.every;
       pending = nullptr;
     }
     if (pending && seconds_since(pending->at) > s.stall_limit_s) {
@@ -219,23 +227,24 @@ void soak(const ChaosBenchSettings& s, const std::string& dir, Soak& out) {
       world.reset();
       world = std::make_unique<ChaosWorld>(s, dir, ++out.restarts, true);
       pending->by = "restart";
-      lines_at_kill = 0;
+      pending->takeovers_before = 0;
+      steps_seen_at_kill = 0;
       continue;
     }
-    if (!pending && static_cast<int>(out.kills.size()) < s.kills &&
-        course.global_step >= next_kill_at && fs::exists(dir + "/ckpt/LATEST")) {
+    if (!pending && static_cast<int>(out.kills.size()) < s.kills && course.step >= next_kill_at &&
+        fs::exists(dir + "/ckpt/LATEST")) {
       std::vector<std::string> holders = world->holders(course);
       const std::string victim = holders[random() % holders.size()];
       world->kill(victim);
       Kill k;
       k.worker = victim;
-      k.step = course.global_step;
+      k.step = course.step;
       k.at = Clock::now();
       k.takeovers_before = course.takeovers.size();
       out.kills.push_back(k);
-      lines_at_kill = course.progress_lines;
-      std::cerr << fmt::format("chaos: killed {} at step {} (kill {} of {})\n", victim,
-                               course.global_step, out.kills.size(), s.kills);
+      steps_seen_at_kill = course.steps_seen;
+      std::cerr << fmt::format("chaos: killed {} at step {} (kill {} of {})\n", victim, course.step,
+                               out.kills.size(), s.kills);
     }
   }
 }
@@ -257,6 +266,7 @@ int run_chaos_bench(const ChaosBenchSettings& s) {
 
   nlohmann::ordered_json j;
   j["bench"] = "chaos";
+  j["checkpoint_every_steps"] = s.checkpoint_every;
   j["kills"] = out.kills.size();
   int survived = 0, by_spare = 0;
   std::vector<double> stalls;

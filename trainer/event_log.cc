@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "ferry/rpc/error.h"
 
@@ -34,6 +35,34 @@ void EventLog::add(const std::string& event, const nlohmann::ordered_json& field
   // A full disk loses the events, not the run.
   std::fwrite(text.data(), 1, text.size(), file_);
   std::fflush(file_);
+}
+
+JobCourse read_job_course(const std::string& path) {
+  JobCourse course;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!event.is_object()) continue;  // the last line, half written
+    const std::string kind = event.value("event", "");
+    if (kind == "step") {
+      course.step = event.at("step").get<std::int64_t>();
+      ++course.steps_seen;
+    } else if (kind == "takeover") {
+      std::vector<JobCourse::Takeover> spares;
+      for (const auto& t : event.at("taken")) {
+        spares.push_back({t.at("lost").get<std::string>(), t.at("spare").get<std::string>()});
+      }
+      course.takeovers.push_back(std::move(spares));
+      course.takeover_steps_lost.push_back(event.at("steps_lost").get<std::int64_t>());
+      course.step = event.at("step").get<std::int64_t>();
+    } else if (kind == "resume") {
+      course.resumed_at.push_back(event.at("step").get<std::int64_t>());
+      course.step = event.at("step").get<std::int64_t>();
+    } else if (kind == "end") {
+      ++course.ends;
+    }
+  }
+  return course;
 }
 
 }  // namespace ferry::trainer

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace ferry::trainer {
 
@@ -32,5 +34,24 @@ class EventLog {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::mutex mutex_;
 };
+
+// What a job's --events file says of its course so far, for a program that watches the job from
+// outside (ferry-bench chaos, an elastic launcher). Value type.
+struct JobCourse {
+  struct Takeover {
+    std::string lost, spare;
+  };
+  std::int64_t step = 0;        // optimizer steps done, as the last step or resume says
+  std::int64_t steps_seen = 0;  // step events, of every run that wrote to the file
+  // Each takeover's spares, and the steps it trained again, in the order they happened.
+  std::vector<std::vector<Takeover>> takeovers;
+  std::vector<std::int64_t> takeover_steps_lost;
+  std::vector<std::int64_t> resumed_at;  // the step each --resume went on from
+  int ends = 0;                          // runs that ended normally
+};
+
+// Reads `path` (nothing yet when it is missing). A last line still being written is left for
+// the next read.
+JobCourse read_job_course(const std::string& path);
 
 }  // namespace ferry::trainer

@@ -77,12 +77,15 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
   return out;
 }
 
-// Puts a spare in place of every lost worker that held a stage; says what it did, one line per
-// worker, or nothing when there is no such worker or not enough spares (then the job fails).
-std::vector<std::string> take_over_lost_workers(const std::vector<std::string>& stage_names,
-                                                std::vector<std::string>& workers,
-                                                std::vector<std::string>& spares,
-                                                const std::vector<std::string>& lost) {
+std::string TakenOver::describe() const {
+  return fmt::format("worker \"{}\" was lost; spare \"{}\" takes over stage {}", lost, spare,
+                     fmt::join(stages, ", "));
+}
+
+std::vector<TakenOver> take_over_lost_workers(const std::vector<std::string>& stage_names,
+                                              std::vector<std::string>& workers,
+                                              std::vector<std::string>& spares,
+                                              const std::vector<std::string>& lost) {
   // A place is "worker" or "worker/device"; a spare takes the worker's part and keeps the device.
   std::vector<std::string> lost_here;
   for (const std::string& name : lost) {
@@ -92,18 +95,16 @@ std::vector<std::string> take_over_lost_workers(const std::vector<std::string>& 
     }
   }
   if (lost_here.empty() || lost_here.size() > spares.size()) return {};
-  std::vector<std::string> done;
-  for (const std::string& lost : lost_here) {
-    std::string spare = spares.front();
+  std::vector<TakenOver> done;
+  for (const std::string& gone : lost_here) {
+    TakenOver taken{gone, spares.front(), {}};
     spares.erase(spares.begin());
-    std::vector<std::string> stages;
     for (size_t k = 0; k < workers.size(); ++k) {
-      if (worker_of(workers[k]) != lost) continue;
-      workers[k] = spare + workers[k].substr(lost.size());
-      stages.push_back(stage_names[k]);
+      if (worker_of(workers[k]) != gone) continue;
+      workers[k] = taken.spare + workers[k].substr(gone.size());
+      taken.stages.push_back(stage_names[k]);
     }
-    done.push_back(fmt::format("worker \"{}\" was lost; spare \"{}\" takes over stage {}", lost,
-                               spare, fmt::join(stages, ", ")));
+    done.push_back(std::move(taken));
   }
   return done;
 }

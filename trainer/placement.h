@@ -28,14 +28,22 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
                                       int spares, int replicas,
                                       const std::vector<std::string>& world);
 
+// A spare in place of a lost worker: the stages it took over. Value type.
+struct TakenOver {
+  std::string lost, spare;
+  std::vector<std::string> stages;
+  // "worker "worker2" was lost; spare "worker4" takes over stage decoder, head"
+  std::string describe() const;
+};
+
 // Puts a spare in place of every `lost` worker (rpc::Agent::lost_workers) that held a stage;
-// says what it did, one line per worker, or nothing when there is no such worker or not enough
+// says what it did, one per worker, or nothing when there is no such worker or not enough
 // spares (then the job fails). `stage_names` and `workers` are as replica_stage_names and
 // place_stages give them.
-std::vector<std::string> take_over_lost_workers(const std::vector<std::string>& stage_names,
-                                                std::vector<std::string>& workers,
-                                                std::vector<std::string>& spares,
-                                                const std::vector<std::string>& lost);
+std::vector<TakenOver> take_over_lost_workers(const std::vector<std::string>& stage_names,
+                                              std::vector<std::string>& workers,
+                                              std::vector<std::string>& spares,
+                                              const std::vector<std::string>& lost);
 
 // What a user needs after a worker is lost, unreachable or out of memory: the stages it holds,
 // and where training can resume from. Empty for other errors.

@@ -1,7 +1,8 @@
 // The training job on the master, in the pieces a run goes through: its settings checked, its
-// data, cut and stages set up, one epoch after another (train, validate, record, checkpoint),
-// spares taking over a lost worker's stages, and the end-of-run report. Times are taken on both
-// sides so that the report can say where each stage's time went.
+// data, cut and stages set up, one epoch after another (train, validate, record, checkpoint,
+// re-balance), and the end-of-run report; saving and going on after a lost worker are in
+// train_recovery.cc. Times are taken on both sides so that the report can say where each
+// stage's time went.
 #include "ferry/trainer/train.h"
 
 #include <fmt/format.h>
@@ -41,48 +42,13 @@
 #include "trainer/stages_on_workers.h"
 #include "trainer/train_epoch.h"
 #include "trainer/train_report.h"
+#include "trainer/train_run.h"
 #include "trainer/train_setup.h"
 
 namespace ferry::trainer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A run on the master: what it set up before its first epoch and what it keeps between epochs.
-// Resource type, used from the master's thread.
-struct Run {
-  explicit Run(const TrainSettings& settings) : s(settings) {}
-
-  const TrainSettings& s;
-  std::unique_ptr<data::BatchLoader> train_loader, validation_loader;
-  std::size_t epoch_steps = 0;  // optimizer steps per epoch
-  std::optional<dist_autograd::LrSchedule> schedule;
-  StagePlan plan;
-  // Every copy of every stage, replica by replica: its name and its worker's place.
-  std::vector<std::string> stage_names, workers;
-  std::vector<std::string> spares;
-  std::unique_ptr<StagesOnWorkers> job;
-  Progress progress;
-  std::optional<MetricsLog> metrics_log;
-  nlohmann::ordered_json metrics;
-  double train_s = 0;
-  double data_wait_s = 0;  // of the training steps, waiting for the loader
-  StageCompute compute;
-  std::optional<EpochRebalance> rebalance;
-  int takeovers = 0;
-  int stopped_after = 0;  // the epoch early stopping ended the run after, if it did
-  std::optional<Validation> last_validation;
-  std::vector<std::string> class_names;  // as the metrics name the classes
-  std::unique_ptr<EventLog> events;
-  std::unique_ptr<remote_module::CheckpointWriter> writer;  // with --checkpoint-dir
-  // What was last given to the writer: a lost worker's stages are restored from it, without
-  // waiting for the disk or reading it back.
-  std::optional<remote_module::CheckpointContent> last_checkpoint;
-};
-
-std::string best_dir(const TrainSettings& s) {
-  return (std::filesystem::path(s.checkpoint_dir) / "best").string();
-}
 
 // The data first: a wrong folder is found before any worker builds a stage. --batch-size is per
 // replica, as a distributed sampler's: a step takes that many images for each, all different,
@@ -154,14 +120,6 @@ std::optional<MetricsLog> metrics_log_of(const TrainSettings& s, const StagePlan
     for (const std::string& name : class_names) columns.push_back("val_dice_" + name);
   }
   return MetricsLog(s.log_dir, columns);
-}
-
-// Where the run stands, as the log says it: "after epoch 2", "after batch 40 of 100 of epoch 3".
-std::string where_in_training(const Run& run) {
-  const Progress& p = run.progress;
-  if (p.batch == 0) return fmt::format("after epoch {}", p.epoch);
-  return fmt::format("after batch {} of {} of epoch {}", p.batch, run.train_loader->batches(),
-                     p.epoch + 1);
 }
 
 // The stages built, the checkpoint resumed from (--resume) and the metrics log opened.
@@ -255,49 +213,6 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
                             {"val_iou", v.iou}});
 }
 
-// The state at this moment into the background writer: the checkpoint's (and the best one's,
-// when `improved`). What is copied here is all the step waits for.
-void save_checkpoints(Run& run, bool improved = false) {
-  const TrainSettings& s = run.s;
-  if (!run.writer) return;
-  const auto start = Clock::now();
-  remote_module::NamedValues values = progress_values(run.progress, *run.job);
-  // What predict and export need to feed the model as it was trained.
-  values["normalize"] = normalization_of(s).to_string();
-  values["image_size"] = s.plan.image_size.text();
-  values["resize"] = data::resize_name(s.resize);
-  remote_module::CheckpointContent content =
-      remote_module::gather_checkpoint(run.job->split().named(), std::move(values));
-  const double copy_s = std::chrono::duration<double>(Clock::now() - start).count();
-  if (s.save_best && improved) run.writer->save(best_dir(s), content, 1);
-  run.last_checkpoint = content;
-  EventLog& events = *run.events;
-  const nlohmann::ordered_json at = {{"epoch", run.progress.epoch},
-                                     {"batch", run.progress.batch},
-                                     {"step", run.progress.step},
-                                     {"copy_s", copy_s}};
-  run.writer->save(s.checkpoint_dir, std::move(content), s.keep_checkpoints,
-                   [&events, at](const std::string& folder, double seconds) {
-                     nlohmann::ordered_json fields = at;
-                     fields["folder"] = folder;
-                     fields["write_s"] = seconds;
-                     events.add("checkpoint", fields);
-                   });
-}
-
-// After an optimizer step within the epoch: its event, and the step's checkpoint every
-// --checkpoint-every-steps (not at the epoch's end, which has its own).
-void step_done(Run& run, int epoch, const EpochPass::StepEnd& end) {
-  run.events->add("step",
-                  {{"step", end.step}, {"epoch", epoch}, {"batch", end.batch}, {"loss", end.loss}});
-  const int every = run.s.checkpoint_every_steps;
-  if (every == 0 || end.step % every != 0 || end.batch >= run.train_loader->batches()) return;
-  run.progress.epoch = epoch - 1;
-  run.progress.batch = end.batch;
-  run.progress.loss_sum = end.epoch_loss_sum;
-  save_checkpoints(run);
-}
-
 // At `when`: the cut EpochRebalance calls for from what the stages and blocks `measured` per
 // batch, moved to while the job runs. True if the stages moved.
 bool rebalance(Run& run, const RebalanceMoment& when, const StageSeconds& measured) {
@@ -376,80 +291,6 @@ bool run_epoch(Run& run, int epoch) {
     rebalance(run, RebalanceMoment{epoch, 0}, per_batch(before, after, batches));
   }
   return verdict.stop;
-}
-
-double seconds(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
-// After a lost worker (e): spares take over its stages, every stage is rebuilt and training goes
-// back to the last checkpoint (of an epoch or, with --checkpoint-every-steps, of a step). Rethrows
-// `e`, with what the user needs to know, when no spare can.
-void take_over(Run& run, const rpc::Error& e) {
-  const TrainSettings& s = run.s;
-  const auto start = Clock::now();
-  const std::vector<std::string> lost = rpc::agent().lost_workers();
-  run.events->add("worker_lost", {{"workers", lost}, {"error", e.what()}});
-  std::vector<std::string> taken;
-  if (!run.spares.empty() && rpc::is_lost(e)) {
-    // The error may come from a worker that saw the loss before this process's own connection
-    // to the lost worker closed: give that a moment.
-    core::poll_with_backoff(
-        [&] {
-          taken = take_over_lost_workers(run.stage_names, run.workers, run.spares,
-                                         rpc::agent().lost_workers());
-          return !taken.empty();
-        },
-        Clock::now() + std::chrono::seconds(3), std::chrono::milliseconds(50));
-  }
-  const auto spare_found = Clock::now();
-  if (taken.empty()) {
-    // What the writer was given is on disk before the user is told to resume from it.
-    if (run.writer) run.writer->wait();
-    throw rpc::Error(e.kind(),
-                     fmt::format("{}{}", e.what(),
-                                 run.job ? stages_concerned(e, run.job->splits(), s.checkpoint_dir)
-                                         : std::string()));
-  }
-  log::warn("{}; {}", e.what(), fmt::join(taken, "; "));
-  // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
-  run.job.reset();
-  run.job = build_stages(s, run.plan, run.workers);
-  const auto built = Clock::now();
-  const std::int64_t reached = run.progress.step;
-  run.progress = Progress{0, 0, 0, 0, monitor_of(s)};
-  // The last checkpoint given to the writer is still here; a run resumed from disk that has
-  // saved nothing since reads it back.
-  std::string from = "the first step";
-  if (run.last_checkpoint) {
-    restore(*run.job, *run.last_checkpoint, run.epoch_steps, run.progress);
-    from = "the last checkpoint, kept in memory";
-  } else if (!s.checkpoint_dir.empty() && remote_module::has_checkpoint(s.checkpoint_dir)) {
-    from = "the checkpoint " + restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
-  }
-  const std::int64_t lost_steps = reached - run.progress.step;
-  const auto restored = Clock::now();
-  log::warn("training goes on from epoch {}{} ({}; {} optimizer step{} to train again)",
-            run.progress.epoch + 1,
-            run.progress.batch > 0 ? fmt::format(", batch {} of {}", run.progress.batch + 1,
-                                                 run.train_loader->batches())
-                                   : "",
-            from, lost_steps, lost_steps == 1 ? "" : "s");
-  if (run.metrics_log) run.metrics_log->truncate_after(run.progress.epoch);
-  auto& done = run.metrics["epochs"];
-  while (!done.empty() && done.back()["epoch"].get<int>() > run.progress.epoch) {
-    done.erase(done.size() - 1);
-  }
-  ++run.takeovers;
-  run.events->add("takeover", {{"taken", taken},
-                               {"from", from},
-                               {"epoch", run.progress.epoch},
-                               {"batch", run.progress.batch},
-                               {"step", run.progress.step},
-                               {"steps_lost", lost_steps},
-                               {"spare_s", seconds(start, spare_found)},
-                               {"build_s", seconds(spare_found, built)},
-                               {"restore_s", seconds(built, restored)}});
 }
 
 // Epochs until the last, early stopping or a loss no spare can take over; then every checkpoint

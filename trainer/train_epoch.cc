@@ -103,18 +103,19 @@ bool EpochPass::train_until(std::size_t batches, StagesOnWorkers& job,
     }
     times_.optimizer_s += std::chrono::duration<double>(Clock::now() - optimizer_start).count();
     contexts.clear();
-    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    times_.train_s += seconds;
-    times_.images += batch->images.size(0);
-    double images_per_s = batch->images.size(0) / seconds;
-    rate_ = index_ == first_ + 1 ? images_per_s : 0.9 * rate_ + 0.1 * images_per_s;
     loss_sum_ += loss_value;
-    bar_.update(index_, fmt::format("loss {:.4f} {:.1f} img/s", loss_sum_ / index_, rate_));
+    // What the step's end holds up (a checkpoint's copy) counts in the step's time.
     if (ended_step_) {
       const std::size_t in_step = (index_ - 1) % s_.accumulate + 1;
       if (step_done_) step_done_(StepEnd{step, index_, step_loss_ / in_step, loss_sum_});
       step_loss_ = 0;
     }
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    times_.train_s += seconds;
+    times_.images += batch->images.size(0);
+    double images_per_s = batch->images.size(0) / seconds;
+    rate_ = index_ == first_ + 1 ? images_per_s : 0.9 * rate_ + 0.1 * images_per_s;
+    bar_.update(index_, fmt::format("loss {:.4f} {:.1f} img/s", loss_sum_ / index_, rate_));
   }
   return index_ < loader_.batches();
 }

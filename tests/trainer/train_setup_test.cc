@@ -249,9 +249,13 @@ TEST(Placement, ASpareTakesEveryStageOfALostWorkerAndKeepsItsDevice) {
   // Nobody lost, or only a worker that held no stage: nothing to do.
   EXPECT_TRUE(take_over_lost_workers(names, workers, spares, {}).empty());
   EXPECT_TRUE(take_over_lost_workers(names, workers, spares, {"worker5"}).empty());
-  EXPECT_THAT(take_over_lost_workers(names, workers, spares, {"worker2"}),
-              ElementsAre("worker \"worker2\" was lost; spare \"worker4\" takes over stage "
-                          "decoder, head"));
+  const std::vector<TakenOver> taken = take_over_lost_workers(names, workers, spares, {"worker2"});
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].lost, "worker2");
+  EXPECT_EQ(taken[0].spare, "worker4");
+  EXPECT_THAT(taken[0].stages, ElementsAre("decoder", "head"));
+  EXPECT_EQ(taken[0].describe(),
+            "worker \"worker2\" was lost; spare \"worker4\" takes over stage decoder, head");
   EXPECT_THAT(workers, ElementsAre("worker1", "worker4/cuda:0", "worker4", "worker3"));
   EXPECT_THAT(spares, ElementsAre("worker5"));
   // Two lost, one spare left: no take-over; the job fails instead.

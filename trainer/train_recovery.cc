@@ -1,0 +1,149 @@
+// Saving a run's state and bringing it back: checkpoints at steps and epochs through the
+// background writer, and spares taking over a lost worker's stages from the last of them.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "ferry/core/backoff.h"
+#include "ferry/core/log.h"
+#include "ferry/rpc/rpc.h"
+#include "trainer/placement.h"
+#include "trainer/train_run.h"
+
+namespace ferry::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+std::string best_dir(const TrainSettings& s) {
+  return (std::filesystem::path(s.checkpoint_dir) / "best").string();
+}
+
+std::string where_in_training(const Run& run) {
+  const Progress& p = run.progress;
+  if (p.batch == 0) return fmt::format("after epoch {}", p.epoch);
+  return fmt::format("after batch {} of {} of epoch {}", p.batch, run.train_loader->batches(),
+                     p.epoch + 1);
+}
+
+void save_checkpoints(Run& run, bool improved) {
+  const TrainSettings& s = run.s;
+  if (!run.writer) return;
+  const auto start = Clock::now();
+  remote_module::NamedValues values = progress_values(run.progress, *run.job);
+  // What predict and export need to feed the model as it was trained.
+  values["normalize"] = normalization_of(s).to_string();
+  values["image_size"] = s.plan.image_size.text();
+  values["resize"] = data::resize_name(s.resize);
+  remote_module::CheckpointContent content =
+      remote_module::gather_checkpoint(run.job->split().named(), std::move(values));
+  const double copy_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (s.save_best && improved) run.writer->save(best_dir(s), content, 1);
+  run.last_checkpoint = content;
+  EventLog& events = *run.events;
+  const nlohmann::ordered_json at = {{"epoch", run.progress.epoch},
+                                     {"batch", run.progress.batch},
+                                     {"step", run.progress.step},
+                                     {"copy_s", copy_s}};
+  run.writer->save(s.checkpoint_dir, std::move(content), s.keep_checkpoints,
+                   [&events, at](const std::string& folder, double seconds) {
+                     nlohmann::ordered_json fields = at;
+                     fields["folder"] = folder;
+                     fields["write_s"] = seconds;
+                     events.add("checkpoint", fields);
+                   });
+}
+
+void step_done(Run& run, int epoch, const EpochPass::StepEnd& end) {
+  run.events->add("step",
+                  {{"step", end.step}, {"epoch", epoch}, {"batch", end.batch}, {"loss", end.loss}});
+  const int every = run.s.checkpoint_every_steps;
+  if (every == 0 || end.step % every != 0 || end.batch >= run.train_loader->batches()) return;
+  run.progress.epoch = epoch - 1;
+  run.progress.batch = end.batch;
+  run.progress.loss_sum = end.epoch_loss_sum;
+  save_checkpoints(run);
+}
+
+void take_over(Run& run, const rpc::Error& e) {
+  const TrainSettings& s = run.s;
+  const auto start = Clock::now();
+  const std::vector<std::string> lost = rpc::agent().lost_workers();
+  run.events->add("worker_lost", {{"workers", lost}, {"error", e.what()}});
+  std::vector<TakenOver> taken;
+  if (!run.spares.empty() && rpc::is_lost(e)) {
+    // The error may come from a worker that saw the loss before this process's own connection
+    // to the lost worker closed: give that a moment.
+    core::poll_with_backoff(
+        [&] {
+          taken = take_over_lost_workers(run.stage_names, run.workers, run.spares,
+                                         rpc::agent().lost_workers());
+          return !taken.empty();
+        },
+        Clock::now() + std::chrono::seconds(3), std::chrono::milliseconds(50));
+  }
+  const auto spare_found = Clock::now();
+  if (taken.empty()) {
+    // What the writer was given is on disk before the user is told to resume from it.
+    if (run.writer) run.writer->wait();
+    throw rpc::Error(e.kind(),
+                     fmt::format("{}{}", e.what(),
+                                 run.job ? stages_concerned(e, run.job->splits(), s.checkpoint_dir)
+                                         : std::string()));
+  }
+  std::vector<std::string> said;
+  nlohmann::ordered_json spares_in = nlohmann::ordered_json::array();
+  for (const TakenOver& t : taken) {
+    said.push_back(t.describe());
+    spares_in.push_back({{"lost", t.lost}, {"spare", t.spare}, {"stages", t.stages}});
+  }
+  log::warn("{}; {}", e.what(), fmt::join(said, "; "));
+  // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
+  run.job.reset();
+  run.job = build_stages(s, run.plan, run.workers);
+  const auto built = Clock::now();
+  const std::int64_t reached = run.progress.step;
+  run.progress = Progress{0, 0, 0, 0, monitor_of(s)};
+  // The last checkpoint given to the writer is still here; a run resumed from disk that has
+  // saved nothing since reads it back.
+  std::string from = "the first step";
+  if (run.last_checkpoint) {
+    restore(*run.job, *run.last_checkpoint, run.epoch_steps, run.progress);
+    from = "the last checkpoint, kept in memory";
+  } else if (!s.checkpoint_dir.empty() && remote_module::has_checkpoint(s.checkpoint_dir)) {
+    from = "the checkpoint " + restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
+  }
+  const std::int64_t lost_steps = reached - run.progress.step;
+  const auto restored = Clock::now();
+  log::warn("training goes on from epoch {}{} ({}; {} optimizer step{} to train again)",
+            run.progress.epoch + 1,
+            run.progress.batch > 0 ? fmt::format(", batch {} of {}", run.progress.batch + 1,
+                                                 run.train_loader->batches())
+                                   : "",
+            from, lost_steps, lost_steps == 1 ? "" : "s");
+  if (run.metrics_log) run.metrics_log->truncate_after(run.progress.epoch);
+  auto& done = run.metrics["epochs"];
+  while (!done.empty() && done.back()["epoch"].get<int>() > run.progress.epoch) {
+    done.erase(done.size() - 1);
+  }
+  ++run.takeovers;
+  run.events->add("takeover", {{"taken", spares_in},
+                               {"from", from},
+                               {"epoch", run.progress.epoch},
+                               {"batch", run.progress.batch},
+                               {"step", run.progress.step},
+                               {"steps_lost", lost_steps},
+                               {"spare_s", seconds(start, spare_found)},
+                               {"build_s", seconds(spare_found, built)},
+                               {"restore_s", seconds(built, restored)}});
+}
+
+}  // namespace ferry::trainer

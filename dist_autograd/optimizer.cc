@@ -184,6 +184,36 @@ c10::IValue DistributedOptimizer::state_dict() const {
   return c10::List<at::Tensor>(state);
 }
 
+DistributedOptimizer::TakenState DistributedOptimizer::take_state() const {
+  TakenState taken;
+  taken.parameter_count = parameter_count_;
+  for (const Owner& owner : owners_) {
+    if (owner.replica != 0) continue;
+    taken.per_owner.push_back(
+        rpc::remote(owner.worker, "ferry.optim.state", {rpc::to_ivalue(owner.optimizer)}));
+    taken.indices.push_back(owner.indices);
+  }
+  for (const rpc::RRefPtr& copy : taken.per_owner) {
+    try {
+      copy->ready()->wait();
+    } catch (const std::exception&) {
+      rpc::rethrow_as(
+          std::current_exception(),
+          fmt::format("copying the optimizer's state on worker \"{}\" failed", copy->ownerName()));
+    }
+  }
+  return taken;
+}
+
+c10::IValue DistributedOptimizer::TakenState::fetch() const {
+  std::vector<at::Tensor> state(parameter_count);
+  for (std::size_t o = 0; o < per_owner.size(); ++o) {
+    const std::vector<at::Tensor> tensors = per_owner[o]->to_here().toTensorVector();
+    for (std::size_t k = 0; k < indices[o].size(); ++k) state[indices[o][k]] = tensors.at(k);
+  }
+  return c10::List<at::Tensor>(state);
+}
+
 void DistributedOptimizer::load_state_dict(const c10::IValue& state) {
   if (!state.isTensorList() || state.toTensorList().size() != parameter_count_) {
     throw rpc::Error(

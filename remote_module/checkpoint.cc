@@ -15,6 +15,7 @@
 
 #include "ferry/core/files.h"
 #include "ferry/remote_module/stage_here.h"
+#include "ferry/remote_module/state_handover.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 #include "remote_module/installers.h"
@@ -82,6 +83,46 @@ CheckpointContent gather_checkpoint(const NamedStages& stages, NamedValues extra
   }
   content.extra = std::move(extra);
   return content;
+}
+
+std::function<CheckpointContent()> take_checkpoint(
+    const NamedStages& stages, NamedValues extra,
+    std::map<std::string, std::function<c10::IValue()>> deferred) {
+  std::vector<CheckpointContent::Stage> described;
+  std::vector<rpc::RRefPtr> copies;
+  for (const auto& [name, module] : stages) {
+    if (extra.count(name) || deferred.count(name)) {
+      rpc::refuse(fmt::format("checkpoint value \"{}\" has the name of a stage", name));
+    }
+    described.push_back(
+        {name, module.type(), module.worker(), c10::Dict<std::string, at::Tensor>()});
+    copies.push_back(snapshot_state(module));
+  }
+  auto where = [](const CheckpointContent::Stage& stage) {
+    return fmt::format("stage \"{}\" on worker \"{}\"", stage.name, stage.worker);
+  };
+  for (std::size_t k = 0; k < copies.size(); ++k) {
+    try {
+      copies[k]->ready()->wait();
+    } catch (const std::exception&) {
+      rpc::rethrow_as(std::current_exception(),
+                      fmt::format("copying the state of {} failed", where(described[k])));
+    }
+  }
+  return [described = std::move(described), copies = std::move(copies), extra = std::move(extra),
+          deferred = std::move(deferred), where]() {
+    CheckpointContent content{described, extra};
+    for (std::size_t k = 0; k < copies.size(); ++k) {
+      try {
+        content.stages[k].state = copies[k]->to_here().to<c10::Dict<std::string, at::Tensor>>();
+      } catch (const std::exception&) {
+        rpc::rethrow_as(std::current_exception(),
+                        fmt::format("bringing the state of {} here failed", where(described[k])));
+      }
+    }
+    for (const auto& [name, fetch] : deferred) content.extra[name] = fetch();
+    return content;
+  };
 }
 
 std::string write_checkpoint(const std::string& dir, const CheckpointContent& content, int keep) {

@@ -35,6 +35,14 @@ void load_from_parks(const rpc::RRefPtr& module, const std::vector<rpc::RRefPtr>
 
 void install_state_handover(rpc::FunctionRegistry& registry) {
   registry.add("ferry.stage.park", [](rpc::RRefPtr module) { return stage_state_here(module); });
+  registry.add("ferry.stage.snapshot", [](rpc::RRefPtr module) {
+    c10::Dict<std::string, at::Tensor> copy;
+    for (const auto& item : stage_state_here(module)) {
+      copy.insert(item.key(), item.value().to(at::kCPU, item.value().scalar_type(),
+                                              /*non_blocking=*/false, /*copy=*/true));
+    }
+    return copy;
+  });
   rpc::install_park_taker(registry, kTake);
   registry.add("ferry.stage.load_parked", [](rpc::RRefPtr module, c10::IValue parks) {
     load_from_parks(module, rpc::parks_of(parks));
@@ -52,6 +60,10 @@ rpc::RRefPtr park_state(const RemoteModule& stage) {
                                 stage.type(), stage.worker()));
   }
   return park;
+}
+
+rpc::RRefPtr snapshot_state(const RemoteModule& stage) {
+  return rpc::remote(stage.worker(), "ferry.stage.snapshot", {rpc::to_ivalue(stage.module_rref())});
 }
 
 void load_parked_state(const RemoteModule& stage, const std::vector<rpc::RRefPtr>& parks) {

@@ -94,9 +94,8 @@ std::unique_ptr<StagesOnWorkers> build_stages(const TrainSettings& s, const Stag
   return job;
 }
 
-remote_module::NamedValues progress_values(const Progress& p, const StagesOnWorkers& job) {
-  remote_module::NamedValues values{{"optimizer", job.optimizer->state_dict()},
-                                    {"epoch", int64_t{p.epoch}},
+remote_module::NamedValues progress_values(const Progress& p) {
+  remote_module::NamedValues values{{"epoch", int64_t{p.epoch}},
                                     {"batch", static_cast<int64_t>(p.batch)},
                                     {"loss_sum", p.loss_sum},
                                     {"step", p.step}};

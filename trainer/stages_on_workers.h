@@ -59,8 +59,8 @@ struct Progress {
   std::optional<EpochMonitor> monitor;
 };
 
-// What a checkpoint saves beside the weights: the optimizer's state and `p`.
-remote_module::NamedValues progress_values(const Progress& p, const StagesOnWorkers& job);
+// What a checkpoint saves beside the weights and the optimizer's state ("optimizer"): `p`.
+remote_module::NamedValues progress_values(const Progress& p);
 
 // Loads the latest checkpoint in `dir` into replica 0 (read once; the other replicas get its
 // tensors) and the optimizer, and `progress` with where it was saved; returns its folder.

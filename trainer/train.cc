@@ -10,14 +10,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "ferry/core/backoff.h"
 #include "ferry/core/files.h"
 #include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
@@ -25,7 +23,6 @@
 #include "ferry/dist_autograd/lr_schedule.h"
 #include "ferry/pipeline/pipeline.h"
 #include "ferry/remote_module/checkpoint.h"
-#include "ferry/remote_module/checkpoint_writer.h"
 #include "ferry/rpc/error.h"
 #include "ferry/rpc/rpc.h"
 #include "ferry/trainer/model_tools.h"
@@ -33,7 +30,6 @@
 #include "ferry/trainer/worker_loop.h"
 #include "trainer/epoch_monitor.h"
 #include "trainer/epoch_rebalance.h"
-#include "trainer/event_log.h"
 #include "trainer/metrics_log.h"
 #include "trainer/placement.h"
 #include "trainer/replicas.h"

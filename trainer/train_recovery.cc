@@ -21,6 +21,17 @@ double seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+// Waits for the checkpoint writer after a lost worker: a checkpoint whose copies were on that
+// worker cannot be brought here, and the one before it is used instead.
+void settle(Run& run, const std::function<void()>& wait) {
+  try {
+    wait();
+  } catch (const rpc::Error& e) {
+    log::warn("a checkpoint was lost with its worker ({}); the one before it is used", e.what());
+    run.events->add("checkpoint_lost", {{"error", e.what()}});
+  }
+}
+
 }  // namespace
 
 std::string best_dir(const TrainSettings& s) {
@@ -38,28 +49,36 @@ void save_checkpoints(Run& run, bool improved) {
   const TrainSettings& s = run.s;
   if (!run.writer) return;
   const auto start = Clock::now();
-  remote_module::NamedValues values = progress_values(run.progress, *run.job);
+  remote_module::NamedValues values = progress_values(run.progress);
   // What predict and export need to feed the model as it was trained.
   values["normalize"] = normalization_of(s).to_string();
   values["image_size"] = s.plan.image_size.text();
   values["resize"] = data::resize_name(s.resize);
-  remote_module::CheckpointContent content =
-      remote_module::gather_checkpoint(run.job->split().named(), std::move(values));
+  // Each worker copies its state; the writer's threads bring the copies here and write them.
+  const dist_autograd::DistributedOptimizer::TakenState optimizer =
+      run.job->optimizer->take_state();
+  const double optimizer_copy_s = std::chrono::duration<double>(Clock::now() - start).count();
+  const remote_module::CheckpointWriter::Take take =
+      remote_module::take_checkpoint(run.job->split().named(), std::move(values),
+                                     {{"optimizer", [optimizer] { return optimizer.fetch(); }}});
   const double copy_s = std::chrono::duration<double>(Clock::now() - start).count();
-  if (s.save_best && improved) run.writer->save(best_dir(s), content, 1);
-  run.last_checkpoint = content;
+  if (s.save_best && improved) run.writer->save(best_dir(s), take, 1);
   EventLog& events = *run.events;
   const nlohmann::ordered_json at = {{"epoch", run.progress.epoch},
                                      {"batch", run.progress.batch},
                                      {"step", run.progress.step},
-                                     {"copy_s", copy_s}};
-  run.writer->save(s.checkpoint_dir, std::move(content), s.keep_checkpoints,
-                   [&events, at](const std::string& folder, double seconds) {
-                     nlohmann::ordered_json fields = at;
-                     fields["folder"] = folder;
-                     fields["write_s"] = seconds;
-                     events.add("checkpoint", fields);
-                   });
+                                     {"copy_s", copy_s},
+                                     {"optimizer_copy_s", optimizer_copy_s}};
+  run.writer->save(
+      s.checkpoint_dir, take, s.keep_checkpoints,
+      [&events, at](const std::string& folder, double take_s, double write_s) {
+        nlohmann::ordered_json fields = at;
+        fields["folder"] = folder;
+        fields["fetch_s"] = take_s;
+        fields["write_s"] = write_s;
+        events.add("checkpoint", fields);
+      },
+      /*replaceable=*/run.progress.batch > 0);
 }
 
 void step_done(Run& run, int epoch, const EpochPass::StepEnd& end) {
@@ -93,7 +112,7 @@ void take_over(Run& run, const rpc::Error& e) {
   const auto spare_found = Clock::now();
   if (taken.empty()) {
     // What the writer was given is on disk before the user is told to resume from it.
-    if (run.writer) run.writer->wait();
+    if (run.writer) settle(run, [&run] { run.writer->wait(); });
     throw rpc::Error(e.kind(),
                      fmt::format("{}{}", e.what(),
                                  run.job ? stages_concerned(e, run.job->splits(), s.checkpoint_dir)
@@ -112,11 +131,16 @@ void take_over(Run& run, const rpc::Error& e) {
   const auto built = Clock::now();
   const std::int64_t reached = run.progress.step;
   run.progress = Progress{0, 0, 0, 0, monitor_of(s)};
-  // The last checkpoint given to the writer is still here; a run resumed from disk that has
-  // saved nothing since reads it back.
+  // The newest checkpoint the writer has brought here, whether or not it is on disk yet; a run
+  // resumed from disk that has saved nothing since reads it back.
+  std::optional<remote_module::CheckpointContent> last;
+  if (run.writer) {
+    settle(run, [&run] { run.writer->wait_taken(); });
+    last = run.writer->last_taken();
+  }
   std::string from = "the first step";
-  if (run.last_checkpoint) {
-    restore(*run.job, *run.last_checkpoint, run.epoch_steps, run.progress);
+  if (last) {
+    restore(*run.job, *last, run.epoch_steps, run.progress);
     from = "the last checkpoint, kept in memory";
   } else if (!s.checkpoint_dir.empty() && remote_module::has_checkpoint(s.checkpoint_dir)) {
     from = "the checkpoint " + restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);

@@ -53,10 +53,9 @@ struct Run {
   std::vector<std::string> class_names;  // as the metrics name the classes
   // Declared before the writer, whose thread adds to it until the writer is gone.
   std::unique_ptr<EventLog> events;
-  std::unique_ptr<remote_module::CheckpointWriter> writer;  // with --checkpoint-dir
-  // What was last given to the writer: a lost worker's stages are restored from it, without
-  // waiting for the disk or reading it back.
-  std::optional<remote_module::CheckpointContent> last_checkpoint;
+  // With --checkpoint-dir. A lost worker's stages are restored from the last checkpoint it has
+  // brought here, without waiting for the disk or reading it back.
+  std::unique_ptr<remote_module::CheckpointWriter> writer;
 };
 
 // CHECKPOINT_DIR/best, where --save-best keeps the best epoch's checkpoint.

@@ -276,8 +276,11 @@ TEST(Faults, AStepCheckpointResumesAtTheNextBatchWithTheSameLossesAndWeights) {
         {c.at("epoch").get<int64_t>(), c.at("batch").get<int64_t>(), c.at("step").get<int64_t>()});
     if (c.at("step") == 3) step_3 = c.at("folder");
   }
-  EXPECT_EQ(saved,
-            (std::vector<std::array<int64_t, 3>>{{0, 6, 3}, {1, 0, 4}, {1, 4, 6}, {2, 0, 8}}));
+  // A step's checkpoint still waiting for the disk when a newer one comes is not written; the
+  // first and each epoch's always are.
+  const std::vector<std::array<int64_t, 3>> every = {{0, 6, 3}, {1, 0, 4}, {1, 4, 6}, {2, 0, 8}};
+  EXPECT_THAT(saved, ::testing::IsSupersetOf({every[0], every[1], every[3]}));
+  EXPECT_THAT(saved, ::testing::Each(::testing::AnyOfArray(every)));
   ASSERT_FALSE(step_3.empty());
   const ferry::testing::SavedCheckpoint straight_end =
       ferry::testing::read_checkpoint(ferry::testing::latest_checkpoint(ckpt));
@@ -367,17 +370,16 @@ TEST(Faults, ASpareTakesOverAKilledWorkersStageAndTheJobFinishesOnTheSameCurve) 
   expect_spare_takes_over("");
 }
 
-// With a checkpoint every second step, the spare goes on from the last of them, in the middle of
-// the epoch: at most two steps are trained again, and the curve is the same. The worker is
-// killed once a checkpoint within the second epoch is on disk.
+// With a checkpoint every second step, the spare goes on from the newest one the master has
+// brought from the workers, in the middle of the epoch: at most four steps are trained again
+// (the newest copies may be lost with their worker before they are brought here), and the curve
+// is the same. The worker is killed once the job is half way through its second epoch.
 TEST(Faults, ASpareGoesOnFromTheLastStepCheckpointInTheMiddleOfTheEpoch) {
   const std::string events = ferry::testing::process_temp_dir().file("spare-steps.events");
   fs::remove(events);
   auto within_second_epoch = [&events](const std::string&) {
-    for (const nlohmann::json& c : events_of(events, "checkpoint")) {
-      if (c.at("epoch") == 1 && c.at("batch").get<int>() > 0) return true;
-    }
-    return false;
+    const std::vector<nlohmann::json> steps = events_of(events, "step");
+    return !steps.empty() && steps.back().at("step").get<int>() >= 12;
   };
   expect_spare_takes_over("", 3,
                           "worker \"worker2\" was lost; spare \"worker4\" takes over stage decoder",
@@ -385,7 +387,7 @@ TEST(Faults, ASpareGoesOnFromTheLastStepCheckpointInTheMiddleOfTheEpoch) {
   const std::vector<nlohmann::json> takeovers = events_of(events, "takeover");
   ASSERT_EQ(takeovers.size(), 1u);
   const nlohmann::json& takeover = takeovers[0];
-  EXPECT_LE(takeover.at("steps_lost").get<int>(), 2) << takeover;
+  EXPECT_LE(takeover.at("steps_lost").get<int>(), 4) << takeover;
   // From a step's checkpoint (unless the epoch ended before the kill reached the job).
   EXPECT_TRUE(takeover.at("batch").get<int>() > 0 || takeover.at("epoch") == 2) << takeover;
   EXPECT_EQ(events_of(events, "worker_lost").size(), 1u);

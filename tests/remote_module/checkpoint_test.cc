@@ -113,8 +113,9 @@ TEST(CheckpointWriter, WritesTheStateAsTakenInOrderAndReportsAFailedWrite) {
   std::vector<std::string> written;
   {
     CheckpointWriter writer;
-    auto note = [&written](const std::string& folder, double seconds) {
-      EXPECT_GE(seconds, 0);
+    auto note = [&written](const std::string& folder, double take_s, double write_s) {
+      EXPECT_GE(take_s, 0);
+      EXPECT_GE(write_s, 0);
       written.push_back(folder);
     };
     writer.save(dir.path(), std::move(first), 3, note);
@@ -142,6 +143,47 @@ TEST(CheckpointWriter, WritesTheStateAsTakenInOrderAndReportsAFailedWrite) {
   }
   ASSERT_EQ(written.size(), 3u);
   EXPECT_EQ(read_checkpoint_value(latest_checkpoint_folder(dir.path()), "step").toInt(), 30);
+}
+
+// A checkpoint taken in two halves: the worker copies its stage's state at once, the writer
+// brings the copy here later, after the stage has moved on. A take that fails (its worker gone)
+// is said by wait_taken(), and the last one brought here stays the one before it.
+TEST(CheckpointWriter, TakesCopiesHeldOnTheWorkersAndKeepsTheLastOneBroughtHere) {
+  LocalWorld world;
+  ferry::testing::TempDir dir("checkpoint");
+  NamedStages stages = {{"only", RemoteModule::create("a", "test.mlp", mlp(1))}};
+  const c10::Dict<std::string, at::Tensor> before = stages[0].second.state_dict();
+  CheckpointWriter::Take take = take_checkpoint(stages, {{"step", int64_t{1}}},
+                                                {{"late", [] { return c10::IValue(int64_t{7}); }}});
+  stages[0].second.load_state_dict(RemoteModule::create("a", "test.mlp", mlp(2)).state_dict());
+  CheckpointWriter writer;
+  EXPECT_FALSE(writer.last_taken().has_value());
+  writer.save(dir.path(), take, 2);
+  writer.wait_taken();
+  std::optional<CheckpointContent> last = writer.last_taken();
+  ASSERT_TRUE(last.has_value());
+  ASSERT_EQ(last->stages.size(), 1u);
+  EXPECT_EQ(last->stages[0].worker, "a");
+  for (const auto& item : before) {
+    EXPECT_TRUE(last->stages[0].state.at(item.key()).equal(item.value())) << item.key();
+  }
+  EXPECT_EQ(last->extra.at("late").toInt(), 7);
+  writer.wait();
+  EXPECT_EQ(read_checkpoint_value(latest_checkpoint_folder(dir.path()), "step").toInt(), 1);
+
+  writer.save(
+      dir.path(),
+      []() -> CheckpointContent {
+        throw rpc::Error(rpc::ErrorKind::PeerDied, "worker \"a\" was lost");
+      },
+      2);
+  try {
+    writer.wait_taken();
+    FAIL() << "a take that failed was not said";
+  } catch (const rpc::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("worker \"a\" was lost"));
+  }
+  EXPECT_EQ(writer.last_taken()->extra.at("step").toInt(), 1);
 }
 
 // What export reads: a checkpoint's files without stages to load them into.

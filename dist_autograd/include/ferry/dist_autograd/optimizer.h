@@ -99,6 +99,16 @@ class DistributedOptimizer {
   c10::IValue state_dict() const;
   // Throws rpc::Error if `state` does not match the parameters.
   void load_state_dict(const c10::IValue& state);
+  // state_dict() in two halves: each owner of replica 0 copies its state now and holds it
+  // (ready once every copy is made); fetch() brings the copies here as state_dict() would have
+  // given them then, from any thread, after this optimizer is gone too.
+  struct TakenState {
+    std::vector<rpc::RRefPtr> per_owner;
+    std::vector<std::vector<std::size_t>> indices;  // each owner's parameters' positions
+    std::size_t parameter_count = 0;
+    c10::IValue fetch() const;
+  };
+  TakenState take_state() const;
 
   // The state handed to another optimizer over the same parameters, worker to worker (a model
   // cut anew while it trains): park() leaves each owner's state on its worker, where it stays

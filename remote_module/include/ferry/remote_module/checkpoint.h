@@ -8,6 +8,7 @@
 // the latest. Called from one thread at a time per directory.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -38,6 +39,14 @@ struct CheckpointContent {
 };
 // Takes every stage's tensors now. rpc::Error when `extra` has a stage's name.
 CheckpointContent gather_checkpoint(const NamedStages& stages, NamedValues extra = {});
+// gather_checkpoint in two halves, so that a running job waits only for the copies: each stage's
+// state is copied now on its own worker (this returns once every copy is made), and the returned
+// function brings the copies here, with `extra` and each of `deferred`'s values, from any thread
+// (a CheckpointWriter::Take). It throws rpc::Error naming the stage and worker when a copy cannot
+// be made or brought here (its worker was lost).
+std::function<CheckpointContent()> take_checkpoint(
+    const NamedStages& stages, NamedValues extra,
+    std::map<std::string, std::function<c10::IValue()>> deferred = {});
 // Writes `content` into `dir` as save_checkpoint does and returns its folder.
 std::string write_checkpoint(const std::string& dir, const CheckpointContent& content,
                              int keep = 2);

@@ -1,5 +1,6 @@
-// Checkpoints written in the background: a running job copies its state at a step and goes on
-// training while a thread of the writer puts it on disk.
+// Checkpoints written in the background: a running job takes its state at a step (copies held
+// where they are, or brought here) and goes on training while the writer brings the copies here
+// and puts them on disk.
 #pragma once
 
 #include <condition_variable>
@@ -14,16 +15,21 @@
 
 namespace ferry::remote_module {
 
-// Writes checkpoints on a thread of its own, so that training goes on while they reach the disk:
-// one at a time, in the order given, each as write_checkpoint writes it (LATEST last). At most
-// one waits behind the one being written: a save() beyond that waits for the writer, which
-// bounds the copies held to two. A failed write is rethrown by the next save() or wait(), and
-// nothing after it is written. Resource type; save() and wait() from one thread.
+// Two threads of its own: one brings each checkpoint's content here (a Take: fetching copies that
+// the workers hold), the other writes it as write_checkpoint does (LATEST last), in the order
+// given. save() first waits until the checkpoint before has been brought here, so that one is
+// always here once the next is given. At most one checkpoint waits for the writing thread; a
+// `replaceable` one that still waits when a newer one of the same directory arrives is not
+// written (a disk slower than the checkpoints does not hold up training). A failure (a take
+// whose worker is lost, a write that cannot be made) is rethrown once, by the next save(),
+// wait() or wait_taken(); a failed take's checkpoint is not written, and the checkpoints after a
+// failed one still are. Resource type; save() and the waits from one thread.
 class CheckpointWriter {
  public:
-  // Called on the writer's thread once a checkpoint is on disk: its folder and the seconds the
-  // write took.
-  using Written = std::function<void(const std::string& folder, double seconds)>;
+  using Take = std::function<CheckpointContent()>;
+  // Called on the writing thread once a checkpoint is on disk: its folder and the seconds the
+  // fetch and the write took.
+  using Written = std::function<void(const std::string& folder, double take_s, double write_s)>;
 
   CheckpointWriter();
   // Waits for what was given to be written; a failure then is logged, not thrown.
@@ -31,27 +37,38 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
+  void save(std::string dir, Take take, int keep, Written written = {}, bool replaceable = false);
   void save(std::string dir, CheckpointContent content, int keep, Written written = {});
   // Until every checkpoint given is on disk.
   void wait();
+  // Until every checkpoint given has been brought here (not yet written, perhaps).
+  void wait_taken();
+  // The newest checkpoint brought here (the last one given, after wait_taken() unless it
+  // failed), for a job that goes back to it without reading the disk; none before the first.
+  std::optional<CheckpointContent> last_taken() const;
 
  private:
   struct Job {
     std::string dir;
-    CheckpointContent content;
+    Take take;
     int keep;
     Written written;
+    bool replaceable;
+    CheckpointContent content;  // once taken
+    double take_s = 0;
   };
-  void run();
+  void take_loop();
+  void write_loop();
   void rethrow_failure();  // under mutex_
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable changed_;
-  std::optional<Job> waiting_;  // under mutex_
-  bool writing_ = false;        // under mutex_
-  bool stopping_ = false;       // under mutex_
-  std::exception_ptr failure_;  // under mutex_
-  std::thread thread_;
+  std::optional<Job> to_take_, to_write_;        // under mutex_: waiting for each thread
+  bool taking_ = false, writing_ = false;        // under mutex_
+  bool stopping_ = false;                        // under mutex_
+  std::exception_ptr failure_;                   // under mutex_
+  std::optional<CheckpointContent> last_taken_;  // under mutex_
+  std::thread taker_, writer_;
 };
 
 }  // namespace ferry::remote_module

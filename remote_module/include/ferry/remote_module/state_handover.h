@@ -17,6 +17,11 @@ namespace ferry::remote_module {
 // returns: the stage may then be dropped).
 rpc::RRefPtr park_state(const RemoteModule& stage);
 
+// A copy of `stage`'s parameters and buffers taken now on its worker (in host memory) and held
+// there under the returned RRef, which is ready once the copy is made; its to_here() brings the
+// copy here as a state dict, from any thread, while the stage trains on. Call it between steps.
+rpc::RRefPtr snapshot_state(const RemoteModule& stage);
+
 // Every parameter and buffer of `stage` from `parks` (each from the first that holds it), which
 // its worker fetches itself. Throws rpc::Error(InvalidArgument) naming the stage, its worker and
 // the tensors that no park holds, and then loads nothing.

@@ -219,6 +219,8 @@ bool rebalance(Run& run, const RebalanceMoment& when, const StageSeconds& measur
   if (!move) return false;
   // A failure while moving goes back to a checkpoint with the new cut.
   run.plan = std::move(move->to);
+  // The last checkpoint's copies reach the master before the move is measured.
+  if (run.writer) run.writer->wait_taken();
   const std::uint64_t received = rpc::agent().bytes_received();
   const auto start = std::chrono::steady_clock::now();
   move_stages(run.job, run.s, run.plan, run.workers, move->handover);
@@ -241,6 +243,8 @@ bool run_epoch(Run& run, int epoch) {
   auto train_until = [&run](EpochPass& pass, std::size_t batches) {
     return pass.train_until(batches, *run.job, *run.schedule, run.progress.step);
   };
+  // The last epoch's checkpoint is brought here before this one's bytes are counted.
+  if (run.writer) run.writer->wait_taken();
   // The epoch's stage figures count from its start (or the batch it resumed at), or from the
   // last move within it.
   StageSeconds before = first_replica();

@@ -22,12 +22,12 @@ double seconds(Clock::time_point from, Clock::time_point to) {
 }
 
 // Waits for the checkpoint writer after a lost worker: a checkpoint whose copies were on that
-// worker cannot be brought here, and the one before it is used instead.
+// worker cannot be brought here (nor one the disk refused), and the one before it is used.
 void settle(Run& run, const std::function<void()>& wait) {
   try {
     wait();
   } catch (const rpc::Error& e) {
-    log::warn("a checkpoint was lost with its worker ({}); the one before it is used", e.what());
+    log::warn("a checkpoint could not be kept ({}); the one before it is used", e.what());
     run.events->add("checkpoint_lost", {{"error", e.what()}});
   }
 }

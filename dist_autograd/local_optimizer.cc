@@ -41,8 +41,16 @@ struct LocalOptimizer : torch::CustomClassHolder {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
 
+// An owner's state as it was at a take: a copy of each parameter's state (null where it had none),
+// or, for a type without copy_state, its bytes at once.
+struct TakenOptimizer : torch::CustomClassHolder {
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> copies;
+  c10::List<at::Tensor> bytes;
+};
+
 void register_local_optimizer_class() {
   static auto holder = torch::class_<LocalOptimizer>("ferry", "LocalOptimizer");
+  static auto taken = torch::class_<TakenOptimizer>("ferry", "TakenOptimizer");
 }
 
 c10::intrusive_ptr<LocalOptimizer> local_of(const c10::IValue& ref) {
@@ -174,22 +182,63 @@ void step(const c10::IValue& ref, std::int64_t context_id) {
   forget();
 }
 
+// One parameter's state as bytes; no bytes where it has none yet.
+at::Tensor state_bytes(const torch::optim::OptimizerParamState* state) {
+  if (state == nullptr) return at::empty({0}, at::kByte);
+  torch::serialize::OutputArchive archive;
+  state->serialize(archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return to_bytes(bytes.str());
+}
+
+// Each parameter's state, null where it has none yet. Under the optimizer's lock.
+std::vector<const torch::optim::OptimizerParamState*> states_of(LocalOptimizer& local) {
+  std::vector<const torch::optim::OptimizerParamState*> out;
+  auto& states = local.optimizer->state();
+  for (const at::Tensor& p : local.params) {
+    auto it = states.find(state_key(p));
+    out.push_back(it == states.end() ? nullptr : it->second.get());
+  }
+  return out;
+}
+
 c10::List<at::Tensor> save_state(const c10::IValue& ref) {
   auto local = local_of(ref);
   std::lock_guard<std::mutex> lock(local->mutex);
   c10::List<at::Tensor> out;
-  auto& states = local->optimizer->state();
-  for (const at::Tensor& p : local->params) {
-    auto it = states.find(state_key(p));
-    if (it == states.end()) {
-      out.push_back(at::empty({0}, at::kByte));
-      continue;
+  for (const auto* state : states_of(*local)) out.push_back(state_bytes(state));
+  return out;
+}
+
+// Copies the tensors only: turning them into bytes takes far longer, and the step that asked for
+// the take waits for it.
+c10::intrusive_ptr<TakenOptimizer> take(const c10::IValue& ref) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  auto taken = c10::make_intrusive<TakenOptimizer>();
+  for (const auto* state : states_of(*local)) {
+    if (!local->factory.copy_state) {
+      taken->bytes.push_back(state_bytes(state));
+    } else {
+      taken->copies.push_back(state ? local->factory.copy_state(*state) : nullptr);
     }
-    torch::serialize::OutputArchive archive;
-    it->second->serialize(archive);
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    out.push_back(to_bytes(bytes.str()));
+  }
+  return taken;
+}
+
+// The bytes of parameters `first`, `first` + 1, ... as many as `max_bytes` holds (one at least
+// while any remain).
+c10::List<at::Tensor> taken_part(const c10::IValue& ref, std::int64_t first,
+                                 std::int64_t max_bytes) {
+  auto taken = owned_value(ref, "optimizer state taken").toCustomClass<TakenOptimizer>();
+  const std::size_t count = taken->copies.empty() ? taken->bytes.size() : taken->copies.size();
+  c10::List<at::Tensor> out;
+  std::int64_t bytes = 0;
+  for (std::size_t i = static_cast<std::size_t>(first); i < count && bytes < max_bytes; ++i) {
+    out.push_back(taken->copies.empty() ? taken->bytes.get(i)
+                                        : state_bytes(taken->copies[i].get()));
+    bytes += out.get(out.size() - 1).numel();
   }
   return out;
 }
@@ -214,7 +263,9 @@ void load_state(const c10::IValue& ref, const std::vector<at::Tensor>& saved) {
     at::Tensor bytes = saved[i].contiguous();
     std::istringstream in(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
     torch::serialize::InputArchive archive;
-    archive.load_from(in);
+    // Onto the parameter's device: a state may have been saved from another, or from a copy in
+    // host memory.
+    archive.load_from(in, p.device());
     auto state = local->factory.make_state();
     state->serialize(archive);
     states[state_key(p)] = std::move(state);
@@ -293,6 +344,11 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
   });
   registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });
   registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
+  registry.add("ferry.optim.take", [](c10::IValue ref) { return c10::IValue(take(ref)); });
+  registry.add("ferry.optim.taken_part",
+               [](c10::IValue ref, std::int64_t first, std::int64_t max_bytes) {
+                 return taken_part(ref, first, max_bytes);
+               });
   registry.add("ferry.optim.load_state",
                [](c10::IValue ref, c10::IValue saved) { load_state(ref, saved.toTensorVector()); });
   registry.add("ferry.optim.park",

@@ -190,7 +190,7 @@ DistributedOptimizer::TakenState DistributedOptimizer::take_state() const {
   for (const Owner& owner : owners_) {
     if (owner.replica != 0) continue;
     taken.per_owner.push_back(
-        rpc::remote(owner.worker, "ferry.optim.state", {rpc::to_ivalue(owner.optimizer)}));
+        rpc::remote(owner.worker, "ferry.optim.take", {rpc::to_ivalue(owner.optimizer)}));
     taken.indices.push_back(owner.indices);
   }
   for (const rpc::RRefPtr& copy : taken.per_owner) {
@@ -206,10 +206,37 @@ DistributedOptimizer::TakenState DistributedOptimizer::take_state() const {
 }
 
 c10::IValue DistributedOptimizer::TakenState::fetch() const {
+  // A few MiB a call to each owner, all owners at once, so that the steps' own calls on their
+  // connections go on between the parts.
+  constexpr std::int64_t kPartBytes = std::int64_t{8} << 20;
   std::vector<at::Tensor> state(parameter_count);
+  std::vector<std::size_t> brought(per_owner.size(), 0);
+  std::vector<std::size_t> open;
   for (std::size_t o = 0; o < per_owner.size(); ++o) {
-    const std::vector<at::Tensor> tensors = per_owner[o]->to_here().toTensorVector();
-    for (std::size_t k = 0; k < indices[o].size(); ++k) state[indices[o][k]] = tensors.at(k);
+    if (!indices[o].empty()) open.push_back(o);
+  }
+  while (!open.empty()) {
+    rpc::FanOut calls;
+    for (std::size_t o : open) {
+      calls.call(per_owner[o]->ownerName(), "ferry.optim.taken_part",
+                 {rpc::to_ivalue(per_owner[o]), static_cast<std::int64_t>(brought[o]), kPartBytes});
+    }
+    const std::vector<c10::IValue> parts = calls.wait("bringing the optimizer's state here");
+    std::vector<std::size_t> still_open;
+    for (std::size_t i = 0; i < open.size(); ++i) {
+      const std::size_t o = open[i];
+      const std::vector<at::Tensor> tensors = parts[i].toTensorVector();
+      if (tensors.empty() || brought[o] + tensors.size() > indices[o].size()) {
+        throw rpc::Error(
+            rpc::ErrorKind::InvalidArgument,
+            fmt::format("worker \"{}\" holds the optimizer state of {} parameters, "
+                        "not {}",
+                        per_owner[o]->ownerName(), brought[o] + tensors.size(), indices[o].size()));
+      }
+      for (const at::Tensor& t : tensors) state[indices[o][brought[o]++]] = t;
+      if (brought[o] < indices[o].size()) still_open.push_back(o);
+    }
+    open = std::move(still_open);
   }
   return c10::List<at::Tensor>(state);
 }

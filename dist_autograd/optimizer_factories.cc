@@ -49,6 +49,21 @@ class OptionReader {
   std::set<std::string> known_;
 };
 
+// A tensor of a state, copied to host memory: a device's memory is what a model is split to save.
+at::Tensor host_copy(const at::Tensor& t) {
+  return t.defined() ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : t;
+}
+
+template <typename State>
+std::unique_ptr<torch::optim::OptimizerParamState> copy_adam_like(
+    const torch::optim::OptimizerParamState& state) {
+  auto out = std::make_unique<State>(static_cast<const State&>(state));
+  out->exp_avg(host_copy(out->exp_avg()));
+  out->exp_avg_sq(host_copy(out->exp_avg_sq()));
+  out->max_exp_avg_sq(host_copy(out->max_exp_avg_sq()));
+  return out;
+}
+
 template <typename AdamLike, typename AdamLikeOptions, typename State>
 OptimizerFactory adam_like(const std::string& type, double default_weight_decay) {
   OptimizerFactory factory;
@@ -66,6 +81,7 @@ OptimizerFactory adam_like(const std::string& type, double default_weight_decay)
   factory.make_state = [] {
     return std::unique_ptr<torch::optim::OptimizerParamState>(std::make_unique<State>());
   };
+  factory.copy_state = copy_adam_like<State>;
   return factory;
 }
 
@@ -88,6 +104,12 @@ struct Factories {
     sgd.make_state = [] {
       return std::unique_ptr<torch::optim::OptimizerParamState>(
           std::make_unique<torch::optim::SGDParamState>());
+    };
+    sgd.copy_state = [](const torch::optim::OptimizerParamState& state) {
+      auto out = std::make_unique<torch::optim::SGDParamState>(
+          static_cast<const torch::optim::SGDParamState&>(state));
+      out->momentum_buffer(host_copy(out->momentum_buffer()));
+      return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(out));
     };
     by_name["sgd"] = sgd;
     by_name["adam"] =

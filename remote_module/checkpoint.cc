@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sodium.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 
@@ -11,7 +12,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "ferry/core/files.h"
 #include "ferry/remote_module/stage_here.h"
@@ -42,6 +46,43 @@ std::vector<char> read_file(const fs::path& path) {
   } catch (const std::runtime_error& e) {
     rpc::refuse(e.what());
   }
+}
+
+// A file's BLAKE2b digest in hex: what the manifest holds of each file, so that a read finds a
+// file that the disk or a hand changed (torch's own reader checks no sums).
+std::string digest(const std::vector<char>& bytes) {
+  if (sodium_init() < 0) rpc::refuse("libsodium could not start");
+  unsigned char hash[crypto_generichash_BYTES];
+  crypto_generichash(hash, sizeof hash, reinterpret_cast<const unsigned char*>(bytes.data()),
+                     bytes.size(), nullptr, 0);
+  char hex[2 * crypto_generichash_BYTES + 1];
+  sodium_bin2hex(hex, sizeof hex, hash, sizeof hash);
+  return hex;
+}
+
+// Writes `bytes` to `folder`/`file` and returns the file's entry in the manifest.
+nlohmann::ordered_json write_listed(const fs::path& folder, const std::string& file,
+                                    const std::vector<char>& bytes) {
+  write_atomically(folder / file, bytes);
+  return {{"file", file}, {"bytes", bytes.size()}, {"blake2b", digest(bytes)}};
+}
+
+// The bytes of a file the manifest lists, checked against the size and digest it gives there
+// (checkpoints written before digests give none).
+std::vector<char> read_listed(const fs::path& folder, const nlohmann::json& entry) {
+  const fs::path path = folder / entry.at("file").get<std::string>();
+  std::vector<char> bytes = read_file(path);
+  if (entry.contains("bytes") && entry.at("bytes").get<std::size_t>() != bytes.size()) {
+    rpc::refuse(fmt::format("\"{}\" is corrupt: it has {} bytes where the manifest says {}",
+                            path.string(), bytes.size(), entry.at("bytes").get<std::size_t>()));
+  }
+  if (entry.contains("blake2b") && entry.at("blake2b").get<std::string>() != digest(bytes)) {
+    rpc::refuse(
+        fmt::format("\"{}\" is corrupt: its bytes are not those the manifest's digest "
+                    "was taken of",
+                    path.string()));
+  }
+  return bytes;
 }
 
 int checkpoint_number(const fs::path& path) {
@@ -109,18 +150,26 @@ std::function<CheckpointContent()> take_checkpoint(
                       fmt::format("copying the state of {} failed", where(described[k])));
     }
   }
+  // The copies leave their workers as they come here: a second call (the same take saved into
+  // two directories) is given what the first brought.
+  struct Brought {
+    std::mutex mutex;
+    std::optional<CheckpointContent> content;
+  };
   return [described = std::move(described), copies = std::move(copies), extra = std::move(extra),
-          deferred = std::move(deferred), where]() {
+          deferred = std::move(deferred), where, brought = std::make_shared<Brought>()]() {
+    std::lock_guard<std::mutex> lock(brought->mutex);
+    if (brought->content) return *brought->content;
     CheckpointContent content{described, extra};
-    for (std::size_t k = 0; k < copies.size(); ++k) {
-      try {
-        content.stages[k].state = copies[k]->to_here().to<c10::Dict<std::string, at::Tensor>>();
-      } catch (const std::exception&) {
-        rpc::rethrow_as(std::current_exception(),
-                        fmt::format("bringing the state of {} here failed", where(described[k])));
-      }
+    std::vector<c10::Dict<std::string, at::Tensor>> states;
+    try {
+      states = bring_snapshots(copies, [&](std::size_t k) { return where(described[k]); });
+    } catch (const std::exception&) {
+      rpc::rethrow_as(std::current_exception(), "bringing the stages' state here failed");
     }
+    for (std::size_t k = 0; k < copies.size(); ++k) content.stages[k].state = std::move(states[k]);
     for (const auto& [name, fetch] : deferred) content.extra[name] = fetch();
+    brought->content = content;
     return content;
   };
 }
@@ -140,17 +189,18 @@ std::string write_checkpoint(const std::string& dir, const CheckpointContent& co
   manifest["format"] = "ferry-checkpoint-1";
   manifest["stages"] = nlohmann::ordered_json::array();
   for (const CheckpointContent::Stage& stage : content.stages) {
-    write_atomically(folder / (stage.name + ".pt"), torch::pickle_save(c10::IValue(stage.state)));
-    manifest["stages"].push_back({{"name", stage.name},
-                                  {"type", stage.type},
-                                  {"worker", stage.worker},
-                                  {"file", stage.name + ".pt"},
-                                  {"tensors", stage.state.size()}});
+    nlohmann::ordered_json entry = {
+        {"name", stage.name}, {"type", stage.type}, {"worker", stage.worker}};
+    entry.update(
+        write_listed(folder, stage.name + ".pt", torch::pickle_save(c10::IValue(stage.state))));
+    entry["tensors"] = stage.state.size();
+    manifest["stages"].push_back(std::move(entry));
   }
   manifest["extra"] = nlohmann::ordered_json::array();
   for (const auto& [name, value] : content.extra) {
-    write_atomically(folder / (name + ".pt"), torch::pickle_save(value));
-    manifest["extra"].push_back({{"name", name}, {"file", name + ".pt"}});
+    nlohmann::ordered_json entry = {{"name", name}};
+    entry.update(write_listed(folder, name + ".pt", torch::pickle_save(value)));
+    manifest["extra"].push_back(std::move(entry));
   }
   std::string text = manifest.dump(2);
   write_atomically(folder / "manifest.json", std::vector<char>(text.begin(), text.end()));
@@ -196,12 +246,25 @@ std::pair<fs::path, nlohmann::json> latest_checkpoint(const std::string& dir) {
   return {folder, read_manifest(folder)};
 }
 
-c10::Dict<std::string, at::Tensor> read_state(const fs::path& file) {
-  std::vector<char> bytes = read_file(file);
+// A pickled value the manifest lists.
+c10::IValue read_value(const fs::path& folder, const nlohmann::json& entry) {
+  std::vector<char> bytes = read_listed(folder, entry);
   try {
-    return torch::pickle_load(bytes).to<c10::Dict<std::string, at::Tensor>>();
+    return torch::pickle_load(bytes);
   } catch (const c10::Error& e) {
-    rpc::refuse(fmt::format("\"{}\" is not a state dict of tensors: {}", file.string(),
+    rpc::refuse(fmt::format("\"{}\" cannot be unpickled: {}",
+                            (folder / entry.at("file").get<std::string>()).string(),
+                            e.what_without_backtrace()));
+  }
+}
+
+c10::Dict<std::string, at::Tensor> read_state(const fs::path& folder, const nlohmann::json& entry) {
+  c10::IValue value = read_value(folder, entry);
+  try {
+    return value.to<c10::Dict<std::string, at::Tensor>>();
+  } catch (const c10::Error& e) {
+    rpc::refuse(fmt::format("\"{}\" is not a state dict of tensors: {}",
+                            (folder / entry.at("file").get<std::string>()).string(),
                             e.what_without_backtrace()));
   }
 }
@@ -220,8 +283,7 @@ NamedValues read_extra(const fs::path& folder, const nlohmann::json& manifest) {
   NamedValues extra;
   if (manifest.contains("extra")) {
     for (const auto& entry : manifest.at("extra")) {
-      std::string name = entry.at("name");
-      extra[name] = torch::pickle_load(read_file(folder / entry.at("file").get<std::string>()));
+      extra[entry.at("name").get<std::string>()] = read_value(folder, entry);
     }
   }
   return extra;
@@ -271,18 +333,38 @@ SavedCheckpoint read_checkpoint(const std::string& folder) {
   nlohmann::json manifest = read_manifest(folder);
   SavedCheckpoint out{folder, {}, read_extra(folder, manifest)};
   for (const auto& entry : manifest.at("stages")) {
-    out.stages.emplace_back(entry.at("name").get<std::string>(),
-                            read_state(fs::path(folder) / entry.at("file").get<std::string>()));
+    out.stages.emplace_back(entry.at("name").get<std::string>(), read_state(folder, entry));
   }
   return out;
+}
+
+SavedCheckpoint read_latest_checkpoint(
+    const std::string& dir,
+    const std::function<void(const std::string& folder, const std::string& why)>& skipped) {
+  const std::string latest = latest_checkpoint_folder(dir);
+  std::vector<std::string> candidates{latest};
+  const std::vector<std::string> folders = checkpoint_folders(dir);
+  for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
+    if (checkpoint_number(*it) < checkpoint_number(latest)) candidates.push_back(*it);
+  }
+  std::vector<std::string> reasons;
+  for (const std::string& folder : candidates) {
+    try {
+      return read_checkpoint(folder);
+    } catch (const std::exception& e) {
+      // A manifest of another shape fails in the JSON reader, not as our own error.
+      reasons.push_back(e.what());
+      if (skipped) skipped(folder, e.what());
+    }
+  }
+  rpc::refuse(
+      fmt::format("no checkpoint in \"{}\" could be read: {}", dir, fmt::join(reasons, "; ")));
 }
 
 c10::IValue read_checkpoint_value(const std::string& folder, const std::string& name) {
   nlohmann::json manifest = read_manifest(folder);
   for (const auto& entry : manifest.value("extra", nlohmann::json::array())) {
-    if (entry.at("name") == name) {
-      return torch::pickle_load(read_file(fs::path(folder) / entry.at("file").get<std::string>()));
-    }
+    if (entry.at("name") == name) return read_value(folder, entry);
   }
   rpc::refuse(fmt::format("checkpoint \"{}\" saved no value \"{}\"", folder, name));
 }
@@ -310,14 +392,17 @@ void save_state_dict(const c10::Dict<std::string, at::Tensor>& state, const std:
 
 NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {
   auto [folder, manifest] = latest_checkpoint(dir);
-  std::vector<std::string> saved;
-  for (const auto& entry : manifest.at("stages")) saved.push_back(entry.at("name"));
+  std::map<std::string, nlohmann::json> saved;
+  for (const auto& entry : manifest.at("stages")) saved[entry.at("name")] = entry;
   for (const auto& [name, module] : stages) {
-    if (std::find(saved.begin(), saved.end(), name) == saved.end()) {
+    auto it = saved.find(name);
+    if (it == saved.end()) {
+      std::vector<std::string> names;
+      for (const auto& [saved_name, entry] : saved) names.push_back(saved_name);
       rpc::refuse(fmt::format("checkpoint \"{}\" has no stage \"{}\" (it has: {})", folder.string(),
-                              name, fmt::join(saved, ", ")));
+                              name, fmt::join(names, ", ")));
     }
-    restore_stage(name, module, read_state(folder / (name + ".pt")),
+    restore_stage(name, module, read_state(folder, it->second),
                   fmt::format("\"{}\"", folder.string()));
   }
   return read_extra(folder, manifest);
@@ -361,7 +446,7 @@ NamedValues load_checkpoint_by_tensor_name(const std::string& dir, const NamedSt
   auto [folder, manifest] = latest_checkpoint(dir);
   std::map<std::string, at::Tensor> pool;
   for (const auto& entry : manifest.at("stages")) {
-    for (const auto& item : read_state(folder / entry.at("file").get<std::string>())) {
+    for (const auto& item : read_state(folder, entry)) {
       pool[item.key()] = item.value();
     }
   }

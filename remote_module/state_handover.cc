@@ -12,6 +12,8 @@ namespace ferry::remote_module {
 namespace {
 
 constexpr const char* kTake = "ferry.stage.take_parked";
+constexpr const char* kTakeSnapshotPart = "ferry.stage.take_snapshot_part";
+constexpr std::int64_t kSnapshotPartBytes = std::int64_t{8} << 20;
 
 void load_from_parks(const rpc::RRefPtr& module, const std::vector<rpc::RRefPtr>& parks) {
   std::vector<std::string> names;
@@ -44,6 +46,7 @@ void install_state_handover(rpc::FunctionRegistry& registry) {
     return copy;
   });
   rpc::install_park_taker(registry, kTake);
+  rpc::install_park_part_taker(registry, kTakeSnapshotPart);
   registry.add("ferry.stage.load_parked", [](rpc::RRefPtr module, c10::IValue parks) {
     load_from_parks(module, rpc::parks_of(parks));
   });
@@ -64,6 +67,12 @@ rpc::RRefPtr park_state(const RemoteModule& stage) {
 
 rpc::RRefPtr snapshot_state(const RemoteModule& stage) {
   return rpc::remote(stage.worker(), "ferry.stage.snapshot", {rpc::to_ivalue(stage.module_rref())});
+}
+
+std::vector<c10::Dict<std::string, at::Tensor>> bring_snapshots(
+    const std::vector<rpc::RRefPtr>& snapshots,
+    const std::function<std::string(std::size_t)>& label) {
+  return rpc::bring_parks(snapshots, kTakeSnapshotPart, kSnapshotPartBytes, label);
 }
 
 void load_parked_state(const RemoteModule& stage, const std::vector<rpc::RRefPtr>& parks) {

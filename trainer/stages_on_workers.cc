@@ -141,11 +141,19 @@ void restore_progress(StagesOnWorkers& job, const remote_module::NamedValues& ex
 
 std::string restore(StagesOnWorkers& job, const std::string& dir, std::size_t epoch_steps,
                     Progress& progress) {
-  const std::string folder = remote_module::latest_checkpoint_folder(dir);
-  const remote_module::NamedValues extra =
-      remote_module::load_checkpoint_by_tensor_name(dir, job.split().named());
-  restore_progress(job, extra, fmt::format("the checkpoint in {}", dir), epoch_steps, progress);
-  return folder;
+  const remote_module::SavedCheckpoint saved = remote_module::read_latest_checkpoint(
+      dir, [](const std::string& folder, const std::string& why) {
+        log::warn("checkpoint {} cannot be used ({}); trying the one before it", folder, why);
+      });
+  std::map<std::string, at::Tensor> state;
+  for (const auto& [stage, tensors] : saved.stages) {
+    for (const auto& item : tensors) state[item.key()] = item.value();
+  }
+  remote_module::load_state_by_tensor_name(std::move(state), job.split().named(),
+                                           fmt::format("checkpoint \"{}\"", saved.folder));
+  restore_progress(job, saved.extra, fmt::format("the checkpoint {}", saved.folder), epoch_steps,
+                   progress);
+  return saved.folder;
 }
 
 void restore(StagesOnWorkers& job, const remote_module::CheckpointContent& content,

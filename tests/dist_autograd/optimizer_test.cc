@@ -182,6 +182,40 @@ TEST(DistributedOptimizer, StateInACheckpointResumesExactly) {
   std::filesystem::remove_all(dir);
 }
 
+class TakenStates : public ::testing::TestWithParam<std::string> {};
+
+// A take copies the state as it is at that step: later steps leave the copy alone, and what is
+// fetched afterwards trains on from the take exactly.
+TEST_P(TakenStates, AStateTakenAtAStepAndFetchedLaterTrainsOnFromThatStep) {
+  LocalWorld world(two_workers());
+  const OptimizerSpec spec = GetParam() == "sgd" ? OptimizerSpec::sgd(0.1, 0.9)
+                                                 : OptimizerSpec{GetParam(), {{"lr", 0.01}}};
+  TwoStages straight;
+  DistributedOptimizer straight_optimizer(spec, straight.parameters());
+  for (int step = 0; step < 4; ++step) straight.train_step(straight_optimizer, batch(step));
+
+  TwoStages running;
+  DistributedOptimizer running_optimizer(spec, running.parameters());
+  for (int step = 0; step < 2; ++step) running.train_step(running_optimizer, batch(step));
+  const auto first_weights = running.first.state_dict();
+  const auto second_weights = running.second.state_dict();
+  const DistributedOptimizer::TakenState taken = running_optimizer.take_state();
+  for (int step = 2; step < 4; ++step) running.train_step(running_optimizer, batch(step));
+
+  TwoStages after;
+  after.first.load_state_dict(first_weights);
+  after.second.load_state_dict(second_weights);
+  DistributedOptimizer optimizer(spec, after.parameters());
+  optimizer.load_state_dict(taken.fetch());
+  for (int step = 2; step < 4; ++step) after.train_step(optimizer, batch(step));
+  expect_same_parameters(after.first, straight.first, 1e-6);
+  expect_same_parameters(after.second, straight.second, 1e-6);
+}
+
+// "test.adam_serialized_at_take" is a registered type without copy_state.
+INSTANTIATE_TEST_SUITE_P(Types, TakenStates,
+                         ::testing::Values("sgd", "adam", "adamw", "test.adam_serialized_at_take"));
+
 TEST(DistributedOptimizer, AccumulatedContextsStepAsOneContextOfTheirSummedLosses) {
   LocalWorld world(two_workers());
   auto loss_of = [](const TwoStages& stages, const at::Tensor& x) {

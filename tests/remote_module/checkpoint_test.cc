@@ -7,9 +7,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "ferry/core/files.h"
 #include "ferry/remote_module/checkpoint_writer.h"
+#include "ferry/remote_module/state_handover.h"
+#include "ferry/rpc/parked.h"
+#include "ferry/rpc/rpc.h"
 #include "tests/support/cluster.h"
 #include "tests/support/temp_dir.h"
 
@@ -233,6 +237,81 @@ TEST(Checkpoint, ReadsBackWithoutStagesAndMergesItsStagesIntoOneStateDict) {
     FAIL() << "stages of the same tensor names were merged";
   } catch (const rpc::Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("stages \"left\" and \"right\" both have tensor"));
+  }
+}
+
+// A checkpoint's copies travel a part at a time, so that a step's calls pass between them.
+TEST(Checkpoint, AStageSnapshotComesHereInPartsOfTheSizeAskedForAndLeavesItsWorker) {
+  LocalWorld world;
+  RemoteModule stage = RemoteModule::create("a", "test.mlp", mlp(1));
+  const c10::Dict<std::string, at::Tensor> state = stage.state_dict();
+  ASSERT_GT(state.size(), 2u);
+  const rpc::RRefPtr snapshot = snapshot_state(stage);
+  snapshot->ready()->wait();
+  const std::string take = "ferry.stage.take_snapshot_part";
+  // One byte a part: one tensor a part, in the stage's order.
+  const c10::IValue first = rpc::rpc_sync("a", take, {rpc::to_ivalue(snapshot), int64_t{1}});
+  ASSERT_EQ(first.toGenericDict().size(), 1u);
+  EXPECT_EQ(first.toGenericDict().begin()->key().toStringRef(), state.begin()->key());
+  auto label = [](std::size_t) { return std::string("the stage"); };
+  const rpc::ParkedTensors rest = rpc::bring_parks({snapshot}, take, 1, label).at(0);
+  EXPECT_EQ(rest.size(), state.size() - 1);
+  for (const auto& item : rest) EXPECT_TRUE(item.value().equal(state.at(item.key())));
+  EXPECT_TRUE(bring_snapshots({snapshot}, label).at(0).empty());
+}
+
+// What a step checkpoint holds, of one stage, written without workers.
+CheckpointContent content_of_step(int step) {
+  c10::Dict<std::string, at::Tensor> state;
+  state.insert("weight", torch::full({3}, static_cast<float>(step)));
+  return CheckpointContent{{{"only", "test.mlp", "a", state}}, {{"step", int64_t{step}}}};
+}
+
+void change_file(const std::string& path, const std::function<void(std::string&)>& change) {
+  std::string bytes = core::read_whole_file(path);
+  change(bytes);
+  core::write_file_atomically(path, bytes);
+}
+
+TEST(Checkpoint, AFileThatIsNotWhatItsManifestSaysIsNamedAndTheCheckpointBeforeItRead) {
+  ferry::testing::TempDir dir("checkpoint");
+  const std::string first = write_checkpoint(dir.path(), content_of_step(1), 3);
+  const std::string second = write_checkpoint(dir.path(), content_of_step(2), 3);
+  const std::string third = write_checkpoint(dir.path(), content_of_step(3), 3);
+  // The newest's weights 3.0 changed to 4.0 (bytes that torch's own reader takes without a
+  // word), the one before it cut short.
+  change_file(third + "/only.pt", [](std::string& bytes) {
+    const std::string three("\x00\x00\x40\x40\x00\x00\x40\x40", 8);
+    const std::size_t at = bytes.find(three);
+    ASSERT_NE(at, std::string::npos);
+    bytes[at + 2] = '\x80';
+  });
+  change_file(second + "/step.pt", [](std::string& bytes) { bytes.resize(bytes.size() / 2); });
+
+  std::vector<std::pair<std::string, std::string>> skipped;
+  const SavedCheckpoint saved =
+      read_latest_checkpoint(dir.path(), [&](const std::string& folder, const std::string& why) {
+        skipped.emplace_back(folder, why);
+      });
+  EXPECT_EQ(saved.folder, first);
+  EXPECT_EQ(saved.extra.at("step").toInt(), 1);
+  EXPECT_TRUE(saved.stages.at(0).second.at("weight").equal(torch::full({3}, 1.0f)));
+  EXPECT_THAT(skipped,
+              ::testing::ElementsAre(
+                  ::testing::Pair(
+                      third, ::testing::HasSubstr("only.pt\" is corrupt: its bytes are not those")),
+                  ::testing::Pair(second, ::testing::HasSubstr("step.pt\" is corrupt: it has"))));
+
+  // None left: every folder and why.
+  change_file(first + "/manifest.json", [](std::string& bytes) { bytes = "{"; });
+  try {
+    read_latest_checkpoint(dir.path());
+    FAIL() << "a checkpoint was read where none is whole";
+  } catch (const rpc::Error& e) {
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr("no checkpoint in \"" + dir.path() + "\" could be read"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(first + "/manifest.json\" is not a checkpoint"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("step.pt\" is corrupt"));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "dist_autograd/optimizer_factories.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/dist_autograd/context.h"
 #include "ferry/models/unet.h"
@@ -55,6 +56,10 @@ struct SlowBackward : torch::autograd::Function<SlowBackward> {
 
 void register_test_functions(rpc::FunctionRegistry& registry) {
   register_test_stages();
+  // A type of the user's own as register_optimizer takes it: no copy_state.
+  dist_autograd::OptimizerFactory adam = dist_autograd::factory_of("adam");
+  adam.copy_state = nullptr;
+  dist_autograd::register_optimizer("test.adam_serialized_at_take", adam);
   models::register_unet_stages();
   pipeline::install(registry);
   registry.add("double_it", [](at::Tensor x) { return x * 2; });

@@ -45,6 +45,12 @@ struct OptimizerFactory {
       std::vector<at::Tensor> params, const std::map<std::string, double>& options)>
       make;
   std::function<std::unique_ptr<torch::optim::OptimizerParamState>()> make_state;
+  // A copy of one parameter's state that later steps leave alone (its tensors copied into host
+  // memory), so that a take at a step turns it into bytes only when it is fetched. Optional:
+  // where it is empty, take_state() serializes each state at once.
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>(
+      const torch::optim::OptimizerParamState&)>
+      copy_state;
 };
 // Registers a type under `name` in this process (workers that host the parameters need it).
 void register_optimizer(const std::string& name, OptimizerFactory factory);
@@ -100,8 +106,9 @@ class DistributedOptimizer {
   // Throws rpc::Error if `state` does not match the parameters.
   void load_state_dict(const c10::IValue& state);
   // state_dict() in two halves: each owner of replica 0 copies its state now and holds it
-  // (ready once every copy is made); fetch() brings the copies here as state_dict() would have
-  // given them then, from any thread, after this optimizer is gone too.
+  // (ready once every copy is made); fetch() has the owners turn their copies into bytes and
+  // brings them here as state_dict() would have given them then, from any thread, after this
+  // optimizer is gone too.
   struct TakenState {
     std::vector<rpc::RRefPtr> per_owner;
     std::vector<std::vector<std::size_t>> indices;  // each owner's parameters' positions

@@ -2,7 +2,8 @@
 // directory, restorable into stages built anywhere (other workers, another run).
 //
 // Layout: DIR/ckpt-<n>/<stage>.pt (one pickled state dict per stage, readable by Python's
-// torch.load) and DIR/ckpt-<n>/manifest.json, with DIR/LATEST naming the newest complete one.
+// torch.load) and DIR/ckpt-<n>/manifest.json (each file with its size and BLAKE2b digest), with
+// DIR/LATEST naming the newest complete one.
 // Every file is written to a temporary name, flushed to disk and renamed, and LATEST moves only
 // after the whole checkpoint is on disk, so a crash during a save leaves the previous checkpoint
 // the latest. Called from one thread at a time per directory.
@@ -86,6 +87,13 @@ std::string latest_checkpoint_folder(const std::string& dir);
 // Reads a checkpoint folder; rpc::Error(InvalidArgument) naming the folder or file if a file is
 // missing or unreadable.
 SavedCheckpoint read_checkpoint(const std::string& folder);
+// The newest checkpoint of `dir` that reads whole: the one LATEST names, or where a file of it is
+// missing, unreadable or not what the manifest says of it (its size and BLAKE2b digest), the
+// newest one before it that is; `skipped` hears each folder passed over and why. rpc::Error
+// naming `dir` and every reason when none reads.
+SavedCheckpoint read_latest_checkpoint(
+    const std::string& dir,
+    const std::function<void(const std::string& folder, const std::string& why)>& skipped = {});
 // One of the values saved beside the stages (see save_checkpoint's `extra`), without reading the
 // rest; rpc::Error(InvalidArgument) naming the folder and the value if it has none such.
 c10::IValue read_checkpoint_value(const std::string& folder, const std::string& name);

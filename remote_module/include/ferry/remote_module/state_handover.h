@@ -6,6 +6,8 @@
 // their last RRef.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "ferry/remote_module/remote_module.h"
@@ -18,9 +20,15 @@ namespace ferry::remote_module {
 rpc::RRefPtr park_state(const RemoteModule& stage);
 
 // A copy of `stage`'s parameters and buffers taken now on its worker (in host memory) and held
-// there under the returned RRef, which is ready once the copy is made; its to_here() brings the
-// copy here as a state dict, from any thread, while the stage trains on. Call it between steps.
+// there under the returned RRef, which is ready once the copy is made; bring_snapshot brings it
+// here, from any thread, while the stage trains on. Call it between steps.
 rpc::RRefPtr snapshot_state(const RemoteModule& stage);
+// The copies `snapshots` hold, taken from their workers a few MiB a call, all workers at once, so
+// that the steps' own calls on those connections go on between the parts. Once. rpc::Error
+// naming `label(k)` ("stage \"decoder\" on worker \"b\"") where the k-th could not be brought.
+std::vector<c10::Dict<std::string, at::Tensor>> bring_snapshots(
+    const std::vector<rpc::RRefPtr>& snapshots,
+    const std::function<std::string(std::size_t)>& label);
 
 // Every parameter and buffer of `stage` from `parks` (each from the first that holds it), which
 // its worker fetches itself. Throws rpc::Error(InvalidArgument) naming the stage, its worker and

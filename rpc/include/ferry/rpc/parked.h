@@ -10,6 +10,8 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,20 @@ ParkedTensors take_parked(const RRefPtr& park, const std::vector<std::string>& n
 // Registers `name` (park, names) -> take_parked(park, names, true): what gather_parked calls on
 // other owners.
 void install_park_taker(FunctionRegistry& registry, const std::string& name);
+
+// On a park's owner: its first entries in order, taken out of it, as many as `max_bytes` holds
+// (one at least while any remain); none once it is empty. Moved to CPU memory.
+ParkedTensors take_parked_part(const RRefPtr& park, std::int64_t max_bytes);
+// Registers `name` (park, max_bytes) -> take_parked_part(park, max_bytes).
+void install_park_part_taker(FunctionRegistry& registry, const std::string& name);
+// Every tensor of each of `parks` (once it is made), taken out of it and brought here by calls of
+// `take_function` (as install_park_part_taker registers it) of at most `part_bytes` each, a
+// larger tensor alone, one call to each park's owner at a time, all owners at once: a big park
+// then holds up the other calls on its owner's connection for one part at a time, not for the
+// whole of its way. `label` names each park in an error ("stage \"decoder\" on worker \"b\"").
+std::vector<ParkedTensors> bring_parks(const std::vector<RRefPtr>& parks,
+                                       const std::string& take_function, std::int64_t part_bytes,
+                                       const std::function<std::string(std::size_t)>& label);
 
 // Each of `names` from the first of `parks` that holds it: from this worker's own parks
 // without a copy, from each other owner by one call of `take_function` (park, names). Names no

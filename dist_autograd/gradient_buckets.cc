@@ -94,9 +94,9 @@ bool GradientBuckets::holds(const at::Tensor& param) const {
 
 void GradientBuckets::check_usable() const {
   if (broken_.empty()) return;
-  throw rpc::Error(rpc::ErrorKind::RemoteException,
-                   fmt::format("{} can no longer average gradients: {}", group_->describe(),
-                               broken_));
+  throw rpc::Error(
+      rpc::ErrorKind::RemoteException,
+      fmt::format("{} can no longer average gradients: {}", group_->describe(), broken_));
 }
 
 // A context that contributed, was neither kept nor stepped, and is followed by another was

@@ -7,6 +7,7 @@
 #include <torch/optim.h>
 #include <torch/serialize.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <sstream>
@@ -39,6 +40,9 @@ struct LocalOptimizer : torch::CustomClassHolder {
   std::shared_ptr<GradientBuckets> buckets;
   OptimizerFactory factory;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  // Steps taken: read without the mutex, so that a master can ask while a step is stuck in an
+  // all-reduce with a lost peer.
+  std::atomic<std::int64_t> steps{0};
 };
 
 // An owner's state as it was at a take: a copy of each parameter's state (null where it had none),
@@ -175,6 +179,7 @@ void step(const c10::IValue& ref, std::int64_t context_id) {
   try {
     if (local->buckets) local->buckets->average_into_grads();
     local->optimizer->step();
+    ++local->steps;
   } catch (...) {
     forget();
     throw;
@@ -343,6 +348,8 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
     return out;
   });
   registry.add("ferry.optim.set_lr", [](c10::IValue ref, double lr) { set_lr(ref, lr); });
+  registry.add("ferry.optim.steps_taken",
+               [](c10::IValue ref) { return local_of(ref)->steps.load(); });
   registry.add("ferry.optim.state", [](c10::IValue ref) { return save_state(ref); });
   registry.add("ferry.optim.take", [](c10::IValue ref) { return c10::IValue(take(ref)); });
   registry.add("ferry.optim.taken_part",

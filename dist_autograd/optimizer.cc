@@ -140,6 +140,7 @@ void DistributedOptimizer::step(std::int64_t context_id) {
 
 void DistributedOptimizer::step(const std::vector<std::int64_t>& context_ids) {
   on_contexts("step", "ferry.optim.step", context_ids);
+  ++steps_;
 }
 
 void DistributedOptimizer::on_contexts(const std::string& what, const std::string& function,
@@ -268,6 +269,16 @@ c10::List<std::string> park_keys(const std::vector<std::size_t>& indices) {
   return out;
 }
 
+void wait_parked(const DistributedOptimizer::Parked& p) {
+  try {
+    p.state->ready()->wait();
+  } catch (const std::exception&) {
+    rpc::rethrow_as(
+        std::current_exception(),
+        fmt::format("parking the optimizer's state on worker \"{}\" failed", p.state->ownerName()));
+  }
+}
+
 }  // namespace
 
 std::vector<DistributedOptimizer::Parked> DistributedOptimizer::park() const {
@@ -277,15 +288,40 @@ std::vector<DistributedOptimizer::Parked> DistributedOptimizer::park() const {
                          rpc::remote(owner.worker, "ferry.optim.park",
                                      {rpc::to_ivalue(owner.optimizer), park_keys(owner.indices)})});
   }
-  for (const Parked& p : out) {
-    try {
-      p.state->ready()->wait();
-    } catch (const std::exception&) {
-      rpc::rethrow_as(std::current_exception(),
-                      fmt::format("parking the optimizer's state on worker \"{}\" failed",
-                                  p.state->ownerName()));
-    }
+  for (const Parked& p : out) wait_parked(p);
+  return out;
+}
+
+const DistributedOptimizer::Owner& DistributedOptimizer::owner_on(int replica,
+                                                                  const std::string& worker) const {
+  for (const Owner& owner : owners_) {
+    if (owner.replica == replica && owner.worker == worker) return owner;
   }
+  throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                   fmt::format("optimizer \"{}\": worker \"{}\" holds no parameters of replica {}",
+                               spec_.name, worker, replica));
+}
+
+bool DistributedOptimizer::between_steps(int replica, const std::string& worker) const {
+  try {
+    const Owner& owner = owner_on(replica, worker);
+    return rpc::rpc_sync<std::int64_t>(worker, "ferry.optim.steps_taken",
+                                       {rpc::to_ivalue(owner.optimizer)}) == steps_;
+  } catch (const rpc::Error&) {
+    return false;
+  }
+}
+
+std::vector<DistributedOptimizer::Parked> DistributedOptimizer::park_owners(
+    const std::vector<OwnerPark>& owners) const {
+  std::vector<Parked> out;
+  for (const OwnerPark& o : owners) {
+    const Owner& owner = owner_on(o.replica, o.worker);
+    out.push_back(Parked{o.for_replica,
+                         rpc::remote(o.worker, "ferry.optim.park",
+                                     {rpc::to_ivalue(owner.optimizer), park_keys(owner.indices)})});
+  }
+  for (const Parked& p : out) wait_parked(p);
   return out;
 }
 

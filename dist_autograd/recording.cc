@@ -66,7 +66,8 @@ class Observer final : public rpc::GradObserver {
                                int to_rank) override {
     std::int64_t id = current_id();
     // Backward, release and the optimizer never join the graph.
-    if (id == 0 || function.rfind("ferry.autograd.", 0) == 0 || function.rfind("ferry.optim.", 0) == 0) {
+    if (id == 0 || function.rfind("ferry.autograd.", 0) == 0 ||
+        function.rfind("ferry.optim.", 0) == 0) {
       return {};
     }
     ContextPtr context = find_context(id);

@@ -52,17 +52,24 @@ void install_state_handover(rpc::FunctionRegistry& registry) {
   });
 }
 
-rpc::RRefPtr park_state(const RemoteModule& stage) {
-  rpc::RRefPtr park =
-      rpc::remote(stage.worker(), "ferry.stage.park", {rpc::to_ivalue(stage.module_rref())});
-  try {
-    park->ready()->wait();
-  } catch (const std::exception&) {
-    rpc::rethrow_as(std::current_exception(),
-                    fmt::format("parking the state of stage \"{}\" on worker \"{}\" failed",
-                                stage.type(), stage.worker()));
+rpc::RRefPtr park_state(const RemoteModule& stage) { return park_states({stage}).front(); }
+
+std::vector<rpc::RRefPtr> park_states(const std::vector<RemoteModule>& stages) {
+  std::vector<rpc::RRefPtr> parks;
+  for (const RemoteModule& stage : stages) {
+    parks.push_back(
+        rpc::remote(stage.worker(), "ferry.stage.park", {rpc::to_ivalue(stage.module_rref())}));
   }
-  return park;
+  for (std::size_t k = 0; k < stages.size(); ++k) {
+    try {
+      parks[k]->ready()->wait();
+    } catch (const std::exception&) {
+      rpc::rethrow_as(std::current_exception(),
+                      fmt::format("parking the state of stage \"{}\" on worker \"{}\" failed",
+                                  stages[k].type(), stages[k].worker()));
+    }
+  }
+  return parks;
 }
 
 rpc::RRefPtr snapshot_state(const RemoteModule& stage) {

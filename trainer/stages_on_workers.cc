@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <map>
+#include <optional>
+#include <set>
+#include <utility>
 
 #include "ferry/core/log.h"
 #include "ferry/remote_module/checkpoint.h"
@@ -189,11 +192,9 @@ void move_through_master(std::unique_ptr<StagesOnWorkers>& job, const TrainSetti
 // statistics, as it would have without the move.
 void move_worker_to_worker(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s,
                            const StagePlan& to, const std::vector<std::string>& workers) {
-  std::vector<std::vector<rpc::RRefPtr>> parks(job->replicas.size());
-  for (std::size_t r = 0; r < job->replicas.size(); ++r) {
-    for (const RemoteUnet::Stage& stage : job->replicas[r].split.stages()) {
-      parks[r].push_back(remote_module::park_state(stage.module));
-    }
+  std::vector<std::vector<rpc::RRefPtr>> parks;
+  for (const Replica& replica : job->replicas) {
+    parks.push_back(remote_module::park_states(replica.split.modules()));
   }
   const std::vector<dist_autograd::DistributedOptimizer::Parked> optimizer = job->optimizer->park();
   job.reset();
@@ -206,7 +207,82 @@ void move_worker_to_worker(std::unique_ptr<StagesOnWorkers>& job, const TrainSet
   job->optimizer->load_parked(optimizer);
 }
 
+// For each copy of each stage (replica by replica), the replica whose copy it takes its state
+// from; nullopt for a stage none of whose copies stands after the last step.
+std::vector<std::vector<std::optional<int>>> peer_sources(const StagesOnWorkers& job) {
+  const std::size_t replicas = job.replicas.size();
+  std::map<std::pair<int, std::string>, bool> asked;
+  auto usable = [&](int r, const std::string& worker) {
+    auto [it, fresh] = asked.try_emplace({r, worker}, false);
+    if (fresh) it->second = job.optimizer->between_steps(r, worker);
+    return it->second;
+  };
+  std::vector<std::vector<std::optional<int>>> out(replicas);
+  for (std::size_t r = 0; r < replicas; ++r) {
+    const std::vector<RemoteUnet::Stage>& stages = job.replicas[r].split.stages();
+    for (std::size_t k = 0; k < stages.size(); ++k) {
+      std::optional<int> source;
+      // Its own copy first, then the other replicas' in order.
+      for (std::size_t step = 0; step < replicas && !source; ++step) {
+        const int from = static_cast<int>((r + step) % replicas);
+        if (usable(from, job.replicas[from].split.stages()[k].plan.worker)) source = from;
+      }
+      out[r].push_back(source);
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<PeerSource> rebuild_from_peers(std::unique_ptr<StagesOnWorkers>& job,
+                                           const TrainSettings& s, const StagePlan& plan,
+                                           const std::vector<std::string>& workers,
+                                           std::string& why_not) {
+  const std::vector<std::vector<std::optional<int>>> sources = peer_sources(*job);
+  std::vector<PeerSource> taken;
+  for (std::size_t r = 0; r < sources.size(); ++r) {
+    for (std::size_t k = 0; k < sources[r].size(); ++k) {
+      if (sources[r][k]) continue;
+      why_not = fmt::format(
+          "no copy of stage {} stands as it was after optimizer step {} (each was lost, or "
+          "stepped on where the step failed elsewhere)",
+          job->split().stages()[k].name(), job->optimizer->steps());
+      return {};
+    }
+  }
+  // One park per rebuilt copy (a take empties what it takes); the optimizer's once per owner
+  // and replica it goes to. All at once.
+  std::vector<remote_module::RemoteModule> copies;
+  std::vector<dist_autograd::DistributedOptimizer::OwnerPark> owners;
+  std::set<std::pair<int, std::string>> owners_parked;
+  for (std::size_t r = 0; r < sources.size(); ++r) {
+    for (std::size_t k = 0; k < sources[r].size(); ++k) {
+      const int from = *sources[r][k];
+      const RemoteUnet::Stage& stage = job->replicas[from].split.stages()[k];
+      copies.push_back(stage.module);
+      if (owners_parked.emplace(static_cast<int>(r), stage.plan.worker).second) {
+        owners.push_back({from, stage.plan.worker, static_cast<int>(r)});
+      }
+      if (from != static_cast<int>(r)) {
+        taken.push_back(PeerSource{stage.name(), static_cast<int>(r), from, stage.plan.worker});
+      }
+    }
+  }
+  const std::vector<rpc::RRefPtr> parks = remote_module::park_states(copies);
+  const std::vector<dist_autograd::DistributedOptimizer::Parked> optimizer =
+      job->optimizer->park_owners(owners);
+  job.reset();
+  job = build_stages(s, plan, workers);
+  std::size_t next = 0;
+  for (const Replica& replica : job->replicas) {
+    for (const RemoteUnet::Stage& stage : replica.split.stages()) {
+      remote_module::load_parked_state(stage.module, {parks[next++]});
+    }
+  }
+  job->optimizer->load_parked(optimizer);
+  return taken;
+}
 
 void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, const StagePlan& to,
                  const std::vector<std::string>& workers, Handover handover) {

@@ -90,4 +90,24 @@ enum class Handover {
 void move_stages(std::unique_ptr<StagesOnWorkers>& job, const TrainSettings& s, const StagePlan& to,
                  const std::vector<std::string>& workers, Handover handover);
 
+// Where a stage rebuilt after a lost worker took its state from.
+struct PeerSource {
+  std::string stage;
+  int replica = 0;       // the rebuilt copy's
+  int from_replica = 0;  // the copy it took its state from
+  std::string from_worker;
+};
+
+// After lost workers, with replicas: `job`'s stages built again on `workers` (the lost workers'
+// places given to spares), each copy taking its parameters, buffers and optimizer state straight
+// from a copy of the same stage that survived as it stood after the last optimizer step: its own
+// where it did, else another replica's (whose batch-norm statistics it then has). No step is
+// lost. Empty, with `job` as it was, when some stage has no such copy (every copy lost, or gone
+// a step on by a step that failed elsewhere) and `why_not` says which; what this throws leaves
+// `job` empty.
+std::vector<PeerSource> rebuild_from_peers(std::unique_ptr<StagesOnWorkers>& job,
+                                           const TrainSettings& s, const StagePlan& plan,
+                                           const std::vector<std::string>& workers,
+                                           std::string& why_not);
+
 }  // namespace ferry::trainer

@@ -234,10 +234,9 @@ bool rebalance(Run& run, const RebalanceMoment& when, const StageSeconds& measur
   return true;
 }
 
-// One epoch: train (with the first re-balance within it, when it is long enough), bring the
-// replicas together, validate, record, checkpoint, re-balance. True if the monitor says the run
-// should stop.
-bool run_epoch(Run& run, int epoch) {
+// An epoch's steps trained (with the first re-balance within it, when it is long enough), and
+// what they took into run.trained.
+void train_epoch_steps(Run& run, int epoch) {
   const TrainSettings& s = run.s;
   auto first_replica = [&run] { return stage_seconds(run.job->replicas.front()); };
   auto train_until = [&run](EpochPass& pass, std::size_t batches) {
@@ -267,28 +266,43 @@ bool run_epoch(Run& run, int epoch) {
     }
   }
   train_until(pass, std::numeric_limits<std::size_t>::max());
-  const EpochTimes times = pass.times(*run.job);
-  const StageSeconds after = first_replica();
+  // Kept before the workers are asked for their figures: a worker lost while they are read
+  // leaves the steps trained, and the epoch without figures of its stages (no batches measured).
+  run.trained = EpochTrained{epoch, pass.times(), before, before, 0};
+  run.train_s += run.trained->times.train_s;
+  run.data_wait_s += run.trained->times.data_wait_s;
+  run.trained->times.bytes_sent = pass.bytes_sent(*run.job);
+  run.trained->after = first_replica();
+  run.trained->batches = pass.done() - before_batch;
+}
+
+// One epoch: its steps (unless they were trained before a lost worker's stages were rebuilt
+// from the surviving replicas), then the replicas brought together, validation, its record, its
+// checkpoint and a re-balance. True if the monitor says the run should stop.
+bool run_epoch(Run& run, int epoch) {
+  const TrainSettings& s = run.s;
+  if (!run.trained || run.trained->epoch != epoch) train_epoch_steps(run, epoch);
+  const EpochTrained trained = *run.trained;
   StagesOnWorkers& job = *run.job;
-  run.train_s += times.train_s;
-  run.data_wait_s += times.data_wait_s;
   align_replicas(job);
   const Validation v =
       validate(job.replicas, *run.validation_loader, loss_spec(s), !s.via_master, labels_of(s),
                microbatch_samples(s.plan.batch_size, s.microbatches));
   run.last_validation = v;
-  const std::size_t batches = pass.done() - before_batch;
-  record_epoch(run, epoch, times, v, before, after, batches);
+  record_epoch(run, epoch, trained.times, v, trained.before, trained.after, trained.batches);
   run.progress.epoch = epoch;
   run.progress.batch = 0;
   run.progress.loss_sum = 0;
+  const StageSeconds each = per_batch(trained.before, trained.after, trained.batches);
+  run.trained.reset();
   EpochMonitor::Verdict verdict;
   if (run.progress.monitor) {
     verdict = run.progress.monitor->observe(epoch, v.of(run.progress.monitor->metric()));
   }
   save_checkpoints(run, verdict.improved);
-  if (!verdict.stop && epoch < s.epochs) {
-    rebalance(run, RebalanceMoment{epoch, 0}, per_batch(before, after, batches));
+  // Not from an epoch whose stages' figures were lost with a worker.
+  if (!verdict.stop && epoch < s.epochs && trained.batches > 0) {
+    rebalance(run, RebalanceMoment{epoch, 0}, each);
   }
   return verdict.stop;
 }

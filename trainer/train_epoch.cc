@@ -120,13 +120,16 @@ bool EpochPass::train_until(std::size_t batches, StagesOnWorkers& job,
   return index_ < loader_.batches();
 }
 
-EpochTimes EpochPass::times(const StagesOnWorkers& job) const {
+EpochTimes EpochPass::times() const {
   EpochTimes out = times_;
   out.train_loss = loss_sum_ / std::max<std::size_t>(index_, 1);
   out.batches = index_ - first_;
   out.data_wait_s = loader_.waited_s() - waited_before_;
-  out.bytes_sent = bytes_sent_by_job(job) - bytes_before_;
   return out;
+}
+
+std::uint64_t EpochPass::bytes_sent(const StagesOnWorkers& job) const {
+  return bytes_sent_by_job(job) - bytes_before_;
 }
 
 }  // namespace ferry::trainer

@@ -70,8 +70,11 @@ class EpochPass {
   // Their losses' sum.
   double loss_sum() const { return loss_sum_; }
   // The epoch's figures so far (all of them, once train_until said it is over): its loss over
-  // every batch done, its times and counts over those this pass trained.
-  EpochTimes times(const StagesOnWorkers& job) const;
+  // every batch done, its times and counts over those this pass trained; no bytes_sent, which
+  // the workers are asked for.
+  EpochTimes times() const;
+  // The bytes `job`'s processes have sent since the pass started.
+  std::uint64_t bytes_sent(const StagesOnWorkers& job) const;
 
  private:
   data::BatchLoader& loader_;

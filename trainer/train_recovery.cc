@@ -1,5 +1,6 @@
 // Saving a run's state and bringing it back: checkpoints at steps and epochs through the
-// background writer, and spares taking over a lost worker's stages from the last of them.
+// background writer, and spares taking over a lost worker's stages from the surviving replicas
+// or from the last checkpoint.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -30,6 +31,62 @@ void settle(Run& run, const std::function<void()>& wait) {
     log::warn("a checkpoint could not be kept ({}); the one before it is used", e.what());
     run.events->add("checkpoint_lost", {{"error", e.what()}});
   }
+}
+
+// Every stage rebuilt with the spares from the copies that survived in the other replicas, at the
+// step the run had reached: what the log says it went on from, or nullopt where it cannot (no
+// replicas, or a stage with no copy left as it was after the step).
+std::optional<std::string> from_surviving_replicas(Run& run) {
+  if (!run.job || run.job->replicas.size() < 2) return std::nullopt;
+  const bool steps_done = run.progress.batch >= run.train_loader->batches();
+  if (steps_done && !(run.trained && run.trained->epoch == run.progress.epoch + 1)) {
+    log::info(
+        "the epoch's figures were lost with its last step; training goes back to the last "
+        "checkpoint");
+    return std::nullopt;
+  }
+  std::string why_not;
+  try {
+    const std::vector<PeerSource> sources =
+        rebuild_from_peers(run.job, run.s, run.plan, run.workers, why_not);
+    if (!why_not.empty()) {
+      log::info("{}; training goes back to the last checkpoint", why_not);
+      return std::nullopt;
+    }
+    std::vector<std::string> said;
+    for (const PeerSource& p : sources) {
+      said.push_back(fmt::format("stage {} of replica {} from replica {}'s, on worker \"{}\"",
+                                 p.stage, p.replica, p.from_replica, p.from_worker));
+    }
+    return fmt::format("the surviving replicas: {}", fmt::join(said, ", "));
+  } catch (const rpc::Error& failed) {
+    log::warn(
+        "the stages could not be rebuilt from the surviving replicas ({}); training goes "
+        "back to the last checkpoint",
+        failed.what());
+    return std::nullopt;
+  }
+}
+
+// Every stage rebuilt with the spares, all going back to the newest checkpoint the writer has
+// brought here, whether or not it is on disk yet; a run resumed from disk that has saved nothing
+// since reads it back. What the log says it went on from.
+std::string from_last_checkpoint(Run& run) {
+  const TrainSettings& s = run.s;
+  run.job.reset();
+  run.job = build_stages(s, run.plan, run.workers);
+  run.progress = Progress{0, 0, 0, 0, monitor_of(s)};
+  run.trained.reset();
+  const std::optional<remote_module::CheckpointContent> last =
+      run.writer ? run.writer->last_taken() : std::nullopt;
+  if (last) {
+    restore(*run.job, *last, run.epoch_steps, run.progress);
+    return "the last checkpoint, kept in memory";
+  }
+  if (!s.checkpoint_dir.empty() && remote_module::has_checkpoint(s.checkpoint_dir)) {
+    return "the checkpoint " + restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
+  }
+  return "the first step";
 }
 
 }  // namespace
@@ -82,13 +139,14 @@ void save_checkpoints(Run& run, bool improved) {
 }
 
 void step_done(Run& run, int epoch, const EpochPass::StepEnd& end) {
+  // Where a rebuild from the surviving replicas goes on from, and what a checkpoint saves.
+  run.progress.epoch = epoch - 1;
+  run.progress.batch = end.batch;
+  run.progress.loss_sum = end.epoch_loss_sum;
   run.events->add("step",
                   {{"step", end.step}, {"epoch", epoch}, {"batch", end.batch}, {"loss", end.loss}});
   const int every = run.s.checkpoint_every_steps;
   if (every == 0 || end.step % every != 0 || end.batch >= run.train_loader->batches()) return;
-  run.progress.epoch = epoch - 1;
-  run.progress.batch = end.batch;
-  run.progress.loss_sum = end.epoch_loss_sum;
   save_checkpoints(run);
 }
 
@@ -125,34 +183,22 @@ void take_over(Run& run, const rpc::Error& e) {
     spares_in.push_back({{"lost", t.lost}, {"spare", t.spare}, {"stages", t.stages}});
   }
   log::warn("{}; {}", e.what(), fmt::join(said, "; "));
-  // The stages that survived are rebuilt too: all of them go back to the same checkpoint.
-  run.job.reset();
-  run.job = build_stages(s, run.plan, run.workers);
-  const auto built = Clock::now();
+  // A checkpoint whose copies were on the lost worker is said to be lost before going on.
+  if (run.writer) settle(run, [&run] { run.writer->wait_taken(); });
   const std::int64_t reached = run.progress.step;
-  run.progress = Progress{0, 0, 0, 0, monitor_of(s)};
-  // The newest checkpoint the writer has brought here, whether or not it is on disk yet; a run
-  // resumed from disk that has saved nothing since reads it back.
-  std::optional<remote_module::CheckpointContent> last;
-  if (run.writer) {
-    settle(run, [&run] { run.writer->wait_taken(); });
-    last = run.writer->last_taken();
-  }
-  std::string from = "the first step";
-  if (last) {
-    restore(*run.job, *last, run.epoch_steps, run.progress);
-    from = "the last checkpoint, kept in memory";
-  } else if (!s.checkpoint_dir.empty() && remote_module::has_checkpoint(s.checkpoint_dir)) {
-    from = "the checkpoint " + restore(*run.job, s.checkpoint_dir, run.epoch_steps, run.progress);
-  }
-  const std::int64_t lost_steps = reached - run.progress.step;
+  std::optional<std::string> from = from_surviving_replicas(run);
+  if (!from) from = from_last_checkpoint(run);
   const auto restored = Clock::now();
+  const std::int64_t lost_steps = reached - run.progress.step;
+  const std::size_t batches = run.train_loader->batches();
+  std::string at;
+  if (run.progress.batch >= batches) {
+    at = ", its steps all done, at its validation";
+  } else if (run.progress.batch > 0) {
+    at = fmt::format(", batch {} of {}", run.progress.batch + 1, batches);
+  }
   log::warn("training goes on from epoch {}{} ({}; {} optimizer step{} to train again)",
-            run.progress.epoch + 1,
-            run.progress.batch > 0 ? fmt::format(", batch {} of {}", run.progress.batch + 1,
-                                                 run.train_loader->batches())
-                                   : "",
-            from, lost_steps, lost_steps == 1 ? "" : "s");
+            run.progress.epoch + 1, at, *from, lost_steps, lost_steps == 1 ? "" : "s");
   if (run.metrics_log) run.metrics_log->truncate_after(run.progress.epoch);
   auto& done = run.metrics["epochs"];
   while (!done.empty() && done.back()["epoch"].get<int>() > run.progress.epoch) {
@@ -160,14 +206,13 @@ void take_over(Run& run, const rpc::Error& e) {
   }
   ++run.takeovers;
   run.events->add("takeover", {{"taken", spares_in},
-                               {"from", from},
+                               {"from", *from},
                                {"epoch", run.progress.epoch},
                                {"batch", run.progress.batch},
                                {"step", run.progress.step},
                                {"steps_lost", lost_steps},
                                {"spare_s", seconds(start, spare_found)},
-                               {"build_s", seconds(spare_found, built)},
-                               {"restore_s", seconds(built, restored)}});
+                               {"restore_s", seconds(spare_found, restored)}});
 }
 
 }  // namespace ferry::trainer

@@ -26,6 +26,14 @@
 
 namespace ferry::trainer {
 
+// An epoch's steps, trained: what its record and its re-balance need.
+struct EpochTrained {
+  int epoch = 0;
+  EpochTimes times;
+  StageSeconds before, after;  // replica 0's stages at the first and the last measured step
+  std::size_t batches = 0;     // measured between the two
+};
+
 // A run on the master: what it set up before its first epoch and what it keeps between epochs.
 // Resource type.
 struct Run {
@@ -41,6 +49,9 @@ struct Run {
   std::vector<std::string> spares;
   std::unique_ptr<StagesOnWorkers> job;
   Progress progress;
+  // Between an epoch's last step and its end: a lost worker's stages rebuilt from the surviving
+  // replicas go on to validate the epoch without training its steps again.
+  std::optional<EpochTrained> trained;
   std::optional<MetricsLog> metrics_log;
   nlohmann::ordered_json metrics;
   double train_s = 0;
@@ -72,9 +83,12 @@ void save_checkpoints(Run& run, bool improved = false);
 // --checkpoint-every-steps (not at the epoch's end, which has its own).
 void step_done(Run& run, int epoch, const EpochPass::StepEnd& end);
 
-// After a lost worker (e): spares take over its stages, every stage is rebuilt and training goes
-// back to the last checkpoint (of an epoch or, with --checkpoint-every-steps, of a step). Rethrows
-// `e`, with what the user needs to know, when no spare can.
+// After a lost worker (e): spares take over its stages and every stage is rebuilt. With replicas,
+// each takes its state from a copy that survived at the step the run had reached, and the
+// interrupted step runs again; where that cannot be (no replicas, or no copy of some stage left
+// as it was after the step), training goes back to the last checkpoint (of an epoch or, with
+// --checkpoint-every-steps, of a step). Rethrows `e`, with what the user needs to know, when no
+// spare can.
 void take_over(Run& run, const rpc::Error& e);
 
 }  // namespace ferry::trainer

@@ -378,6 +378,41 @@ TEST(DistributedOptimizer, ReplicasAverageExactlyWhenGradientsArriveAfterTheirBu
   }
 }
 
+// A lost replica's owner rebuilt from another replica's: each owner says whether it stands where
+// the last step left every owner, and a new optimizer's owners of both replicas load replica 1's
+// state, parked on its workers, as their own.
+TEST(DistributedOptimizer, AnOwnerTakesTheStateOfTheSameParametersFromAnotherReplica) {
+  LocalWorld world(ReplicatedAndWhole::world());
+  ReplicatedAndWhole job(DistributedOptimizer::kDefaultBucketMib);
+  job.train(2);
+  EXPECT_EQ(job.replicated.steps(), 2);
+  for (const auto& [replica, worker] :
+       std::vector<std::pair<int, std::string>>{{0, "a"}, {0, "b"}, {1, "c"}, {1, "d"}}) {
+    EXPECT_TRUE(job.replicated.between_steps(replica, worker)) << worker;
+  }
+  EXPECT_FALSE(job.replicated.between_steps(0, "c"));  // replica 1's
+  EXPECT_FALSE(job.replicated.between_steps(0, "e"));  // no owner there
+  EXPECT_THAT(error_of([&] {
+                job.replicated.park_owners({{0, "e", 1}});
+              }),
+              HasSubstr("worker \"e\" holds no parameters of replica 0"));
+
+  DistributedOptimizer fresh(
+      OptimizerSpec::adam(0.01),
+      std::vector<std::vector<rpc::RRefPtr>>{job.replica0.parameters(), job.replica1.parameters()});
+  fresh.load_parked(
+      job.replicated.park_owners({{1, "c", 0}, {1, "d", 0}, {1, "c", 1}, {1, "d", 1}}));
+  EXPECT_EQ(fresh.steps(), 0);
+  EXPECT_TRUE(fresh.between_steps(0, "a"));
+  const auto mine = fresh.state_dict().toList().vec();
+  const auto theirs = job.replicated.state_dict().toList().vec();
+  ASSERT_EQ(mine.size(), theirs.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    ASSERT_GT(theirs[i].toTensor().numel(), 0) << "parameter " << i;
+    EXPECT_TRUE(torch::equal(mine[i].toTensor(), theirs[i].toTensor())) << "parameter " << i;
+  }
+}
+
 TEST(DistributedOptimizer, ReplicasPlacedUnalikeOrSharingAWorkerAreRefused) {
   LocalWorld::Settings settings;
   settings.peer_names = {"a", "b", "c"};

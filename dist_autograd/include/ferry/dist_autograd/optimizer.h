@@ -130,6 +130,24 @@ class DistributedOptimizer {
   // workers. Throws rpc::Error naming an owner that found some parameter in no park.
   void load_parked(const std::vector<Parked>& parked);
 
+  // Calls of step() that went through on every owner.
+  std::int64_t steps() const { return steps_; }
+  // Whether the owner of `replica` on `worker` stands where every owner stood after the last
+  // step: it has taken steps() steps, not one more (a step that failed on another owner may have
+  // gone through on this one). False where `worker` holds no owner of `replica` or does not
+  // answer. Reads a counter only, without waiting for the owner's running work.
+  bool between_steps(int replica, const std::string& worker) const;
+  // The state of `replica`'s owner on `worker`, to be parked there as park() parks it, for the
+  // owners of replica `for_replica` that hold the same parameters (a lost replica's stage
+  // rebuilt from a surviving one's).
+  struct OwnerPark {
+    int replica = 0;
+    std::string worker;
+    int for_replica = 0;
+  };
+  // Parks each of `owners`, all at once. Throws rpc::Error naming a worker that could not.
+  std::vector<Parked> park_owners(const std::vector<OwnerPark>& owners) const;
+
   const OptimizerSpec& spec() const { return spec_; }
   std::size_t parameter_count() const { return parameter_count_; }  // per replica
   int replica_count() const { return replica_count_; }
@@ -149,6 +167,7 @@ class DistributedOptimizer {
   std::vector<c10::IValue> on_owners(
       const std::string& what, const std::string& function,
       const std::function<std::vector<c10::IValue>(const Owner&)>& extra, int replica = -1) const;
+  const Owner& owner_on(int replica, const std::string& worker) const;
   // Owners from `first` on (replica `replica`'s) hold what replica 0's do, in the same order.
   void check_lines_up(std::size_t first, int replica) const;
   // `function` on every owner with its replica's context (one per replica, else InvalidArgument).
@@ -159,6 +178,7 @@ class DistributedOptimizer {
   int replica_count_ = 1;
   std::vector<Owner> owners_;  // replica by replica
   std::size_t parameter_count_ = 0;
+  std::int64_t steps_ = 0;
 };
 
 }  // namespace ferry::dist_autograd

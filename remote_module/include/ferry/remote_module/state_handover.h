@@ -18,6 +18,8 @@ namespace ferry::remote_module {
 // `stage`'s parameters and buffers, kept on its worker under the returned RRef (there once this
 // returns: the stage may then be dropped).
 rpc::RRefPtr park_state(const RemoteModule& stage);
+// park_state of each of `stages`, all at once.
+std::vector<rpc::RRefPtr> park_states(const std::vector<RemoteModule>& stages);
 
 // A copy of `stage`'s parameters and buffers taken now on its worker (in host memory) and held
 // there under the returned RRef, which is ready once the copy is made; bring_snapshot brings it

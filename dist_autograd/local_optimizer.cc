@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -52,9 +53,20 @@ struct TakenOptimizer : torch::CustomClassHolder {
   c10::List<at::Tensor> bytes;
 };
 
+// An owner's state parked on its worker for the new owners of the same parameters, by key: each
+// parameter's state copied as it is, turned into bytes only for a new owner on another worker
+// (a new owner here takes the copy itself); bytes at once for a type without copy_state.
+struct ParkedOptimizer : torch::CustomClassHolder {
+  std::mutex mutex;
+  std::map<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>
+      copies;  // null: no state yet
+  std::map<std::string, at::Tensor> bytes;
+};
+
 void register_local_optimizer_class() {
   static auto holder = torch::class_<LocalOptimizer>("ferry", "LocalOptimizer");
   static auto taken = torch::class_<TakenOptimizer>("ferry", "TakenOptimizer");
+  static auto parked = torch::class_<ParkedOptimizer>("ferry", "ParkedOptimizer");
 }
 
 c10::intrusive_ptr<LocalOptimizer> local_of(const c10::IValue& ref) {
@@ -248,6 +260,38 @@ c10::List<at::Tensor> taken_part(const c10::IValue& ref, std::int64_t first,
   return out;
 }
 
+using StatePtr = std::unique_ptr<torch::optim::OptimizerParamState>;
+
+// A state from its bytes, onto `device` (a state may have been saved from another, or from a copy
+// in host memory); null for no bytes (no state yet).
+StatePtr state_from_bytes(const LocalOptimizer& local, const at::Tensor& saved,
+                          const c10::Device& device) {
+  if (saved.numel() == 0) return nullptr;
+  at::Tensor bytes = saved.contiguous();
+  std::istringstream in(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+  torch::serialize::InputArchive archive;
+  archive.load_from(in, device);
+  StatePtr state = local.factory.make_state();
+  state->serialize(archive);
+  return state;
+}
+
+// Each parameter's state (null: none) into the optimizer, in place of what it had. Under the
+// optimizer's lock.
+void install_states(LocalOptimizer& local, std::vector<StatePtr> states) {
+  local.accumulated.clear();
+  if (local.buckets) local.buckets->clear_step();
+  auto& held = local.optimizer->state();
+  for (size_t i = 0; i < states.size(); ++i) {
+    const auto key = state_key(local.params[i]);
+    if (states[i]) {
+      held[key] = std::move(states[i]);
+    } else {
+      held.erase(key);
+    }
+  }
+}
+
 void load_state(const c10::IValue& ref, const std::vector<at::Tensor>& saved) {
   auto local = local_of(ref);
   std::lock_guard<std::mutex> lock(local->mutex);
@@ -256,51 +300,120 @@ void load_state(const c10::IValue& ref, const std::vector<at::Tensor>& saved) {
                      fmt::format("optimizer state for {} parameters given to an optimizer of {}",
                                  saved.size(), local->params.size()));
   }
-  local->accumulated.clear();
-  if (local->buckets) local->buckets->clear_step();
-  auto& states = local->optimizer->state();
+  std::vector<StatePtr> states;
   for (size_t i = 0; i < saved.size(); ++i) {
-    const at::Tensor& p = local->params[i];
-    if (saved[i].numel() == 0) {
-      states.erase(state_key(p));
-      continue;
-    }
-    at::Tensor bytes = saved[i].contiguous();
-    std::istringstream in(std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
-    torch::serialize::InputArchive archive;
-    // Onto the parameter's device: a state may have been saved from another, or from a copy in
-    // host memory.
-    archive.load_from(in, p.device());
-    auto state = local->factory.make_state();
-    state->serialize(archive);
-    states[state_key(p)] = std::move(state);
+    states.push_back(state_from_bytes(*local, saved[i], local->params[i].device()));
   }
+  install_states(*local, std::move(states));
 }
 
 constexpr const char* kTakeParked = "ferry.optim.take_parked";
 
-rpc::ParkedTensors park(const c10::IValue& ref, const std::vector<std::string>& keys) {
-  c10::List<at::Tensor> state = save_state(ref);
-  if (state.size() != keys.size()) {
+c10::intrusive_ptr<ParkedOptimizer> park(const c10::IValue& ref,
+                                         const std::vector<std::string>& keys) {
+  auto local = local_of(ref);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  const std::vector<const torch::optim::OptimizerParamState*> states = states_of(*local);
+  if (states.size() != keys.size()) {
     throw rpc::Error(
         rpc::ErrorKind::InvalidArgument,
-        fmt::format("{} keys to park the state of {} parameters", keys.size(), state.size()));
+        fmt::format("{} keys to park the state of {} parameters", keys.size(), states.size()));
   }
-  rpc::ParkedTensors out;
-  for (size_t i = 0; i < keys.size(); ++i) out.insert(keys[i], state.get(i));
+  auto parked = c10::make_intrusive<ParkedOptimizer>();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (local->factory.copy_state) {
+      parked->copies[keys[i]] = states[i] ? local->factory.copy_state(*states[i]) : nullptr;
+    } else {
+      parked->bytes[keys[i]] = state_bytes(states[i]);
+    }
+  }
+  return parked;
+}
+
+c10::intrusive_ptr<ParkedOptimizer> parked_of(const rpc::RRefPtr& park) {
+  const c10::IValue value = park->local_value();
+  if (!value.isCustomClass()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("park {} on worker \"{}\" holds a {}, not an optimizer's state",
+                                 park->id().str(), rpc::self().name, value.tagKind()));
+  }
+  return value.toCustomClass<ParkedOptimizer>();
+}
+
+// What a park holds of `keys`, taken out of it: copies, and bytes.
+struct Taken {
+  std::map<std::string, StatePtr> copies;
+  std::map<std::string, at::Tensor> bytes;
+};
+Taken take_out(const rpc::RRefPtr& park, const std::vector<std::string>& keys) {
+  auto parked = parked_of(park);
+  std::lock_guard<std::mutex> lock(parked->mutex);
+  Taken out;
+  for (const std::string& key : keys) {
+    if (auto it = parked->copies.find(key); it != parked->copies.end()) {
+      out.copies[key] = std::move(it->second);
+      parked->copies.erase(it);
+    } else if (auto b = parked->bytes.find(key); b != parked->bytes.end()) {
+      out.bytes[key] = b->second;
+      parked->bytes.erase(b);
+    }
+  }
   return out;
 }
 
+// For a new owner on another worker: the bytes of what the park holds of `keys`.
+c10::Dict<std::string, at::Tensor> take_parked(const rpc::RRefPtr& park,
+                                               const std::vector<std::string>& keys) {
+  Taken taken = take_out(park, keys);
+  c10::Dict<std::string, at::Tensor> out;
+  for (auto& [key, copy] : taken.copies) out.insert(key, state_bytes(copy.get()));
+  for (auto& [key, bytes] : taken.bytes) out.insert(key, bytes);
+  return out;
+}
+
+// Each of `keys` (one per parameter, in order) from the first of `parks` that holds it: a copy
+// parked here as it is (onto a parameter in host memory), the rest as bytes.
 void load_parked(const c10::IValue& ref, const std::vector<rpc::RRefPtr>& parks,
                  const std::vector<std::string>& keys) {
-  rpc::ParkedTensors found = rpc::gather_parked(parks, keys, kTakeParked);
-  std::vector<at::Tensor> saved;
+  auto local = local_of(ref);
+  if (keys.size() != local->params.size()) {
+    throw rpc::Error(rpc::ErrorKind::InvalidArgument,
+                     fmt::format("{} keys to load the state of {} parameters", keys.size(),
+                                 local->params.size()));
+  }
+  std::map<std::string, StatePtr> found;
+  std::map<std::string, at::Tensor> bytes;
+  for (const rpc::RRefPtr& park : parks) {
+    std::vector<std::string> missing;
+    for (const std::string& key : keys) {
+      if (!found.count(key) && !bytes.count(key)) missing.push_back(key);
+    }
+    if (missing.empty()) break;
+    if (park->ownerName() != rpc::self().name) {
+      const c10::IValue got = rpc::rpc_sync(
+          park->ownerName(), kTakeParked, {rpc::to_ivalue(park), c10::List<std::string>(missing)});
+      for (const auto& entry : got.toGenericDict()) {
+        bytes[entry.key().toStringRef()] = entry.value().toTensor();
+      }
+      continue;
+    }
+    Taken taken = take_out(park, missing);
+    for (auto& [key, copy] : taken.copies) found[key] = std::move(copy);
+    for (auto& [key, b] : taken.bytes) bytes[key] = b;
+  }
+  std::vector<StatePtr> states;
   std::vector<std::string> missing;
-  for (const std::string& key : keys) {
-    if (found.contains(key)) {
-      saved.push_back(found.at(key));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const at::Tensor& p = local->params[i];
+    if (auto it = found.find(keys[i]); it != found.end()) {
+      // A copy lives in host memory: a parameter elsewhere takes it through its bytes.
+      states.push_back(p.is_cpu() || !it->second
+                           ? std::move(it->second)
+                           : state_from_bytes(*local, state_bytes(it->second.get()), p.device()));
+    } else if (auto b = bytes.find(keys[i]); b != bytes.end()) {
+      states.push_back(state_from_bytes(*local, b->second, p.device()));
     } else {
-      missing.push_back(key);
+      missing.push_back(keys[i]);
     }
   }
   if (!missing.empty()) {
@@ -309,7 +422,8 @@ void load_parked(const c10::IValue& ref, const std::vector<rpc::RRefPtr>& parks,
                                  "{} in none of the {} parks it was given",
                                  rpc::self().name, fmt::join(missing, ", "), parks.size()));
   }
-  load_state(ref, saved);
+  std::lock_guard<std::mutex> lock(local->mutex);
+  install_states(*local, std::move(states));
 }
 
 void set_lr(const c10::IValue& ref, double lr) {
@@ -358,9 +472,12 @@ void install_optimizer_functions(rpc::FunctionRegistry& registry) {
                });
   registry.add("ferry.optim.load_state",
                [](c10::IValue ref, c10::IValue saved) { load_state(ref, saved.toTensorVector()); });
-  registry.add("ferry.optim.park",
-               [](c10::IValue ref, std::vector<std::string> keys) { return park(ref, keys); });
-  rpc::install_park_taker(registry, kTakeParked);
+  registry.add("ferry.optim.park", [](c10::IValue ref, std::vector<std::string> keys) {
+    return c10::IValue(park(ref, keys));
+  });
+  registry.add(kTakeParked, [](rpc::RRefPtr park, std::vector<std::string> keys) {
+    return take_parked(park, keys);
+  });
   registry.add("ferry.optim.load_parked",
                [](c10::IValue ref, c10::IValue parks, std::vector<std::string> keys) {
                  load_parked(ref, rpc::parks_of(parks), keys);

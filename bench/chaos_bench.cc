@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -24,6 +25,7 @@
 #include "ferry/core/files.h"
 #include "ferry/core/local_world.h"
 #include "ferry/core/processes.h"
+#include "ferry/remote_module/checkpoint.h"
 #include "trainer/event_log.h"
 
 namespace ferry::bench {
@@ -41,10 +43,13 @@ double seconds_since(Clock::time_point t) {
 // destructor reaps every process still running.
 class ChaosWorld {
  public:
-  ChaosWorld(const ChaosBenchSettings& s, const std::string& dir, int number, bool resume)
+  // `spares`: the world's spare workers (s.spares, or none for the run without kills, which
+  // checkpoints into `dir`/unbroken).
+  ChaosWorld(const ChaosBenchSettings& s, const std::string& dir, int number, bool resume,
+             int spares)
       : log_(fmt::format("{}/master-{}.log", dir, number)),
         events_(fmt::format("{}/events-{}.jsonl", dir, number)) {
-    const int world_size = 1 + kStageWorkers + s.spares;
+    const int world_size = 1 + kStageWorkers + spares;
     const std::string port_file = fmt::format("{}/port-{}", dir, number);
     auto env = [&](int rank) {
       auto vars = core::loopback_world_env(rank, world_size, 0, port_file);
@@ -56,8 +61,8 @@ class ChaosWorld {
         "train", "--model", s.model, "--image-size", std::to_string(s.image_size),
         "--samples", std::to_string(s.samples), "--batch-size", std::to_string(s.batch),
         "--epochs", std::to_string(s.epochs), "--replicas", "2", "--partition", "decoder.0",
-        "--spares", std::to_string(s.spares), "--optimizer", "adam",
-        "--checkpoint-dir", dir + "/ckpt",
+        "--spares", std::to_string(spares), "--optimizer", "adam",
+        "--checkpoint-dir", dir + (spares > 0 ? "/ckpt" : "/unbroken"),
         "--checkpoint-every-steps", std::to_string(s.checkpoint_every),
         "--events", events_};
     // clang-format on
@@ -172,6 +177,61 @@ nlohmann::ordered_json check_in_python(const std::string& dir) {
   return out;
 }
 
+// A checkpoint's tensors by "stage/name".
+std::map<std::string, at::Tensor> tensors_of(const std::string& dir) {
+  std::map<std::string, at::Tensor> out;
+  const remote_module::SavedCheckpoint saved = remote_module::read_latest_checkpoint(dir);
+  for (const auto& [stage, tensors] : saved.stages) {
+    for (const auto& item : tensors) out[stage + "/" + item.key()] = item.value();
+  }
+  return out;
+}
+
+// The same job trained without a kill, and the largest differences between its final weights
+// and the soak's: the parameters apart from the batch norms' running statistics and counts.
+nlohmann::ordered_json against_unbroken(const ChaosBenchSettings& s, const std::string& dir) {
+  nlohmann::ordered_json out;
+  const auto start = Clock::now();
+  std::optional<int> status;
+  {
+    ChaosWorld world(s, dir, 99, false, 0);
+    while (!(status = world.master_exit()) && seconds_since(start) < 30 * 60) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  out["wall_s"] = seconds_since(start);
+  if (!status) {
+    out["why"] = "the run without kills did not end within 30 minutes";
+    return out;
+  }
+  if (*status != 0) {
+    out["why"] = fmt::format("the run without kills failed (exit status {})", *status);
+    return out;
+  }
+  const std::map<std::string, at::Tensor> soaked = tensors_of(dir + "/ckpt");
+  const std::map<std::string, at::Tensor> unbroken = tensors_of(dir + "/unbroken");
+  // Parameters; the batch norms' running means and variances; their counts of batches.
+  double largest[3] = {0, 0, 0};
+  for (const auto& [name, tensor] : unbroken) {
+    auto it = soaked.find(name);
+    if (it == soaked.end()) {
+      out["why"] = fmt::format("{} is not in the soak's checkpoint", name);
+      return out;
+    }
+    const int kind = name.find("num_batches_tracked") != std::string::npos ? 2
+                     : name.find("running_") != std::string::npos          ? 1
+                                                                           : 0;
+    const double d =
+        (it->second.to(at::kDouble) - tensor.to(at::kDouble)).abs().max().item<double>();
+    largest[kind] = std::max(largest[kind], d);
+  }
+  out["tensors"] = unbroken.size();
+  out["largest_parameter_difference"] = largest[0];
+  out["largest_running_statistic_difference"] = largest[1];
+  out["largest_batches_tracked_difference"] = largest[2];
+  return out;
+}
+
 struct Soak {
   std::vector<Kill> kills;
   int restarts = 0;
@@ -195,7 +255,7 @@ void recover(Kill& k, const trainer::JobCourse& course) {
 
 void soak(const ChaosBenchSettings& s, const std::string& dir, Soak& out) {
   std::mt19937 random(static_cast<unsigned>(s.seed));
-  auto world = std::make_unique<ChaosWorld>(s, dir, 0, false);
+  auto world = std::make_unique<ChaosWorld>(s, dir, 0, false, s.spares);
   long steps_seen_at_kill = 0;
   long next_kill_at = s.every;
   for (;;) {
@@ -225,7 +285,7 @@ void soak(const ChaosBenchSettings& s, const std::string& dir, Soak& out) {
       }
       // No spare took over: start the world again from the checkpoint, with fresh spares.
       world.reset();
-      world = std::make_unique<ChaosWorld>(s, dir, ++out.restarts, true);
+      world = std::make_unique<ChaosWorld>(s, dir, ++out.restarts, true, s.spares);
       pending->by = "restart";
       pending->takeovers_before = 0;
       steps_seen_at_kill = 0;
@@ -289,6 +349,7 @@ int run_chaos_bench(const ChaosBenchSettings& s) {
   if (!out.ended.empty()) j["ended"] = out.ended;
   j["each_kill"] = each;
   if (out.completed) j["final_checkpoint"] = check_in_python(dir);
+  if (out.completed && s.unbroken) j["unbroken"] = against_unbroken(s, dir);
   if (s.work_dir.empty()) fs::remove_all(dir);
   std::cout << j.dump() << std::endl;
   const bool all = out.completed && survived == static_cast<int>(out.kills.size());

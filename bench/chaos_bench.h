@@ -5,8 +5,9 @@
 // fails, and the bench does what an elastic launcher does: it starts the whole world again, with
 // fresh spares, resuming from the last checkpoint. It reports each
 // kill (who, at which step, who recovered it and how, the steps trained again, the stall until
-// training went on), whether the job ended normally, and whether its last checkpoint exports
-// and loads in Python.
+// training went on), whether the job ended normally, whether its last checkpoint exports
+// and loads in Python, and how far its final weights are from those of the same job trained
+// without a kill.
 #pragma once
 
 #include <string>
@@ -25,6 +26,7 @@ struct ChaosBenchSettings {
   int checkpoint_every = 2;    // optimizer steps between two checkpoints (and after each epoch)
   int seed = 1;                // which workers are killed
   double stall_limit_s = 240;  // a kill not recovered from within this is a hang: the soak stops
+  bool unbroken = true;        // also train the job without kills, and compare the final weights
   std::string work_dir;        // checkpoints and logs; empty: a new folder in /tmp, removed after
   std::string self_path;
 };

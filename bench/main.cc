@@ -127,13 +127,15 @@ CLI::App* add_chaos(CLI::App& app, ferry::bench::ChaosBenchSettings& chaos) {
   cmd->add_option("--every", chaos.every, "steps trained after a recovery before the next kill");
   cmd->add_option("--spares", chaos.spares, "spare workers of each world");
   cmd->add_option("--checkpoint-every-steps", chaos.checkpoint_every,
-                  "the job's --checkpoint-every-steps: at most this many steps lost per kill")
+                  "the job's --checkpoint-every-steps: where a restart goes back to")
       ->check(ferry::apps::count_up_to(1'000'000));
   cmd->add_option("--seed", chaos.seed, "which workers are killed");
   cmd->add_option("--stall-limit-s", chaos.stall_limit_s,
                   "seconds without training after a kill that count as a hang");
   cmd->add_option("--work-dir", chaos.work_dir,
                   "keep checkpoints and logs here (default: a temporary folder, removed)");
+  cmd->add_flag("--unbroken,!--no-unbroken", chaos.unbroken,
+                "then train the job without kills and compare its final weights (default: on)");
   return cmd;
 }
 

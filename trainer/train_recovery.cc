@@ -35,17 +35,16 @@ void settle(Run& run, const std::function<void()>& wait) {
 
 // Every stage rebuilt with the spares from the copies that survived in the other replicas, at the
 // step the run had reached: what the log says it went on from, or nullopt where it cannot (no
-// replicas, or a stage with no copy left as it was after the step).
-std::optional<std::string> from_surviving_replicas(Run& run) {
+// replicas, or a stage with no copy left as it was after the step), with `why_not` said where
+// there were replicas.
+std::optional<std::string> from_surviving_replicas(Run& run, std::string& why_not) {
   if (!run.job || run.job->replicas.size() < 2) return std::nullopt;
   const bool steps_done = run.progress.batch >= run.train_loader->batches();
   if (steps_done && !(run.trained && run.trained->epoch == run.progress.epoch + 1)) {
-    log::info(
-        "the epoch's figures were lost with its last step; training goes back to the last "
-        "checkpoint");
+    why_not = "the epoch's figures were lost with its last step";
+    log::info("{}; training goes back to the last checkpoint", why_not);
     return std::nullopt;
   }
-  std::string why_not;
   try {
     const std::vector<PeerSource> sources =
         rebuild_from_peers(run.job, run.s, run.plan, run.workers, why_not);
@@ -60,10 +59,9 @@ std::optional<std::string> from_surviving_replicas(Run& run) {
     }
     return fmt::format("the surviving replicas: {}", fmt::join(said, ", "));
   } catch (const rpc::Error& failed) {
-    log::warn(
-        "the stages could not be rebuilt from the surviving replicas ({}); training goes "
-        "back to the last checkpoint",
-        failed.what());
+    why_not = fmt::format("the stages could not be rebuilt from the surviving replicas ({})",
+                          failed.what());
+    log::warn("{}; training goes back to the last checkpoint", why_not);
     return std::nullopt;
   }
 }
@@ -186,7 +184,8 @@ void take_over(Run& run, const rpc::Error& e) {
   // A checkpoint whose copies were on the lost worker is said to be lost before going on.
   if (run.writer) settle(run, [&run] { run.writer->wait_taken(); });
   const std::int64_t reached = run.progress.step;
-  std::optional<std::string> from = from_surviving_replicas(run);
+  std::string not_from_replicas;
+  std::optional<std::string> from = from_surviving_replicas(run, not_from_replicas);
   if (!from) from = from_last_checkpoint(run);
   const auto restored = Clock::now();
   const std::int64_t lost_steps = reached - run.progress.step;
@@ -205,14 +204,16 @@ void take_over(Run& run, const rpc::Error& e) {
     done.erase(done.size() - 1);
   }
   ++run.takeovers;
-  run.events->add("takeover", {{"taken", spares_in},
-                               {"from", *from},
-                               {"epoch", run.progress.epoch},
-                               {"batch", run.progress.batch},
-                               {"step", run.progress.step},
-                               {"steps_lost", lost_steps},
-                               {"spare_s", seconds(start, spare_found)},
-                               {"restore_s", seconds(spare_found, restored)}});
+  nlohmann::ordered_json fields = {{"taken", spares_in},
+                                   {"from", *from},
+                                   {"epoch", run.progress.epoch},
+                                   {"batch", run.progress.batch},
+                                   {"step", run.progress.step},
+                                   {"steps_lost", lost_steps},
+                                   {"spare_s", seconds(start, spare_found)},
+                                   {"restore_s", seconds(spare_found, restored)}};
+  if (!not_from_replicas.empty()) fields["not_from_replicas"] = not_from_replicas;
+  run.events->add("takeover", fields);
 }
 
 }  // namespace ferry::trainer

@@ -429,12 +429,22 @@ void expect_replica_takes_over(const std::string& flags) {
   ASSERT_EQ(takeovers.size(), 1u);
   const nlohmann::json& takeover = takeovers[0];
   std::cout << "takeover: " << takeover << "\n";
-  EXPECT_EQ(takeover.at("steps_lost"), 0) << takeover;
-  EXPECT_EQ(takeover.at("epoch"), 1) << takeover;
-  EXPECT_GE(takeover.at("batch").get<int>(), 2) << takeover;
-  EXPECT_EQ(takeover.at("from"),
-            "the surviving replicas: stage stage1 of replica 0 from replica 1's, on worker "
-            "\"worker4\"");
+  // After the killed worker's last step (the sixth), wherever the kill landed.
+  EXPECT_GE(takeover.at("step").get<int>(), 6) << takeover;
+  if (takeover.contains("not_from_replicas")) {
+    // Only a kill that lands in an optimizer step, after stage0's copies stepped (a test held
+    // up for most of a step), leaves no copy of stage0 as it was before it; then the job goes
+    // back to the last checkpoint, and says why.
+    EXPECT_THAT(takeover.at("not_from_replicas").get<std::string>(),
+                ::testing::HasSubstr("no copy of stage stage0 stands as it was after optimizer "
+                                     "step"))
+        << takeover;
+  } else {
+    EXPECT_EQ(takeover.at("steps_lost"), 0) << takeover;
+    EXPECT_EQ(takeover.at("from"),
+              "the surviving replicas: stage stage1 of replica 0 from replica 1's, on worker "
+              "\"worker4\"");
+  }
   fs::remove(events);
 }
 

@@ -269,27 +269,12 @@ c10::List<std::string> park_keys(const std::vector<std::size_t>& indices) {
   return out;
 }
 
-void wait_parked(const DistributedOptimizer::Parked& p) {
-  try {
-    p.state->ready()->wait();
-  } catch (const std::exception&) {
-    rpc::rethrow_as(
-        std::current_exception(),
-        fmt::format("parking the optimizer's state on worker \"{}\" failed", p.state->ownerName()));
-  }
-}
-
 }  // namespace
 
 std::vector<DistributedOptimizer::Parked> DistributedOptimizer::park() const {
-  std::vector<Parked> out;
-  for (const Owner& owner : owners_) {
-    out.push_back(Parked{owner.replica,
-                         rpc::remote(owner.worker, "ferry.optim.park",
-                                     {rpc::to_ivalue(owner.optimizer), park_keys(owner.indices)})});
-  }
-  for (const Parked& p : out) wait_parked(p);
-  return out;
+  std::vector<OwnerPark> every;
+  for (const Owner& owner : owners_) every.push_back({owner.replica, owner.worker, owner.replica});
+  return park_owners(every);
 }
 
 const DistributedOptimizer::Owner& DistributedOptimizer::owner_on(int replica,
@@ -321,7 +306,15 @@ std::vector<DistributedOptimizer::Parked> DistributedOptimizer::park_owners(
                          rpc::remote(o.worker, "ferry.optim.park",
                                      {rpc::to_ivalue(owner.optimizer), park_keys(owner.indices)})});
   }
-  for (const Parked& p : out) wait_parked(p);
+  for (const Parked& p : out) {
+    try {
+      p.state->ready()->wait();
+    } catch (const std::exception&) {
+      rpc::rethrow_as(std::current_exception(),
+                      fmt::format("parking the optimizer's state on worker \"{}\" failed",
+                                  p.state->ownerName()));
+    }
+  }
   return out;
 }
 

@@ -7,7 +7,7 @@ CMAKE_FLAGS ?=
 TORCH_DIR ?=
 TORCH_FLAGS = $(if $(TORCH_DIR),-DCMAKE_PREFIX_PATH=$(TORCH_DIR))
 
-.PHONY: deps configure build test bench demo fuzz sanitize clean format
+.PHONY: deps configure configure-tests build test bench demo fuzz sanitize clean format
 
 deps:
 	@bash scripts/install-deps.sh
@@ -20,14 +20,21 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+# What only tests need (clang-14 for the fuzz targets, Python's torch, Open MPI, Slurm), then the
+# build configured again so that it finds them.
+configure-tests: configure
 	@bash scripts/install-deps.sh --tests
+	cmake -S . -B $(BUILD_DIR) -G Ninja $(TORCH_FLAGS) $(CMAKE_FLAGS)
+
+test: configure-tests
+	cmake --build $(BUILD_DIR) -j $(JOBS)
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300 -j 2
 
 # The frame decoder and handshake under libFuzzer for FUZZ_SECONDS; new inputs it finds go to
 # build/fuzz/corpus, crashes to build/fuzz/crash-*.
 FUZZ_SECONDS ?= 600
-fuzz: build
+fuzz: configure-tests
+	cmake --build $(BUILD_DIR) -j $(JOBS)
 	mkdir -p $(BUILD_DIR)/fuzz/corpus
 	ASAN_OPTIONS=detect_leaks=0 $(BUILD_DIR)/fuzz/frame_fuzzer -max_total_time=$(FUZZ_SECONDS) \
 	  -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=$(BUILD_DIR)/fuzz/ \

@@ -3,6 +3,7 @@
 // every 50 ms on its own thread; every process of the job gets one intra-op thread.
 #include "bench/chaos_bench.h"
 
+#include <ATen/TensorOperators.h>
 #include <fmt/format.h>
 #include <signal.h>
 #include <stdlib.h>

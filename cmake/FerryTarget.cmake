@@ -9,9 +9,70 @@ function(ferry_warnings target)
     -Wno-array-bounds)
 endfunction()
 
-# Shares the torch precompiled header of ferry_pch with `target` and applies our warnings.
+# The LibTorch headers that gather most of it (<torch/torch.h>, <torch/all.h>, the nn modules): a
+# translation unit that reaches one of them parses less with the precompiled header than without.
+# One that reaches only ATen's tensor, IValue, autograd or optimizer headers parses those faster
+# than it loads the precompiled header, which is as big as all of LibTorch's API.
+set(FERRY_WHOLE_TORCH_INCLUDE "^[ \t]*#[ \t]*include[ \t]*<torch/(torch\\.h|all\\.h|nn[/.])")
+file(GLOB FERRY_INCLUDE_ROOTS LIST_DIRECTORIES true ${PROJECT_SOURCE_DIR}/*/include)
+list(APPEND FERRY_INCLUDE_ROOTS ${PROJECT_SOURCE_DIR})
+
+# Sets `out` to whether `file`, or a header of this project it includes (through any number of
+# others), includes one of those headers. Each file is read once per configure.
+function(ferry_reaches_whole_torch file out)
+  string(MD5 key "${file}")
+  get_property(known GLOBAL PROPERTY ferry_whole_torch_${key} SET)
+  if(known)
+    get_property(reaches GLOBAL PROPERTY ferry_whole_torch_${key})
+    set(${out} ${reaches} PARENT_SCOPE)
+    return()
+  endif()
+  # Marked first, so that headers that include each other end the walk.
+  set_property(GLOBAL PROPERTY ferry_whole_torch_${key} OFF)
+  file(STRINGS "${file}" includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
+  get_filename_component(here "${file}" DIRECTORY)
+  set(reaches OFF)
+  foreach(line IN LISTS includes)
+    if(line MATCHES "${FERRY_WHOLE_TORCH_INCLUDE}")
+      set(reaches ON)
+      break()
+    endif()
+    if(NOT line MATCHES "include[ \t]*[<\"]([^>\"]+)[>\"]")
+      continue()
+    endif()
+    set(name "${CMAKE_MATCH_1}")
+    foreach(root IN LISTS here FERRY_INCLUDE_ROOTS)
+      if(EXISTS "${root}/${name}" AND NOT IS_DIRECTORY "${root}/${name}")
+        ferry_reaches_whole_torch("${root}/${name}" reaches)
+        break()
+      endif()
+    endforeach()
+    if(reaches)
+      break()
+    endif()
+  endforeach()
+  set_property(GLOBAL PROPERTY ferry_whole_torch_${key} ${reaches})
+  set(${out} ${reaches} PARENT_SCOPE)
+endfunction()
+
+# Applies our warnings to `target`, and shares the torch precompiled header of ferry_pch with those
+# of its sources that reach the whole of LibTorch's API; the others compile without it.
 function(ferry_target target)
   ferry_warnings(${target})
+  get_target_property(sources ${target} SOURCES)
+  get_target_property(source_dir ${target} SOURCE_DIR)
+  foreach(source IN LISTS sources)
+    get_filename_component(path "${source}" ABSOLUTE BASE_DIR "${source_dir}")
+    # Generated sources (Cap'n Proto's) include no LibTorch.
+    set(reaches OFF)
+    if(EXISTS "${path}")
+      ferry_reaches_whole_torch("${path}" reaches)
+    endif()
+    if(NOT reaches)
+      set_source_files_properties("${source}" TARGET_DIRECTORY ${target}
+        PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+    endif()
+  endforeach()
   target_precompile_headers(${target} REUSE_FROM ferry_pch)
   # Only while building: an installed library needs no precompiled header.
   target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:ferry_pch>)

@@ -3,6 +3,7 @@
 // a step is left anywhere once its Context is gone.
 #include "ferry/dist_autograd/context.h"
 
+#include <ATen/TensorOperators.h>
 #include <fmt/format.h>
 
 #include <atomic>
@@ -79,12 +80,12 @@ std::vector<std::pair<std::int64_t, SendFunction>> ContextState::sends() const {
   return {sends_.begin(), sends_.end()};
 }
 
-void ContextState::add_roots(const torch::autograd::edge_list& roots) {
+void ContextState::add_roots(const std::vector<torch::autograd::Edge>& roots) {
   std::lock_guard<std::mutex> lock(mutex_);
   roots_.insert(roots_.end(), roots.begin(), roots.end());
 }
 
-torch::autograd::edge_list ContextState::roots() const {
+std::vector<torch::autograd::Edge> ContextState::roots() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return roots_;
 }

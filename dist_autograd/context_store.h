@@ -20,7 +20,7 @@ namespace ferry::dist_autograd {
 
 // The sender's half of one recorded RPC: where the gradients of the tensors it sent go.
 struct SendFunction {
-  torch::autograd::edge_list edges;  // one per tensor that required grad, in message order
+  std::vector<torch::autograd::Edge> edges;  // one per tensor that required grad, in message order
   int to_rank = -1;
 };
 
@@ -35,8 +35,8 @@ class ContextState {
   // Every send function recorded here, by message id.
   std::vector<std::pair<std::int64_t, SendFunction>> sends() const;
   // The roots of backward() calls made here on this context.
-  void add_roots(const torch::autograd::edge_list& roots);
-  torch::autograd::edge_list roots() const;
+  void add_roots(const std::vector<torch::autograd::Edge>& roots);
+  std::vector<torch::autograd::Edge> roots() const;
   void add_worker(int rank);
   std::set<int> workers() const;
 
@@ -53,7 +53,7 @@ class ContextState {
   const std::int64_t id_;
   mutable std::mutex mutex_;
   std::unordered_map<std::int64_t, SendFunction> sends_;
-  torch::autograd::edge_list roots_;
+  std::vector<torch::autograd::Edge> roots_;
   std::set<int> workers_;
   struct Gradient {
     at::Tensor variable;

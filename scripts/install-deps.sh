@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian package that Ferry's build, benchmarks and demo need; with --tests, also
-# what only tests need (Python with torch and torchvision, for the tests that read files Python wrote
-# and load an export into smp's U-Net written out on torchvision's ResNet; Open MPI and
-# Slurm with munge, for the tests that run Ferry under those launchers).
+# what only tests need (clang-14 with its sanitizer runtimes, for the libFuzzer targets; Python with
+# torch and torchvision, for the tests that read files Python wrote and load an export into smp's
+# U-Net written out on torchvision's ResNet; Open MPI and Slurm with munge, for the tests that run
+# Ferry under those launchers).
 # Idempotent: when everything is present it only checks dpkg's database and returns.
 set -euo pipefail
 
@@ -15,11 +16,10 @@ packages=(
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libpng-dev
   libgtest-dev googletest
   libsodium-dev
-  clang-14 libclang-rt-14-dev
   iproute2 procps
 )
 if [ "${1:-}" = "--tests" ]; then
-  packages+=(python3-torch python3-torchvision openmpi-bin slurmctld slurmd slurm-client munge)
+  packages+=(clang-14 libclang-rt-14-dev python3-torch python3-torchvision openmpi-bin slurmctld slurmd slurm-client munge)
 fi
 
 missing=()

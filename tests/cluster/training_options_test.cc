@@ -2,6 +2,7 @@
 // ferry-master train): gradient accumulation, where the loss is computed, data-parallel replicas,
 // learning-rate schedules, bf16-mixed precision, blocks moved between stages while training, and
 // the errors of settings that cannot work.
+#include <ATen/TensorOperators.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,6 +1,7 @@
 #include "ferry/core/environment.h"
 
 #include <fmt/format.h>
+#include <unistd.h>  // environ
 
 #include <cctype>
 #include <cerrno>
@@ -8,8 +9,6 @@
 #include <stdexcept>
 
 #include "ferry/core/log.h"
-
-extern char** environ;
 
 namespace ferry::core {
 

@@ -13,8 +13,6 @@
 #include <stdexcept>
 #include <thread>
 
-extern char** environ;
-
 namespace ferry::core {
 
 pid_t spawn_process(const std::vector<std::string>& command,

@@ -14,6 +14,7 @@
 
 #include "data/mask_ids.h"
 #include "data/resize.h"
+#include "ferry/core/fail.h"
 #include "ferry/core/files.h"
 #include "ferry/core/log.h"
 #include "ferry/core/text.h"
@@ -24,7 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
+using core::fail;
 
 bool is_image_file(const fs::path& p) {
   std::string ext = p.extension().string();

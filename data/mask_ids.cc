@@ -12,10 +12,12 @@
 #include <stdexcept>
 #include <vector>
 
+#include "ferry/core/fail.h"
+
 namespace ferry::data {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
+using core::fail;
 
 std::string extension_of(const std::string& path) {
   std::string ext = std::filesystem::path(path).extension().string();

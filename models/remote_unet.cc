@@ -6,13 +6,15 @@
 #include <set>
 #include <stdexcept>
 
+#include "ferry/core/fail.h"
 #include "ferry/models/unet_blocks.h"
 #include "ferry/models/weights.h"
 #include "ferry/rpc/error.h"
-#include "models/fail.h"
 
 namespace ferry::models {
 namespace {
+
+using core::fail;
 
 void check_plan(int64_t depth, const std::vector<RemoteUnet::StagePlan>& plan) {
   const auto count = static_cast<int64_t>(unet_blocks(depth).size());

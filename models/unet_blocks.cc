@@ -9,13 +9,15 @@
 
 #include <stdexcept>
 
+#include "ferry/core/fail.h"
 #include "ferry/models/unet.h"
 #include "models/block_clock.h"
 #include "models/blocks.h"
-#include "models/fail.h"
 
 namespace ferry::models {
 namespace {
+
+using core::fail;
 
 namespace nn = torch::nn;
 

@@ -195,13 +195,13 @@ const std::map<std::string, BuiltinLoss>& builtins() {
   return *losses;
 }
 
-struct Registry {
+struct LossRegistry {
   std::mutex mutex;
   std::map<std::string, LossFunction> losses{{"mse", mse}};
 };
 
-Registry& registry() {
-  static auto* r = new Registry();  // never destroyed: losses may register during static init
+LossRegistry& loss_registry() {
+  static auto* r = new LossRegistry();  // never destroyed: losses may register during static init
   return *r;
 }
 
@@ -256,7 +256,7 @@ LossSpec LossSpec::parse(const std::string& text) {
 }
 
 void register_loss(const std::string& name, LossFunction loss) {
-  Registry& r = registry();
+  LossRegistry& r = loss_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (builtins().count(name) || !r.losses.emplace(name, std::move(loss)).second) {
     refuse(fmt::format("loss \"{}\" is already registered", name));
@@ -266,7 +266,7 @@ void register_loss(const std::string& name, LossFunction loss) {
 std::vector<std::string> registered_losses() {
   std::vector<std::string> out;
   for (const auto& entry : builtins()) out.push_back(entry.first);
-  Registry& r = registry();
+  LossRegistry& r = loss_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (const auto& entry : r.losses) out.push_back(entry.first);
   std::sort(out.begin(), out.end());
@@ -289,7 +289,7 @@ LossFunction loss_function(const std::string& text) {
     };
   }
   {
-    Registry& r = registry();
+    LossRegistry& r = loss_registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     auto it = r.losses.find(spec.name);
     if (it != r.losses.end()) {

@@ -12,13 +12,13 @@
 namespace ferry::remote_module {
 namespace {
 
-struct Registry {
+struct StageRegistry {
   std::mutex mutex;
   std::map<std::string, StageFactory> factories;
 };
 
-Registry& registry() {
-  static auto* r = new Registry();  // never destroyed: stages may register during static init
+StageRegistry& stage_registry() {
+  static auto* r = new StageRegistry();  // never destroyed: stages may register during static init
   return *r;
 }
 
@@ -84,7 +84,7 @@ int64_t ModuleStage::take_step_statistics(const SumOverReplicas& sum) {
 }
 
 void register_stage(const std::string& type, StageFactory factory) {
-  Registry& r = registry();
+  StageRegistry& r = stage_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (!r.factories.emplace(type, std::move(factory)).second) {
     throw rpc::Error(rpc::ErrorKind::InvalidArgument,
@@ -93,7 +93,7 @@ void register_stage(const std::string& type, StageFactory factory) {
 }
 
 std::vector<std::string> registered_stages() {
-  Registry& r = registry();
+  StageRegistry& r = stage_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> out;
   for (const auto& entry : r.factories) out.push_back(entry.first);
@@ -103,7 +103,7 @@ std::vector<std::string> registered_stages() {
 std::unique_ptr<Stage> make_stage(const std::string& type, const StageConfig& config) {
   StageFactory factory;
   {
-    Registry& r = registry();
+    StageRegistry& r = stage_registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     auto it = r.factories.find(type);
     if (it != r.factories.end()) factory = it->second;

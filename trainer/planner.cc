@@ -13,7 +13,6 @@
 namespace ferry::trainer {
 namespace {
 
-constexpr double kMiB = 1 << 20;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 PlanSettings settings_of(const PlanRequest& r) {

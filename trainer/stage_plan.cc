@@ -15,8 +15,6 @@ namespace ferry::trainer {
 
 namespace {
 
-constexpr double kMiB = 1 << 20;
-
 // Bytes per parameter byte that training keeps, as the balance by memory sums them per block: the
 // parameter, its gradient and the optimizer's state.
 double state_factor(Optimizer optimizer) { return 2 + optimizer_state_copies(optimizer); }

@@ -19,6 +19,9 @@
 
 namespace ferry::trainer {
 
+// Bytes in a mebibyte: budgets are given, and peaks reported, in MiB.
+constexpr double kMiB = 1 << 20;
+
 // The sizes blocks are timed at for a batch of `batch_size` in `microbatches`: the micro-batch
 // and, to tell a block's fixed cost from its cost per sample, half of it for plain steps or up to
 // four times it (at most the batch) for pipelined ones, whose plain step is then predicted too.

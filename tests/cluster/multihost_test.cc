@@ -22,7 +22,7 @@ std::string temp(const std::string& name) {
   return ferry::testing::process_temp_dir().file("multihost-" + name);
 }
 
-const char* kJob =
+const char* kHostsJob =
     " train --model unet-resnet18 --image-size 32 --samples 96 --epochs 2 --batch-size 8"
     " --optimizer adam --lr 0.003";
 
@@ -39,14 +39,15 @@ TEST(MultiHost, FourHostsTrainTheUnetWithTheLoopbackLosses) {
   // The same job on loopback first.
   std::string loopback = temp("loopback.json");
   std::string command = std::string("OMP_NUM_THREADS=1 timeout 180 ") + FERRY_LAUNCH +
-                        " --nproc 4 -- " + FERRY_MASTER + kJob + " --metrics-file " + loopback +
-                        " > " + temp("loopback.log") + " 2>&1";
+                        " --nproc 4 -- " + FERRY_MASTER + kHostsJob + " --metrics-file " +
+                        loopback + " > " + temp("loopback.log") + " 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0) << read_file(temp("loopback.log"));
 
   NetnsCluster cluster(4, {"200mbit", "20ms"});
   std::string metrics = temp("hosts.json");
-  auto& master = cluster.run(0, std::string(FERRY_MASTER) + kJob + " --metrics-file " + metrics,
-                             rank_env(0, 4, cluster.address(0)), temp("master.log"));
+  auto& master =
+      cluster.run(0, std::string(FERRY_MASTER) + kHostsJob + " --metrics-file " + metrics,
+                  rank_env(0, 4, cluster.address(0)), temp("master.log"));
   for (int h = 1; h < 4; ++h) {
     auto env = rank_env(h, 4, cluster.address(0));
     cluster.run(h, ferry::testing::worker_binary(), env, temp("worker" + std::to_string(h)));

@@ -7,19 +7,20 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 
 #include "ferry/models/weights.h"
 #include "tests/support/error_of.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/training_runs.h"
 
 namespace ferry::remote_module {
 namespace {
 
 using ferry::testing::kind_and_error_of;
+using ferry::testing::process_temp_dir;
 using ::testing::HasSubstr;
 
 float loss_value(const std::string& spec, const at::Tensor& logits, const at::Tensor& target) {
@@ -90,16 +91,13 @@ TEST(Losses, IgnoredPixelsCountInNoLoss) {
   }
 }
 
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "ferry_loss_" + std::to_string(::getpid()) + "_" + name;
-}
-
 // Python writes logits, class ids (a tenth of them 255) and what torch's cross_entropy and smp's
 // multi-class Dice and focal losses (written out as smp's losses module computes them) give for
 // them; Ferry's losses give the same to 1e-6. Needs Python with torch (Debian's python3-torch,
 // which `make test` installs); without it the test says so, and fails under CI, where it must run.
 TEST(Losses, MultiClassLossesEqualPyTorchsComputation) {
-  const std::string script = temp_path("losses.py"), file = temp_path("losses.pt");
+  const std::string script = process_temp_dir().file("losses.py"),
+                    file = process_temp_dir().file("losses.pt");
   std::ofstream(script) << R"(import sys, torch
 import torch.nn.functional as F
 torch.manual_seed(7)

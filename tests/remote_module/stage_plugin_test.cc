@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -18,6 +17,7 @@
 #include "ferry/rpc/error.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/training_runs.h"
 
 namespace ferry::remote_module {
@@ -25,13 +25,10 @@ namespace {
 
 using ferry::testing::error_of;
 using ferry::testing::LocalWorld;
+using ferry::testing::process_temp_dir;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "ferry_plugin_" + std::to_string(::getpid()) + "_" + name;
-}
 
 TEST(StagePlugin, RegistersItsStageTypesAsItLoads) {
   EXPECT_THAT(load_stage_plugin(FERRY_TEST_PLUGIN), ElementsAre("test.plugin.scale"));
@@ -48,7 +45,7 @@ TEST(StagePlugin, RegistersItsStageTypesAsItLoads) {
                   1.5f);
 
   // A second copy of the library registers the same name again: an error naming the copy.
-  const std::string copy = temp_path("copy.so");
+  const std::string copy = process_temp_dir().file("copy.so");
   std::filesystem::copy_file(FERRY_TEST_PLUGIN, copy,
                              std::filesystem::copy_options::overwrite_existing);
   const std::string twice = error_of([&] { load_stage_plugin(copy); });
@@ -59,11 +56,11 @@ TEST(StagePlugin, RegistersItsStageTypesAsItLoads) {
 }
 
 TEST(StagePlugin, BadLibrariesAreErrorsNamingTheFile) {
-  const std::string missing = temp_path("missing.so");
+  const std::string missing = process_temp_dir().file("missing.so");
   EXPECT_THAT(error_of([&] { load_stage_plugin(missing); }),
               HasSubstr("plugin \"" + missing + "\": no such file"));
 
-  const std::string text = temp_path("text.so");
+  const std::string text = process_temp_dir().file("text.so");
   std::ofstream(text) << std::string(200, '#') << " not a shared library\n";
   const std::string not_elf = error_of([&] { load_stage_plugin(text); });
   EXPECT_THAT(not_elf, HasSubstr("plugin \"" + text + "\": cannot be loaded: "));
@@ -92,7 +89,7 @@ TEST(StagePlugin, FerryWorkerHostsThePluginsStages) {
 }
 
 TEST(StagePlugin, AWorkerWhosePluginFailsSaysWhichAndExits) {
-  const std::string missing = temp_path("absent.so");
+  const std::string missing = process_temp_dir().file("absent.so");
   ferry::testing::CommandResult r =
       ferry::testing::run(ferry::testing::worker_binary() +
                           " --rank 1 --world-size 2 --master-addr 127.0.0.1 "

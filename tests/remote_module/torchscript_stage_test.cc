@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <torch/script.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -13,16 +12,14 @@
 #include "ferry/remote_module/remote_module.h"
 #include "tests/support/cluster.h"
 #include "tests/support/error_of.h"
+#include "tests/support/temp_dir.h"
 
 namespace ferry::remote_module {
 namespace {
 
 using ferry::testing::error_of;
 using ferry::testing::LocalWorld;
-
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "ferry_" + std::to_string(::getpid()) + "_" + name;
-}
+using ferry::testing::process_temp_dir;
 
 torch::jit::Module scripted_layer() {
   torch::manual_seed(5);
@@ -40,7 +37,7 @@ def forward(self, x):
 TEST(TorchScriptStage, ForwardMatchesTheLocalModuleAndItsStateIsReachable) {
   LocalWorld world;
   torch::jit::Module local = scripted_layer();
-  std::string path = temp_path("layer.pt");
+  std::string path = process_temp_dir().file("layer.pt");
   local.save(path);
   RemoteModule remote = RemoteModule::from_torchscript("a", path);
   at::Tensor x = torch::randn({3, 8});
@@ -61,14 +58,14 @@ TEST(TorchScriptStage, ForwardMatchesTheLocalModuleAndItsStateIsReachable) {
 
 TEST(TorchScriptStage, MissingOrBrokenFilesAreNamed) {
   LocalWorld world;
-  std::string missing = temp_path("missing.pt");
+  std::string missing = process_temp_dir().file("missing.pt");
   std::string error = error_of([&] { RemoteModule::from_torchscript("a", missing); });
   EXPECT_NE(error.find("cannot create stage \"torchscript " + missing +
                        "\" on worker \"a\": TorchScript file \"" + missing +
                        "\" does not exist or cannot be read"),
             std::string::npos)
       << error;
-  std::string broken = temp_path("broken.pt");
+  std::string broken = process_temp_dir().file("broken.pt");
   std::ofstream(broken) << "not a zip archive";
   error = error_of([&] { RemoteModule::from_torchscript("b", broken); });
   EXPECT_NE(error.find("TorchScript file \"" + broken + "\" does not load"), std::string::npos)
@@ -86,7 +83,7 @@ namespace {
 
 TEST(TorchScriptStage, GradientsFlowThroughTheLoadedStageAsThroughTheModule) {
   torch::jit::Module module = scripted_layer();
-  std::string path = temp_path("grad.pt");
+  std::string path = process_temp_dir().file("grad.pt");
   module.save(path);
   std::unique_ptr<Stage> stage = load_torchscript_stage(path);
   torch::jit::Module reference = torch::jit::load(path);
@@ -116,7 +113,7 @@ double relative_difference(const at::Tensor& a, const at::Tensor& b) {
 // they give the whole exported model's output and gradients. Needs Python with torch (Debian's
 // python3-torch, which `make test` installs); without it the test says so, and fails under CI.
 TEST(TorchScriptStage, PartsExportedFromPythonChainAsTracedAndMatchTheWholeModel) {
-  const std::string dir = temp_path("parts");
+  const std::string dir = process_temp_dir().file("parts");
   std::filesystem::create_directories(dir);
   const std::string command = std::string("/usr/bin/python3 ") + FERRY_SOURCE_DIR +
                               "/examples/export_torchscript_stages.py " + dir + " > /dev/null 2>&1";

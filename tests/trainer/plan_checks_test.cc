@@ -18,7 +18,7 @@ using ::testing::AllOf;
 using ::testing::Ge;
 using ::testing::Le;
 
-std::vector<models::BlockCost> alike_blocks() {
+std::vector<models::BlockCost> alike_light_blocks() {
   std::vector<models::BlockCost> out;
   for (const models::UnetBlock& b : models::unet_blocks(18)) {
     models::BlockCost c;
@@ -71,7 +71,7 @@ StepCheck out_of_memory() {
 
 class PlanChecks : public ::testing::Test {
  protected:
-  std::vector<models::BlockCost> blocks_ = alike_blocks();
+  std::vector<models::BlockCost> blocks_ = alike_light_blocks();
   MachineCosts machine_ = machine();
   PlanCosts costs_{blocks_, machine_};
 };

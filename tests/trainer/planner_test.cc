@@ -14,6 +14,7 @@
 #include "ferry/models/unet_blocks.h"
 #include "tests/support/temp_dir.h"
 #include "trainer/block_cost_cache.h"
+#include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
 namespace {
@@ -21,8 +22,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
-
-constexpr double kMiB = 1 << 20;
 
 // The U-Net-ResNet-18's blocks, each alike: 8 MiB of parameters, 1 MiB of activations and
 // 0.1 MiB of carry per image, 10 ms of forward and 20 ms of backward per image, and 1 ms of

@@ -119,7 +119,8 @@ function(ferry_unity_batches target kind sources)
     set_source_files_properties("${source}" TARGET_DIRECTORY ${target}
       PROPERTIES UNITY_GROUP "${kind}${batch}")
     if(kind STREQUAL "light")
-      # The batch's own file, where CMake will write it: marked before it exists.
+      # The batch's own file, where CMake (3.18 to 3.25 at least) will write it: marked before it
+      # exists. Should a CMake write it elsewhere, the batch only loads the header in vain.
       set_source_files_properties(
         "${binary_dir}/CMakeFiles/${target}.dir/Unity/unity_${kind}${batch}_cxx.cxx"
         TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)

@@ -15,12 +15,7 @@
 namespace ferry::remote_module {
 namespace {
 
-using rpc::Error;
-using rpc::ErrorKind;
-
-[[noreturn]] void refuse(const std::string& message) {
-  throw Error(ErrorKind::InvalidArgument, message);
-}
+using rpc::refuse;
 
 // The pixels a loss counts: all, or those whose target is not the ignore index.
 at::Tensor counted(const at::Tensor& target, const LossOptions& o) {

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -19,6 +18,7 @@
 #include "ferry/core/process_memory.h"
 #include "ferry/core/processes.h"
 #include "ferry/trainer/worker_loop.h"
+#include "trainer/run_report.h"
 
 namespace ferry::bench {
 namespace {
@@ -63,7 +63,8 @@ class Bench {
 
   // The stages' figures after one training step at `batch` under `setting`, or nullopt if a
   // process ran out of its budget.
-  std::optional<nlohmann::json> split(int batch, const std::string& setting, int64_t budget_mib) {
+  std::optional<std::vector<trainer::StageRecord>> split(int batch, const std::string& setting,
+                                                         int64_t budget_mib) {
     // One training batch, and a fifth of it again for validation.
     const int samples = batch + std::max(1, batch / 4);
     std::vector<std::string> command = {launch_,
@@ -101,10 +102,10 @@ class Bench {
       check_failure(r);
       return std::nullopt;
     }
-    nlohmann::json stages = nlohmann::json::parse(std::ifstream(metrics_)).at("stages");
+    std::vector<trainer::StageRecord> stages = trainer::read_run_report(metrics_).stages;
     std::string peaks;
-    for (const auto& stage : stages) {
-      peaks += fmt::format(" {}", std::lround(stage.at("worker_peak_tensor_mib").get<double>()));
+    for (const trainer::StageRecord& stage : stages) {
+      peaks += fmt::format(" {}", std::lround(stage.worker_peak_tensor_mib));
     }
     log(fmt::format("{} stages, {}, batch {}: stage peaks (MiB){}", s_.stages, setting, batch,
                     peaks));
@@ -149,17 +150,17 @@ class Bench {
   std::string master_, launch_, model_, metrics_;
 };
 
-double largest_peak(const nlohmann::json& stages) {
+double largest_peak(const std::vector<trainer::StageRecord>& stages) {
   double out = 0;
-  for (const auto& stage : stages) {
-    out = std::max(out, stage.at("worker_peak_tensor_mib").get<double>());
+  for (const trainer::StageRecord& stage : stages) {
+    out = std::max(out, stage.worker_peak_tensor_mib);
   }
   return out;
 }
 
-double total_peak(const nlohmann::json& stages) {
+double total_peak(const std::vector<trainer::StageRecord>& stages) {
   double out = 0;
-  for (const auto& stage : stages) out += stage.at("worker_peak_tensor_mib").get<double>();
+  for (const trainer::StageRecord& stage : stages) out += stage.worker_peak_tensor_mib;
   return out;
 }
 
@@ -187,9 +188,9 @@ int run_memory_bench(const MemoryBenchSettings& s) {
   std::string best;
   double best_peak = 0, best_total = 0;
   for (const std::string setting : {"naive", "1f1b", "1f1b_checkpointed"}) {
-    std::optional<nlohmann::json> stages = bench.split(s.batch, setting, 0);
+    std::optional<std::vector<trainer::StageRecord>> stages = bench.split(s.batch, setting, 0);
     if (!stages) throw std::runtime_error("the split failed without a budget: " + setting);
-    out["split"][setting] = *stages;
+    out["split"][setting] = nlohmann::ordered_json(*stages);
     // Within a MiB of the least largest peak, the setting that holds less in all wins: it leaves
     // more room as the batch grows.
     const double peak = largest_peak(*stages), total = total_peak(*stages);

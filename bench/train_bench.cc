@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -16,6 +15,7 @@
 #include "bench/processes.h"
 #include "bench/stats.h"
 #include "ferry/core/processes.h"
+#include "trainer/run_report.h"
 
 namespace ferry::bench {
 namespace {
@@ -23,7 +23,7 @@ namespace {
 struct Timings {
   std::vector<double> step_s, optimizer_s, images_per_s, bytes_per_step;
   std::vector<std::vector<double>> stage_peak_mib;  // per run, replica 0's stages
-  nlohmann::json buckets;                           // the last run's
+  std::vector<trainer::BucketRecord> buckets;       // the last run's
 };
 
 // One job of `replicas` copies in `precision`; adds its timed epoch's figures to `into`.
@@ -58,18 +58,20 @@ void run_job(const TrainBenchSettings& s, int replicas, const std::string& preci
         fmt::format("the job of {} replicas failed (exit status {}); its output is in {}", replicas,
                     status, s.log_file));
   }
-  const auto job = nlohmann::json::parse(std::ifstream(metrics));
+  const trainer::RunReport job = trainer::read_run_report(metrics);
   std::remove(metrics.c_str());
-  const auto& timed = job["epochs"].back();
+  if (job.epochs.empty()) throw std::runtime_error(metrics + ": the job reported no epoch");
+  const trainer::EpochRecord& timed = job.epochs.back();
   std::vector<double> peaks;
-  for (const auto& stage : job["stages"]) peaks.push_back(stage["worker_peak_tensor_mib"]);
+  for (const trainer::StageRecord& stage : job.stages)
+    peaks.push_back(stage.worker_peak_tensor_mib);
   into.stage_peak_mib.push_back(peaks);
-  if (job.contains("gradient_buckets")) into.buckets = job["gradient_buckets"];
-  const double batches = timed["batches"].get<double>();
-  into.step_s.push_back(timed["train_s"].get<double>() / batches);
-  into.optimizer_s.push_back(timed["optimizer_s"].get<double>() / batches);
-  into.images_per_s.push_back(timed["images_per_s"].get<double>());
-  into.bytes_per_step.push_back(timed["bytes_per_step"].get<double>());
+  if (!job.gradient_buckets.empty()) into.buckets = job.gradient_buckets;
+  const auto batches = static_cast<double>(timed.batches);
+  into.step_s.push_back(timed.train_s / batches);
+  into.optimizer_s.push_back(timed.optimizer_s / batches);
+  into.images_per_s.push_back(timed.images_per_s);
+  into.bytes_per_step.push_back(timed.bytes_per_step);
 }
 
 }  // namespace
@@ -140,7 +142,7 @@ int run_train_bench(const TrainBenchSettings& settings) {
   out["allreduce_share"] = exposed / median(many.step_s);
   out["stage_peak_tensor_mib_1"] = median_per_stage(one.stage_peak_mib);
   out["stage_peak_tensor_mib_replicated"] = median_per_stage(many.stage_peak_mib);
-  out["gradient_buckets"] = many.buckets;
+  out["gradient_buckets"] = nlohmann::ordered_json(many.buckets);
   if (settings.bf16) {
     out["bf16_step_s"] = median(bf16.step_s);
     out["bf16_step_ratio"] = median(bf16.step_s) / median(one.step_s);

@@ -44,7 +44,7 @@ std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool 
                                               const std::vector<std::string>& places,
                                               const std::vector<double>& measured,
                                               const std::vector<double>& measured_blocks,
-                                              nlohmann::ordered_json& records) {
+                                              std::vector<RebalanceRecord>& records) {
   const bool forced = !forced_.empty() && checks_ == 0;
   if (!forced && !looks(pipelined)) return std::nullopt;
   if (!forced && checks_ > 0 && imbalance(measured) <= kMaxImbalance) return std::nullopt;
@@ -59,19 +59,19 @@ std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool 
       current, measured);
   const Recut proposal =
       forced ? recut_of(forced_, calibrated, measured) : propose_recut(calibrated, measured);
-  nlohmann::ordered_json record;
+  RebalanceRecord record;
   if (when.batch == 0) {
-    record["after_epoch"] = when.epoch;
+    record.after_epoch = when.epoch;
   } else {
-    record["in_epoch"] = when.epoch;
-    record["after_batch"] = when.batch;
+    record.in_epoch = when.epoch;
+    record.after_batch = when.batch;
   }
-  record["block_costs"] = timed ? "measured in the stages" : "estimated";
-  record["measured_slowest_s"] = proposal.slowest_s;
-  record["predicted_slowest_s"] = proposal.predicted_slowest_s;
+  record.block_costs = timed ? "measured in the stages" : "estimated";
+  record.measured_slowest_s = proposal.slowest_s;
+  record.predicted_slowest_s = proposal.predicted_slowest_s;
   auto keep = [&](const std::string& why) -> std::optional<StageMove> {
-    record["moved"] = false;
-    record["why_not"] = why;
+    record.moved = false;
+    record.why_not = why;
     records.push_back(record);
     return std::nullopt;
   };
@@ -88,7 +88,7 @@ std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool 
   const double budget_mib = core::tensor_memory_budget() / double(1 << 20);
   const std::string over = over_budget(to, places, budget_mib);
   const std::string move = describe_move(plan, to);
-  record["blocks"] = move;
+  record.blocks = move;
   if (!over.empty()) {
     log::warn("re-balance {} not made ({}): {}; training goes on with the cut it has",
               when.describe(), move, over);
@@ -99,8 +99,8 @@ std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool 
   const std::string tight = handover_over_budget(
       plan, to, places, optimizer_state_copies(plan_settings_.optimizer), budget_mib);
   if (!tight.empty()) log::info("the state moves through the master: worker to worker, {}", tight);
-  record["moved"] = true;
-  record["handover"] = tight.empty() ? "worker to worker" : "through the master";
+  record.moved = true;
+  record.handover = tight.empty() ? "worker to worker" : "through the master";
   records.push_back(record);
   return StageMove{std::move(to),
                    tight.empty() ? Handover::WorkerToWorker : Handover::ThroughMaster};

@@ -9,12 +9,12 @@
 #pragma once
 
 #include <cstddef>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ferry/trainer/train.h"
+#include "trainer/run_report.h"
 #include "trainer/stage_plan.h"
 #include "trainer/stages_on_workers.h"
 
@@ -45,13 +45,12 @@ class EpochRebalance {
   // The move to make at `when`, if any, for a job whose stages (at `places`) measured
   // `measured` compute per batch since the last look (or warm-up), and its blocks
   // `measured_blocks` (empty when the stages do not time their blocks: the plan's estimates
-  // then stand in, scaled to what their stage measured). Each decision goes into `records` (the
-  // metrics' "rebalances").
+  // then stand in, scaled to what their stage measured). Each decision goes into `records`.
   std::optional<StageMove> look(const RebalanceMoment& when, bool pipelined, const StagePlan& plan,
                                 const std::vector<std::string>& places,
                                 const std::vector<double>& measured,
                                 const std::vector<double>& measured_blocks,
-                                nlohmann::ordered_json& records);
+                                std::vector<RebalanceRecord>& records);
 
  private:
   // Whether the job looks for a better cut after its epochs (--rebalance).

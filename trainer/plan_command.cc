@@ -23,6 +23,7 @@
 #include "trainer/image_size_json.h"
 #include "trainer/plan_checks.h"
 #include "trainer/planner.h"
+#include "trainer/run_report.h"
 #include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
@@ -231,10 +232,11 @@ StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
     return out;
   }
   try {
-    const nlohmann::json m = nlohmann::json::parse(std::ifstream(metrics));
-    out.images_per_s = m.at("epochs").back().at("images_per_s").get<double>();
-    for (const auto& stage : m.at("stages")) {
-      out.peak_mib.push_back(stage.at("worker_peak_tensor_mib").get<double>());
+    const RunReport report = read_run_report(metrics);
+    if (report.epochs.empty()) throw std::runtime_error("it has no epoch");
+    out.images_per_s = report.epochs.back().images_per_s;
+    for (const StageRecord& stage : report.stages) {
+      out.peak_mib.push_back(stage.worker_peak_tensor_mib);
     }
   } catch (const std::exception& e) {
     out.error = fmt::format("its metrics could not be read: {}", e.what());

@@ -65,20 +65,19 @@ void StageCompute::restart_on_new_cut() {
 
 void StageCompute::report(const StagePlan& plan, const std::vector<std::string>& places,
                           const std::vector<double>& estimated_blocks,
-                          nlohmann::ordered_json& stages, nlohmann::ordered_json& blocks) const {
+                          std::vector<StageRecord>& stages,
+                          std::vector<BlockRecord>& blocks) const {
   const std::vector<double> estimated = estimated_compute_s(plan, places, per_worker_);
   const auto batches = static_cast<double>(std::max<std::size_t>(batches_, 1));
   std::vector<double> measured;
   for (double seconds : seconds_) measured.push_back(seconds / batches);
-  blocks = nlohmann::ordered_json::array();
+  blocks.clear();
   for (std::size_t k = 0; k < block_seconds_.size() && k < plan.costs.size(); ++k) {
-    blocks.push_back({{"block", plan.costs[k].name},
-                      {"estimated_compute_s", estimated_blocks.at(k)},
-                      {"measured_compute_s", block_seconds_[k] / batches}});
+    blocks.push_back({plan.costs[k].name, estimated_blocks.at(k), block_seconds_[k] / batches});
   }
-  for (std::size_t k = 0; k < plan.stages.size(); ++k) {
-    stages[k]["estimated_compute_s"] = estimated[k];
-    if (k < measured.size()) stages[k]["measured_compute_s"] = measured[k];
+  for (std::size_t k = 0; k < plan.stages.size() && k < stages.size(); ++k) {
+    stages[k].estimated_compute_s = estimated[k];
+    if (k < measured.size()) stages[k].measured_compute_s = measured[k];
   }
   if (measured.empty()) return;
   std::cerr << fmt::format("\ncompute per step over the run{}, estimated and measured{}:\n{}",

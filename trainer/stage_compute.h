@@ -4,10 +4,10 @@
 #pragma once
 
 #include <cstddef>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "trainer/run_report.h"
 #include "trainer/stage_plan.h"
 #include "trainer/train_report.h"
 
@@ -25,13 +25,12 @@ class StageCompute {
   // so that the end of the run compares the cut it ends with.
   void restart_on_new_cut();
 
-  // Each stage's estimated and measured compute per step over the run into `stages` (the
-  // metrics' entries, one per stage of `plan`), and the table of them; each block's, as its
-  // stage timed it, beside `estimated_blocks` into `blocks` (none when the stages do not time
-  // their blocks).
+  // Each stage's estimated and measured compute per step over the run into `stages` (one per
+  // stage of `plan`), and the table of them; each block's, as its stage timed it, beside
+  // `estimated_blocks` into `blocks` (none when the stages do not time their blocks).
   void report(const StagePlan& plan, const std::vector<std::string>& places,
-              const std::vector<double>& estimated_blocks, nlohmann::ordered_json& stages,
-              nlohmann::ordered_json& blocks) const;
+              const std::vector<double>& estimated_blocks, std::vector<StageRecord>& stages,
+              std::vector<BlockRecord>& blocks) const;
 
  private:
   std::vector<double> seconds_;        // per stage, summed over the run's epochs

@@ -148,8 +148,6 @@ void start(Run& run) {
   if (schedule.kind != dist_autograd::LrSchedule::Kind::Constant || schedule.warmup_steps > 0) {
     log::info("learning rate: {}", schedule.describe());
   }
-  run.metrics["epochs"] = nlohmann::ordered_json::array();
-  run.metrics["rebalances"] = nlohmann::ordered_json::array();
 }
 
 // An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line; its
@@ -178,23 +176,24 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
   }
   const std::vector<double> compute =
       run.compute.add_epoch(epoch, batches, before, after, run.plan, first_places(run));
-  nlohmann::ordered_json record = {{"epoch", epoch},
-                                   {"train_loss", loss},
-                                   {"val_loss", v.loss},
-                                   {"val_iou", v.iou},
-                                   {"val_dice", v.dice},
-                                   {"val_miou", v.miou},
-                                   {"lr", lr},
-                                   {"train_s", times.train_s},
-                                   {"optimizer_s", times.optimizer_s},
-                                   {"data_wait_s", times.data_wait_s},
-                                   {"data_wait_share", times.data_wait_share()},
-                                   {"batches", times.batches},
-                                   {"images_per_s", times.images / times.train_s},
-                                   {"bytes_per_step", times.bytes_sent / times.batches},
-                                   {"stage_compute_s", compute}};
-  if (classes) record["classes"] = class_figures(run.class_names, v);
-  run.metrics["epochs"].push_back(std::move(record));
+  EpochRecord record;
+  record.epoch = epoch;
+  record.train_loss = loss;
+  record.val_loss = v.loss;
+  record.val_iou = v.iou;
+  record.val_dice = v.dice;
+  record.val_miou = v.miou;
+  record.lr = lr;
+  record.train_s = times.train_s;
+  record.optimizer_s = times.optimizer_s;
+  record.data_wait_s = times.data_wait_s;
+  record.data_wait_share = times.data_wait_share();
+  record.batches = times.batches;
+  record.images_per_s = times.images / times.train_s;
+  record.bytes_per_step = static_cast<double>(times.bytes_sent) / times.batches;
+  record.stage_compute_s = compute;
+  if (classes) record.classes = class_figures(run.class_names, v);
+  run.report.epochs.push_back(std::move(record));
   std::cerr << fmt::format(
       "epoch {}/{}: train loss {:.4f}, validation loss {:.4f}, IoU {:.3f}, Dice {:.3f}, mIoU "
       "{:.3f}, learning rate {:.3g}\n",
@@ -212,7 +211,7 @@ void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation
 // At `when`: the cut EpochRebalance calls for from what the stages and blocks `measured` per
 // batch, moved to while the job runs. True if the stages moved.
 bool rebalance(Run& run, const RebalanceMoment& when, const StageSeconds& measured) {
-  nlohmann::ordered_json& records = run.metrics["rebalances"];
+  std::vector<RebalanceRecord>& records = run.report.rebalances;
   std::optional<StageMove> move =
       run.rebalance->look(when, run.job->replicas.front().pipe != nullptr, run.plan,
                           first_places(run), measured.compute, measured.blocks, records);
@@ -228,8 +227,8 @@ bool rebalance(Run& run, const RebalanceMoment& when, const StageSeconds& measur
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double master_mib = (rpc::agent().bytes_received() - received) / double(1 << 20);
   log::info("moved in {:.2f} s; the master received {:.2f} MiB of it", seconds, master_mib);
-  records.back()["move_s"] = seconds;
-  records.back()["master_received_mib"] = master_mib;
+  records.back().move_s = seconds;
+  records.back().master_received_mib = master_mib;
   run.compute.restart_on_new_cut();
   return true;
 }
@@ -340,35 +339,39 @@ std::vector<remote_module::StageStats> stage_stats(Run& run) {
 // Each stage's plan beside what its worker measured, into the metrics JSON, and its compute per
 // step as a table.
 void report_stages(Run& run, const std::vector<remote_module::StageStats>& measured) {
-  run.metrics["stages"] = nlohmann::ordered_json::array();
+  std::vector<StageRecord>& stages = run.report.stages;
+  stages.clear();
   for (std::size_t k = 0; k < run.plan.stages.size(); ++k) {
     const PlannedStage& planned = run.plan.stages[k];
     const remote_module::StageStats& stats = measured[k];
-    run.metrics["stages"].push_back({{"name", planned.name},
-                                     {"worker", run.workers[k]},
-                                     {"device", stats.device},
-                                     {"blocks", planned.blocks},
-                                     {"parameters", planned.parameters},
-                                     {"estimated_peak_mib", planned.peak_mib},
-                                     {"worker_peak_tensor_mib", stats.worker_peak_tensor_mib},
-                                     {"worker_peak_rss_mib", stats.worker_peak_rss_mib},
-                                     {"worker_device_copy_s", stats.worker_device_copy_s}});
+    StageRecord stage;
+    stage.name = planned.name;
+    stage.worker = run.workers[k];
+    stage.device = stats.device;
+    stage.blocks = planned.blocks;
+    stage.parameters = planned.parameters;
+    stage.estimated_peak_mib = planned.peak_mib;
+    stage.worker_peak_tensor_mib = stats.worker_peak_tensor_mib;
+    stage.worker_peak_rss_mib = stats.worker_peak_rss_mib;
+    stage.worker_device_copy_s = stats.worker_device_copy_s;
+    stages.push_back(std::move(stage));
   }
   run.compute.report(run.plan, first_places(run),
                      block_compute_s(run.plan, run.s.plan.batch_size, run.s.microbatches,
                                      run.s.checkpoint_activations),
-                     run.metrics["stages"], run.metrics["blocks"]);
+                     stages, run.report.blocks);
 }
 
 // The end of the run: the best epoch, each stage's figures, the comparison with one process, and
 // the metrics file (--metrics-file).
 void report(Run& run) {
   const TrainSettings& s = run.s;
-  run.metrics["takeovers"] = run.takeovers;
-  run.metrics["replicas"] = s.replicas;
+  RunReport& out = run.report;
+  out.takeovers = run.takeovers;
+  out.replicas = s.replicas;
   if (run.progress.monitor) {
-    report_best(*run.progress.monitor, s.save_best ? best_dir(s) : "", run.stopped_after,
-                run.metrics);
+    out.best =
+        report_best(*run.progress.monitor, s.save_best ? best_dir(s) : "", run.stopped_after);
   }
   if (s.plan.classes > 1 && run.last_validation) {
     std::cerr << "\nthe last validation by class:\n"
@@ -377,22 +380,22 @@ void report(Run& run) {
   const std::vector<remote_module::StageStats> measured = stage_stats(run);
   std::unique_ptr<pipeline::Pipeline>& pipe = run.job->replicas.front().pipe;
   if (pipe) {
-    report_pipeline(*pipe, run.plan, s.trace_file, run.metrics);
+    out.pipeline = report_pipeline(*pipe, run.plan, s.trace_file);
   } else {
     print_stage_table(run.job->split(), run.train_s, !s.via_master);
   }
   report_stages(run, measured);
-  if (run.job->replicas.size() > 1) report_buckets(*run.job->optimizer, run.metrics);
+  if (run.job->replicas.size() > 1) out.gradient_buckets = bucket_records(*run.job->optimizer);
   if (s.compare_single_process) {
     const double whole = single_process_peak_mib(s.master_program, s.plan);
     std::cerr << fmt::format(
         "the whole model trained in one process (same batch) peaks at {:.0f} MiB\n", whole);
-    run.metrics["single_process_peak_mib"] = whole;
+    out.single_process_peak_mib = whole;
   }
-  run.metrics["train_s"] = run.train_s;
-  run.metrics["data_wait_s"] = run.data_wait_s;
+  out.train_s = run.train_s;
+  out.data_wait_s = run.data_wait_s;
   const double wait_share = run.data_wait_s / std::max(run.train_s + run.data_wait_s, 1e-9);
-  run.metrics["data_wait_share"] = wait_share;
+  out.data_wait_share = wait_share;
   std::cerr << fmt::format(
       "waiting for data: {:.1f}% of the training steps' time ({:.2f} s; --loader-threads {})\n",
       100 * wait_share, run.data_wait_s, s.loader_threads);
@@ -401,7 +404,7 @@ void report(Run& run) {
                              run.metrics_log->csv_path(), run.metrics_log->plot_path());
   }
   if (!s.metrics_file.empty()) {
-    core::write_file_atomically(s.metrics_file, run.metrics.dump(2) + "\n");
+    core::write_file_atomically(s.metrics_file, nlohmann::ordered_json(out).dump(2) + "\n");
   }
 }
 

@@ -199,10 +199,8 @@ void take_over(Run& run, const rpc::Error& e) {
   log::warn("training goes on from epoch {}{} ({}; {} optimizer step{} to train again)",
             run.progress.epoch + 1, at, *from, lost_steps, lost_steps == 1 ? "" : "s");
   if (run.metrics_log) run.metrics_log->truncate_after(run.progress.epoch);
-  auto& done = run.metrics["epochs"];
-  while (!done.empty() && done.back()["epoch"].get<int>() > run.progress.epoch) {
-    done.erase(done.size() - 1);
-  }
+  std::vector<EpochRecord>& done = run.report.epochs;
+  while (!done.empty() && done.back().epoch > run.progress.epoch) done.pop_back();
   ++run.takeovers;
   nlohmann::ordered_json fields = {{"taken", spares_in},
                                    {"from", *from},

@@ -124,26 +124,27 @@ StageSeconds stage_seconds(const Replica& replica) {
   return out;
 }
 
-void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
-                 nlohmann::ordered_json& metrics) {
-  if (monitor.best_epoch() == 0) return;
+std::optional<BestRecord> report_best(const EpochMonitor& monitor, const std::string& best_dir,
+                                      int stopped_after) {
+  if (monitor.best_epoch() == 0) return std::nullopt;
   std::string line = fmt::format("best epoch: {} ({} {:.4f})", monitor.best_epoch(),
                                  monitor.metric_name(), monitor.best_value());
-  metrics["monitor"] = monitor.metric_name();
-  metrics["best_epoch"] = monitor.best_epoch();
-  metrics["best_value"] = monitor.best_value();
+  BestRecord out;
+  out.monitor = monitor.metric_name();
+  out.best_epoch = monitor.best_epoch();
+  out.best_value = monitor.best_value();
   if (!best_dir.empty() && remote_module::has_checkpoint(best_dir)) {
-    const std::string path = remote_module::latest_checkpoint_folder(best_dir);
-    line += fmt::format("; its checkpoint: {} (--checkpoint-dir {} --resume starts from it)", path,
-                        best_dir);
-    metrics["best_checkpoint"] = path;
+    out.best_checkpoint = remote_module::latest_checkpoint_folder(best_dir);
+    line += fmt::format("; its checkpoint: {} (--checkpoint-dir {} --resume starts from it)",
+                        out.best_checkpoint, best_dir);
   }
   if (stopped_after > 0) {
     line += fmt::format("; stopped early after epoch {}: {} did not improve for {} epochs",
                         stopped_after, monitor.metric_name(), monitor.patience());
-    metrics["stopped_after_epoch"] = stopped_after;
+    out.stopped_after_epoch = stopped_after;
   }
   std::cerr << line << "\n";
+  return out;
 }
 
 std::string per_class(const std::vector<std::string>& names, const std::vector<double>& values) {
@@ -154,14 +155,11 @@ std::string per_class(const std::vector<std::string>& names, const std::vector<d
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-nlohmann::ordered_json class_figures(const std::vector<std::string>& names, const Validation& v) {
-  // JSON has no NaN.
-  auto figure = [](double x) {
-    return std::isnan(x) ? nlohmann::ordered_json() : nlohmann::ordered_json(x);
-  };
-  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+std::vector<ClassFigures> class_figures(const std::vector<std::string>& names,
+                                        const Validation& v) {
+  std::vector<ClassFigures> out;
   for (std::size_t k = 0; k < names.size() && k < v.class_iou.size(); ++k) {
-    out[names[k]] = {{"iou", figure(v.class_iou[k])}, {"dice", figure(v.class_dice[k])}};
+    out.push_back({names[k], v.class_iou[k], v.class_dice[k]});
   }
   return out;
 }
@@ -183,23 +181,18 @@ std::string class_table(const std::vector<std::string>& names, const Validation&
   return out;
 }
 
-void report_buckets(const dist_autograd::DistributedOptimizer& optimizer,
-                    nlohmann::ordered_json& metrics) {
-  auto& out = metrics["gradient_buckets"] = nlohmann::ordered_json::array();
+std::vector<BucketRecord> bucket_records(const dist_autograd::DistributedOptimizer& optimizer) {
+  std::vector<BucketRecord> out;
   for (const auto& owner : optimizer.bucket_stats()) {
-    out.push_back({{"worker", owner.worker},
-                   {"replica", owner.replica},
-                   {"buckets", owner.buckets},
-                   {"mib", static_cast<double>(owner.bytes) / (1 << 20)},
-                   {"started_in_backward", owner.started_in_backward},
-                   {"started_at_step", owner.started_at_step},
-                   {"late_rounds", owner.late_rounds},
-                   {"waited_s", owner.waited_s}});
+    out.push_back({owner.worker, owner.replica, owner.buckets,
+                   static_cast<double>(owner.bytes) / (1 << 20), owner.started_in_backward,
+                   owner.started_at_step, owner.late_rounds, owner.waited_s});
   }
+  return out;
 }
 
-void report_pipeline(pipeline::Pipeline& pipe, const StagePlan& plan, const std::string& trace_file,
-                     nlohmann::ordered_json& metrics) {
+PipelineRecord report_pipeline(pipeline::Pipeline& pipe, const StagePlan& plan,
+                               const std::string& trace_file) {
   std::cerr << "\n" << pipe.timeline().table();
   std::vector<pipeline::Pipeline::StageMemory> memory = pipe.memory_peaks();
   std::string peaks;
@@ -209,15 +202,14 @@ void report_pipeline(pipeline::Pipeline& pipe, const StagePlan& plan, const std:
   }
   std::cerr << "most activations held at once: " << peaks << "\n";
   pipeline::TimelineReport report = pipe.timeline().report();
-  metrics["pipeline"] = {{"schedule", pipeline::schedule_name(pipe.options().schedule)},
-                         {"microbatches", pipe.options().microbatches},
-                         {"bubble", report.bubble},
-                         {"ideal_bubble", report.ideal_bubble}};
-  if (trace_file.empty()) return;
+  const PipelineRecord out{pipeline::schedule_name(pipe.options().schedule),
+                           pipe.options().microbatches, report.bubble, report.ideal_bubble};
+  if (trace_file.empty()) return out;
   pipe.timeline().write_chrome_trace(trace_file);
   std::cerr << fmt::format(
       "trace of {} steps written to {} (open it in Perfetto or chrome://tracing)\n", report.steps,
       trace_file);
+  return out;
 }
 
 }  // namespace ferry::trainer

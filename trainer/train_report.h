@@ -4,7 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +13,7 @@
 #include "ferry/pipeline/pipeline.h"
 #include "trainer/epoch_monitor.h"
 #include "trainer/replicas.h"
+#include "trainer/run_report.h"
 #include "trainer/stage_plan.h"
 
 namespace ferry::trainer {
@@ -54,24 +55,22 @@ StageSeconds stage_seconds(const Replica& replica);
 
 // The end of a run by the monitored metric: which epoch was best, where its checkpoint is (the
 // latest in `best_dir`; empty: none was kept), whether the run stopped early after epoch
-// `stopped_after` (0: it did not). Printed and put in `metrics`.
-void report_best(const EpochMonitor& monitor, const std::string& best_dir, int stopped_after,
-                 nlohmann::ordered_json& metrics);
+// `stopped_after` (0: it did not). Printed and returned; nullopt before any epoch was observed.
+std::optional<BestRecord> report_best(const EpochMonitor& monitor, const std::string& best_dir,
+                                      int stopped_after);
 
-// With replicas: how each owner's gradient buckets went, into `metrics`.
-void report_buckets(const dist_autograd::DistributedOptimizer& optimizer,
-                    nlohmann::ordered_json& metrics);
+// With replicas: how each owner's gradient buckets went.
+std::vector<BucketRecord> bucket_records(const dist_autograd::DistributedOptimizer& optimizer);
 
-// The pipeline's timeline (printed), activation peaks and bubble (into `metrics`), and the
-// Chrome trace to `trace_file` (--trace; empty: none).
-void report_pipeline(pipeline::Pipeline& pipe, const StagePlan& plan, const std::string& trace_file,
-                     nlohmann::ordered_json& metrics);
+// The pipeline's timeline and activation peaks (printed), its schedule and bubble (returned), and
+// the Chrome trace to `trace_file` (--trace; empty: none).
+PipelineRecord report_pipeline(pipeline::Pipeline& pipe, const StagePlan& plan,
+                               const std::string& trace_file);
 
 // "background 0.970, ellipse 0.810, ...": each of `names`' classes with its figure in `values`.
 std::string per_class(const std::vector<std::string>& names, const std::vector<double>& values);
-// Each class's IoU and Dice by name, for the metrics JSON: {"ellipse": {"iou": .., "dice": ..}},
-// null for a class found nowhere.
-nlohmann::ordered_json class_figures(const std::vector<std::string>& names, const Validation& v);
+// Each class's IoU and Dice by name, NaN for a class found nowhere.
+std::vector<ClassFigures> class_figures(const std::vector<std::string>& names, const Validation& v);
 
 // The last validation's IoU and Dice of each of `names`' classes, and their means, as a table.
 std::string class_table(const std::vector<std::string>& names, const Validation& v);

@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "trainer/epoch_rebalance.h"
 #include "trainer/event_log.h"
 #include "trainer/metrics_log.h"
+#include "trainer/run_report.h"
 #include "trainer/stage_compute.h"
 #include "trainer/stage_plan.h"
 #include "trainer/stages_on_workers.h"
@@ -53,7 +53,7 @@ struct Run {
   // replicas go on to validate the epoch without training its steps again.
   std::optional<EpochTrained> trained;
   std::optional<MetricsLog> metrics_log;
-  nlohmann::ordered_json metrics;
+  RunReport report;  // --metrics-file
   double train_s = 0;
   double data_wait_s = 0;  // of the training steps, waiting for the loader
   StageCompute compute;

@@ -135,7 +135,8 @@ std::optional<CachedCosts> load_costs(const std::string& dir, const CostKey& key
   if (!in) return std::nullopt;
   try {
     const nlohmann::ordered_json saved = nlohmann::ordered_json::parse(in);
-    if (saved.at("key") != key.json()) return std::nullopt;
+    // By value, whatever the order of the key's members in the file.
+    if (nlohmann::json(saved.at("key")) != nlohmann::json(key.json())) return std::nullopt;
     CachedCosts out;
     for (const auto& block : saved.at("blocks")) out.blocks.push_back(block_of(block));
     out.machine = machine_of(saved.at("machine"));

@@ -293,6 +293,28 @@ std::vector<models::BlockCost> cached_costs_of(const nlohmann::json& plan,
   return cached->blocks;
 }
 
+// The candidates of `request` whose estimated peaks stay within `limit_mib` (0: the budget): at
+// its batch or, where none does there, at the largest smaller batch one does.
+std::vector<Candidate> candidates_within(const CachedCosts& costs, const PlanRequest& request,
+                                         double limit_mib) {
+  if (limit_mib <= 0) return ranked(costs, request);
+  PlanRequest limited = request;
+  limited.budget_mib = limit_mib;
+  try {
+    return plan_candidates(costs.blocks, costs.machine, limited);
+  } catch (const NothingFits& e) {
+    if (request.batch_size <= 1) rpc::refuse(e.what());
+  }
+  limited.largest_batch = true;
+  limited.max_batch = request.batch_size - 1;
+  std::vector<Candidate> out = ranked(costs, limited);
+  std::cerr << fmt::format(
+      "--plan auto: within {:.0f} MiB no configuration's estimates fit batch {}; the largest "
+      "batch they fit: {}\n",
+      limit_mib, request.batch_size, out.front().global_batch());
+  return out;
+}
+
 }  // namespace
 
 int run_plan(const PlanCommandSettings& s) {
@@ -346,7 +368,8 @@ int run_plan(const PlanCommandSettings& s) {
   }
 }
 
-nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int workers) {
+nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int workers,
+                                         double estimate_limit_mib) {
   PlanRequest request;
   request.model = settings.plan.model;
   request.classes = settings.plan.classes;
@@ -368,9 +391,13 @@ nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int work
     throw;
   }
   core::set_tensor_memory_budget(budget);
-  std::vector<Candidate> candidates = ranked(costs, request);
+  const std::vector<Candidate> candidates = candidates_within(costs, request, estimate_limit_mib);
   const std::vector<std::string> names = block_names(costs.blocks);
-  std::cerr << "--plan auto: estimated, not checked with real steps\n"
+  std::cerr << "--plan auto: estimated, not checked with real steps"
+            << (estimate_limit_mib > 0
+                    ? fmt::format(" (estimated peaks within {:.0f} MiB)", estimate_limit_mib)
+                    : std::string())
+            << "\n"
             << candidates_table(candidates, 8);
   std::cerr << "ferry-master train " << candidates.front().flags(request, names) << "\n";
   nlohmann::ordered_json document = plan_document(request, names, candidates, candidates.front());

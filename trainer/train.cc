@@ -408,24 +408,70 @@ void report(Run& run) {
   }
 }
 
-// The settings with the plan --plan asks for applied.
-TrainSettings planned(const TrainSettings& s) {
-  if (!s.plan_file.empty()) return with_plan(s, read_plan_file(s.plan_file), s.plan_file);
-  if (!s.plan_auto) return s;
-  const int workers = static_cast<int>(world_names().size()) - 1 - s.spares;
-  return with_plan(s, plan_for_training(s, std::max(workers, 1)), "auto");
-}
-
-int train_as_master(const TrainSettings& settings) {
-  const TrainSettings s = planned(settings);
+// One run of the job as `s` says. With `first_step_checks`, a run that runs out of memory under
+// the budget before its first optimizer step is done ends there, its stages gone, and returns
+// the error; otherwise nothing.
+std::optional<std::string> train_run(const TrainSettings& s, bool first_step_checks) {
   check_settings(s);
   Run run(s);
   run.events = std::make_unique<EventLog>(s.events_file);
   load_data(run);
   place(run);
-  start(run);
-  run_epochs(run);
+  try {
+    start(run);
+    run_epochs(run);
+  } catch (const rpc::Error& e) {
+    if (!first_step_checks || e.kind() != rpc::ErrorKind::OutOfMemory || run.progress.step > 0) {
+      throw;
+    }
+    log::warn("--plan auto: the first step ran out of memory under the budget: {}", e.what());
+    return e.what();
+  }
   report(run);
+  return std::nullopt;
+}
+
+// --plan auto's estimates are checked by the job's first step. Where it runs out of memory, the
+// job plans again with every stage's estimated peak below the failed winner's largest (by
+// kReplanMargin each time; at a smaller batch where nothing else fits the estimates), up to
+// kReplans times; the last plan's run fails as any other.
+constexpr int kReplans = 3;
+constexpr double kReplanMargin = 0.9;
+
+void train_planned_automatically(const TrainSettings& settings) {
+  const int workers = std::max(static_cast<int>(world_names().size()) - 1 - settings.spares, 1);
+  double limit_mib = 0;
+  std::string ran_out;
+  for (int replans = 0;; ++replans) {
+    nlohmann::ordered_json plan;
+    try {
+      plan = plan_for_training(settings, workers, limit_mib);
+    } catch (const rpc::Error& e) {
+      if (limit_mib <= 0) throw;
+      throw rpc::Error(rpc::ErrorKind::OutOfMemory,
+                       fmt::format("{}; planned again with every stage's estimated peak within "
+                                   "{:.0f} MiB, and {}",
+                                   ran_out, limit_mib, e.what()));
+    }
+    const std::optional<std::string> out_of_memory =
+        train_run(with_plan(settings, plan, "auto"), replans < kReplans);
+    if (!out_of_memory) return;
+    ran_out = *out_of_memory;
+    limit_mib = kReplanMargin * plan.at("winner").at("predicted_peak_mib").get<double>();
+    log::warn("--plan auto: planning again with every stage's estimated peak within {:.0f} MiB",
+              limit_mib);
+    EventLog(settings.events_file).add("replan", {{"estimate_limit_mib", limit_mib}});
+  }
+}
+
+int train_as_master(const TrainSettings& settings) {
+  if (settings.plan_auto) {
+    train_planned_automatically(settings);
+  } else if (!settings.plan_file.empty()) {
+    train_run(with_plan(settings, read_plan_file(settings.plan_file), settings.plan_file), false);
+  } else {
+    train_run(settings, false);
+  }
   return 0;
 }
 

@@ -1,10 +1,12 @@
 // `ferry-master plan` and `train --plan` as a user runs them: a plan of the U-Net-ResNet-18 under
 // a budget that one worker cannot meet, checked with a real step; its winner trained from the
 // plan's file with peaks near the plan's; the block costs taken from the cache the second time;
-// and the errors of a plan nothing fits and of flags beside a plan that sets them.
+// `--plan auto` planning again after a first step out of memory; and the errors of a plan nothing
+// fits and of flags beside a plan that sets them.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -113,6 +115,61 @@ TEST(Plan, AutoPlansForTheWorldsWorkersAndTrains) {
   }
   std::filesystem::remove_all(dir);
   std::filesystem::remove(metrics);
+}
+
+// --plan auto trusts estimates that no real step checked. Here the cached block costs count half
+// of every block's parameters, as a memory model wrong by more than any margin would: the
+// estimates let a whole copy of the model on each of two workers (two replicas) fit 220 MiB,
+// whose parameters, gradients and Adam's two moments alone take 219 MiB. The first step runs out
+// of memory, and the job plans again with every estimated peak below the failed one's, onto two
+// stages whose real peaks fit, and trains.
+TEST(Plan, AutoPlansAgainWhenTheFirstStepRunsOutOfMemoryUnderTheBudget) {
+  const std::string dir = ferry::testing::process_temp_dir().file("plan-again");
+  std::filesystem::remove_all(dir);
+  constexpr int kBudget = 220;
+  const std::string request = " --model unet-resnet18 --image-size 64 --batch-size 32";
+  CommandResult measured = run(kAvx2Kernels + FERRY_MASTER + " plan" + request +
+                               " --workers 2 --verify 0 --cache-dir " + dir);
+  ASSERT_EQ(measured.status, 0) << measured.output;
+  const std::string costs = dir + "/block-costs-unet-resnet18-classes1-64px.json";
+  nlohmann::json cache = nlohmann::json::parse(std::ifstream(costs));
+  ASSERT_GT(cache["blocks"].size(), 10u) << cache.dump();
+  for (auto& block : cache["blocks"]) {
+    for (const char* key : {"parameters", "parameter_bytes", "largest_parameter_bytes"}) {
+      block[key] = block[key].get<std::int64_t>() / 2;
+    }
+  }
+  // A link that moves a gradient in no time: two replicas are then the fastest candidate on any
+  // machine, and the first one tried.
+  cache["machine"]["link_bytes_per_s"] = 1e15;
+  std::ofstream(costs) << cache.dump();
+
+  const std::string metrics = dir + "/metrics.json", events = dir + "/events.jsonl";
+  CommandResult r = run("env FERRY_CACHE_DIR=" + dir + " " + kAvx2Kernels + FERRY_LAUNCH +
+                        " --nproc 3 -- " + FERRY_MASTER + " train --plan auto" + request +
+                        " --samples 40 --epochs 1 --memory-budget-mib " + std::to_string(kBudget) +
+                        " --metrics-file " + metrics + " --events " + events);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--plan auto: the first step ran out of memory under the budget: "
+                                  "optimizer \"adam\": step failed on worker"))
+      << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--plan auto: planning again with every stage's estimated peak "
+                                  "within "))
+      << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(estimated peaks within ")) << r.output;
+  const nlohmann::json m = nlohmann::json::parse(std::ifstream(metrics));
+  EXPECT_EQ(m["epochs"].size(), 1u);
+  EXPECT_GE(m["stages"].size(), 2u);
+  for (const auto& stage : m["stages"]) {
+    EXPECT_LE(stage["worker_peak_tensor_mib"].get<double>(), kBudget) << stage.dump();
+  }
+  int replans = 0;
+  std::ifstream lines(events);
+  for (std::string line; std::getline(lines, line);) {
+    replans += nlohmann::json::parse(line)["event"] == "replan";
+  }
+  EXPECT_GE(replans, 1);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Plan, NothingThatFitsNamesTheLimitAndFlagsBesideAPlanAreRefused) {

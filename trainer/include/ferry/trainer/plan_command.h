@@ -49,8 +49,12 @@ int run_plan(const PlanCommandSettings& settings);
 
 // The plan of a training job's settings on `workers` workers (train --plan auto): its model,
 // its --batch-size as the step's whole batch and its budget, predicted only (a running world
-// cannot start others to check it). Prints the table to stderr. Returns the plan's document.
-nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int workers);
+// cannot start others to check it). With `estimate_limit_mib` (0: the budget), only candidates
+// whose estimated peaks stay within it, at the job's batch or, where none does, at the largest
+// smaller batch one fits; the plan's budget stays the job's. Prints the table to stderr. Returns
+// the plan's document.
+nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int workers,
+                                         double estimate_limit_mib = 0);
 
 // `settings` with a plan's winner (`plan --json`'s document) applied: model, image size,
 // optimizer, batch, cut, replicas, schedule, micro-batches, recomputation and budget. Throws

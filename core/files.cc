@@ -32,31 +32,45 @@ void sync_folder(const fs::path& folder) {
 }  // namespace
 
 void write_file_atomically(const std::string& path, std::string_view bytes) {
+  write_file_atomically(path, [bytes](const ByteSink& sink) { sink(bytes.data(), bytes.size()); });
+}
+
+void write_file_atomically(const std::string& path,
+                           const std::function<void(const ByteSink&)>& produce) {
   const fs::path target(path);
   fs::path tmp = target;
   tmp += ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail_on("write", tmp);
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      errno = error;
-      fail_on("write", tmp);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int error = errno;
+  auto discard = [&] {
+    if (fd < 0) return;
     ::close(fd);
+    fd = -1;
     ::unlink(tmp.c_str());
+  };
+  // Discards the temporary file, then throws what went wrong with errno's reason.
+  auto fail = [&](const char* what) {
+    const int error = errno;
+    discard();
     errno = error;
-    fail_on("flush to disk", tmp);
+    fail_on(what, tmp);
+  };
+  const ByteSink sink = [&](const char* data, std::size_t size) {
+    std::size_t done = 0;
+    while (done < size) {
+      ssize_t n = ::write(fd, data + done, size - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("write");
+      done += static_cast<std::size_t>(n);
+    }
+  };
+  try {
+    produce(sink);
+  } catch (...) {
+    discard();
+    throw;
   }
+  if (::fsync(fd) != 0) fail("flush to disk");
   ::close(fd);
   if (::rename(tmp.c_str(), target.c_str()) != 0) {
     const int error = errno;

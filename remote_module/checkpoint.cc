@@ -1,9 +1,12 @@
 #include "ferry/remote_module/checkpoint.h"
 
+#include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sodium.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 
@@ -48,23 +51,91 @@ std::vector<char> read_file(const fs::path& path) {
   }
 }
 
-// A file's BLAKE2b digest in hex: what the manifest holds of each file, so that a read finds a
-// file that the disk or a hand changed (torch's own reader checks no sums).
+// A file's BLAKE2b digest in hex, taken as its bytes go by: what the manifest holds of each file,
+// so that a read finds a file that the disk or a hand changed (torch's own reader checks no sums).
+class Digest {
+ public:
+  Digest() {
+    if (sodium_init() < 0) rpc::refuse("libsodium could not start");
+    crypto_generichash_init(&state_, nullptr, 0, crypto_generichash_BYTES);
+  }
+  void add(const void* data, std::size_t size) {
+    crypto_generichash_update(&state_, static_cast<const unsigned char*>(data), size);
+  }
+  std::string hex() {
+    unsigned char hash[crypto_generichash_BYTES];
+    crypto_generichash_final(&state_, hash, sizeof hash);
+    char out[2 * crypto_generichash_BYTES + 1];
+    sodium_bin2hex(out, sizeof out, hash, sizeof hash);
+    return out;
+  }
+
+ private:
+  crypto_generichash_state state_;
+};
+
 std::string digest(const std::vector<char>& bytes) {
-  if (sodium_init() < 0) rpc::refuse("libsodium could not start");
-  unsigned char hash[crypto_generichash_BYTES];
-  crypto_generichash(hash, sizeof hash, reinterpret_cast<const unsigned char*>(bytes.data()),
-                     bytes.size(), nullptr, 0);
-  char hex[2 * crypto_generichash_BYTES + 1];
-  sodium_bin2hex(hex, sizeof hex, hash, sizeof hash);
-  return hex;
+  Digest d;
+  d.add(bytes.data(), bytes.size());
+  return d.hex();
 }
 
-// Writes `bytes` to `folder`/`file` and returns the file's entry in the manifest.
+struct Pickled {
+  std::size_t bytes = 0;
+  std::string blake2b;
+};
+
+// `value` pickled as torch.save does (the bytes of torch::pickle_save) straight into `path`,
+// atomically, its digest taken as the bytes go. No copy of the file is held whole in memory,
+// which for a stage of hundreds of MiB is most of the write's time.
+Pickled write_pickled(const fs::path& path, const c10::IValue& value) {
+  Digest hash;
+  std::size_t size = 0;
+  try {
+    core::write_file_atomically(path.string(), [&](const core::ByteSink& sink) {
+      std::vector<char> pickled;
+      torch::jit::Pickler pickler([&pickled](const char* data, std::size_t n) {
+        pickled.insert(pickled.end(), data, data + n);
+      });
+      pickler.protocol();
+      pickler.pushIValue(value);
+      pickler.stop();
+      // The archive's writer calls back from inside its zip library: a failure there is kept
+      // and rethrown here, not thrown through it.
+      std::exception_ptr failed;
+      caffe2::serialize::PyTorchStreamWriter archive([&](const void* data, std::size_t n) {
+        if (failed) return std::size_t{0};
+        try {
+          sink(static_cast<const char*>(data), n);
+        } catch (...) {
+          failed = std::current_exception();
+          return std::size_t{0};
+        }
+        hash.add(data, n);
+        size += n;
+        return n;
+      });
+      try {
+        torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(),
+                                           pickler.tensorData(), archive);
+        archive.writeEndOfFile();
+      } catch (...) {
+        if (failed) std::rethrow_exception(failed);
+        throw;
+      }
+      if (failed) std::rethrow_exception(failed);
+    });
+  } catch (const std::runtime_error& e) {
+    rpc::refuse(e.what());
+  }
+  return {size, hash.hex()};
+}
+
+// `value` pickled into `folder`/`file`: the file's entry in the manifest.
 nlohmann::ordered_json write_listed(const fs::path& folder, const std::string& file,
-                                    const std::vector<char>& bytes) {
-  write_atomically(folder / file, bytes);
-  return {{"file", file}, {"bytes", bytes.size()}, {"blake2b", digest(bytes)}};
+                                    const c10::IValue& value) {
+  const Pickled written = write_pickled(folder / file, value);
+  return {{"file", file}, {"bytes", written.bytes}, {"blake2b", written.blake2b}};
 }
 
 // The bytes of a file the manifest lists, checked against the size and digest it gives there
@@ -191,15 +262,14 @@ std::string write_checkpoint(const std::string& dir, const CheckpointContent& co
   for (const CheckpointContent::Stage& stage : content.stages) {
     nlohmann::ordered_json entry = {
         {"name", stage.name}, {"type", stage.type}, {"worker", stage.worker}};
-    entry.update(
-        write_listed(folder, stage.name + ".pt", torch::pickle_save(c10::IValue(stage.state))));
+    entry.update(write_listed(folder, stage.name + ".pt", c10::IValue(stage.state)));
     entry["tensors"] = stage.state.size();
     manifest["stages"].push_back(std::move(entry));
   }
   manifest["extra"] = nlohmann::ordered_json::array();
   for (const auto& [name, value] : content.extra) {
     nlohmann::ordered_json entry = {{"name", name}};
-    entry.update(write_listed(folder, name + ".pt", torch::pickle_save(value)));
+    entry.update(write_listed(folder, name + ".pt", value));
     manifest["extra"].push_back(std::move(entry));
   }
   std::string text = manifest.dump(2);
@@ -387,7 +457,7 @@ c10::Dict<std::string, at::Tensor> merged_state(const SavedCheckpoint& checkpoin
 }
 
 void save_state_dict(const c10::Dict<std::string, at::Tensor>& state, const std::string& path) {
-  write_atomically(path, torch::pickle_save(c10::IValue(state)));
+  write_pickled(path, c10::IValue(state));
 }
 
 NamedValues load_checkpoint(const std::string& dir, const NamedStages& stages) {

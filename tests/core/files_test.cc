@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,32 @@ TEST(Files, AnAtomicWriteLeavesTheWholeFileAndNoTemporaryBesideIt) {
     names.push_back(entry.path().filename().string());
   }
   EXPECT_THAT(names, ::testing::ElementsAre("metrics.json"));
+}
+
+TEST(Files, AStreamedWriteKeepsItsPiecesInOrderAndAFailedOneLeavesTheOldContent) {
+  testing::TempDir dir("files");
+  const std::string path = dir.file("stage0.pt");
+  write_file_atomically(path, "before");
+  write_file_atomically(path, [](const ByteSink& sink) {
+    for (const char* piece : {"one ", "two ", "three"}) sink(piece, std::strlen(piece));
+  });
+  EXPECT_EQ(read_whole_file(path), "one two three");
+  auto fails_midway = [](const ByteSink& sink) {
+    sink("half of it", 10);
+    throw std::runtime_error("the pickler gave up");
+  };
+  try {
+    write_file_atomically(path, fails_midway);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "the pickler gave up");
+  }
+  EXPECT_EQ(read_whole_file(path), "one two three");
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre("stage0.pt"));
 }
 
 TEST(Files, AnEmptyWriteMakesAnEmptyFile) {

@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/serialize.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -132,6 +133,11 @@ TEST(CheckpointWriter, WritesTheStateAsTakenInOrderAndReportsAFailedWrite) {
     const SavedCheckpoint saved = read_checkpoint(written[0]);
     const c10::Dict<std::string, at::Tensor> merged = merged_state(saved);
     for (const auto& item : taken) EXPECT_TRUE(merged.at(item.key()).equal(item.value()));
+    // The stage's file is what torch.save (torch::pickle_save) makes of the state taken, byte
+    // for byte, though it is pickled straight to disk.
+    const std::vector<char> pickled = torch::pickle_save(c10::IValue(taken));
+    EXPECT_EQ(core::read_whole_file(written[0] + "/only.pt"),
+              std::string(pickled.begin(), pickled.end()));
 
     const std::string blocked = dir.path() + "/not-a-folder";
     std::ofstream(blocked) << "a file";

@@ -107,6 +107,36 @@ void add_cut_flags(CLI::App* cmd, trainer::PlanSettings& plan) {
                   "layer3.0,decoder.0 (see describe --blocks)");
 }
 
+// One budget for every process, or one per worker; `none` also takes 0 for none.
+CLI::Validator memory_budget_check(bool zero_is_none) {
+  return CLI::Validator(
+      [zero_is_none](std::string& text) -> std::string {
+        if (zero_is_none && text == "0") return {};
+        try {
+          trainer::MemoryBudget::parse(text);
+          return {};
+        } catch (const std::invalid_argument&) {
+          return fmt::format(
+              "must be MiB from 1 to {}, one for every process or one per worker "
+              "(300,160,160){}, not \"{}\"",
+              bound_text(kMaxMib), zero_is_none ? " (0: none)" : "", text);
+        }
+      },
+      "");
+}
+
+void add_worker_budget_flag(CLI::App* cmd, std::function<void(const trainer::MemoryBudget&)> set,
+                            bool zero_is_none, const std::string& what) {
+  cmd->add_option_function<std::string>(
+         "--memory-budget-mib",
+         [set](const std::string& text) {
+           set(text == "0" ? trainer::MemoryBudget{} : trainer::MemoryBudget::parse(text));
+         },
+         what)
+      ->type_name("MIB|MIB,MIB,...")
+      ->check(memory_budget_check(zero_is_none));
+}
+
 void add_budget_flag(CLI::App* cmd, std::int64_t& mib, const std::string& what) {
   cmd->add_option("--memory-budget-mib", mib, what)->check(in_range(1, kMaxMib));
 }
@@ -260,9 +290,11 @@ void add_parallel_flags(CLI::App* cmd, trainer::TrainSettings& t) {
   cmd->add_option("--trace", t.trace_file,
                   "write a Chrome trace (Perfetto, chrome://tracing) of every stage's forward, "
                   "backward, send, receive and idle time");
-  add_budget_flag(cmd, t.memory_budget_mib,
-                  "each process's tensor memory bound, as a device's (default: "
-                  "FERRY_MEMORY_BUDGET_MIB, else none)");
+  add_worker_budget_flag(
+      cmd, [&t](const trainer::MemoryBudget& budget) { t.memory_budget = budget; }, false,
+      "each process's tensor memory bound, as a device's; or one per worker in rank order "
+      "(workers of unequal memory; the master then has none) (default: FERRY_MEMORY_BUDGET_MIB, "
+      "else none)");
 }
 
 void add_device_flag(CLI::App* cmd, std::string& device) {
@@ -416,9 +448,16 @@ void add_plan(MasterCommandLine& l) {
   add_model_flags(cmd, r.model, r.classes, r.image_size);
   cmd->add_option("--workers", r.workers, "workers to plan for (the master holds no stage)")
       ->check(count_up_to(kMaxWorkers));
-  cmd->add_option("--memory-budget-mib", r.budget_mib,
-                  "each worker's tensor memory (0: none), as train's --memory-budget-mib")
-      ->check(in_range(0, kMaxMib));
+  add_worker_budget_flag(
+      cmd,
+      [&r](const trainer::MemoryBudget& budget) {
+        r.budget_mib = static_cast<double>(budget.largest());
+        r.worker_budget_mib.clear();
+        if (budget.per_worker()) {
+          for (const std::int64_t mib : budget.mib) r.worker_budget_mib.push_back(mib);
+        }
+      },
+      true, "each worker's tensor memory, or one per worker in rank order (0: none), as train's");
   auto* batch =
       cmd->add_option("--batch-size", r.batch_size, "images per optimizer step, over all replicas")
           ->check(count_up_to(kMaxCount));

@@ -7,9 +7,28 @@
 #include "ferry/core/log.h"
 #include "ferry/core/process_memory.h"
 #include "ferry/rpc/error.h"
+#include "trainer/placement.h"
 #include "trainer/rebalance.h"
 
 namespace ferry::trainer {
+namespace {
+
+// Each worker's budget: --memory-budget-mib's own per worker, else the one every process has
+// (this one's).
+WorkerBudgets worker_budgets(const TrainSettings& s) {
+  if (!s.memory_budget.per_worker()) {
+    return WorkerBudgets(static_cast<double>(core::tensor_memory_budget()) / (1 << 20));
+  }
+  WorkerBudgets out;
+  const std::vector<std::string> world = world_names();
+  for (std::size_t rank = 1; rank < world.size(); ++rank) {
+    out.by_worker[world[rank]] =
+        static_cast<double>(s.memory_budget.of_rank(static_cast<int>(rank)));
+  }
+  return out;
+}
+
+}  // namespace
 
 EpochRebalance::EpochRebalance(const TrainSettings& s, PlanSettings plan_settings,
                                const StagePlan& plan)
@@ -85,8 +104,8 @@ std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool 
   }
   StagePlan to = recut(plan, plan_settings_, proposal.ranges,
                        forced ? "moved by --rebalance-to" : "re-balanced from measured compute");
-  const double budget_mib = core::tensor_memory_budget() / double(1 << 20);
-  const std::string over = over_budget(to, places, budget_mib);
+  const WorkerBudgets budgets = worker_budgets(s_);
+  const std::string over = over_budget(to, places, budgets);
   const std::string move = describe_move(plan, to);
   record.blocks = move;
   if (!over.empty()) {
@@ -97,7 +116,7 @@ std::optional<StageMove> EpochRebalance::look(const RebalanceMoment& when, bool 
   log::info("re-balance {}: {}; slowest stage {:.3f} s per step measured, {:.3f} s predicted",
             when.describe(), move, proposal.slowest_s, proposal.predicted_slowest_s);
   const std::string tight = handover_over_budget(
-      plan, to, places, optimizer_state_copies(plan_settings_.optimizer), budget_mib);
+      plan, to, places, optimizer_state_copies(plan_settings_.optimizer), budgets);
   if (!tight.empty()) log::info("the state moves through the master: worker to worker, {}", tight);
   record.moved = true;
   record.handover = tight.empty() ? "worker to worker" : "through the master";

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -198,6 +199,22 @@ std::string where_out_of_memory(const std::string& output) {
   return ": " + (failed == std::string::npos ? line : line.substr(failed + 8));
 }
 
+// The request as `c`'s check runs it: in a world of its own stages x replicas workers, each with
+// the budget of the worker it stands for in the planned world (place_stages' order).
+PlanRequest checked_as(const Candidate& c, const PlanRequest& request) {
+  PlanRequest out = request;
+  if (request.worker_budget_mib.empty()) return out;
+  const int share = std::max(1, request.workers / c.replicas);
+  out.worker_budget_mib.clear();
+  for (int r = 0; r < c.replicas; ++r) {
+    for (int k = 0; k < c.stages; ++k) {
+      out.worker_budget_mib.push_back(request.worker_budget_mib.at(r * share + k % share));
+    }
+  }
+  out.workers = c.stages * c.replicas;
+  return out;
+}
+
 // Two epochs of one step each on a fresh local world under the budget: the second step's images
 // per second, and every stage's peak over the run.
 StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
@@ -208,7 +225,9 @@ StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
   const int64_t batch = c.global_batch();
   std::vector<std::string> command = {
       s.launcher, "--nproc", std::to_string(c.stages * c.replicas + 1), "--", s.master, "train"};
-  for (std::string& word : c.arguments(s.request, names)) command.push_back(std::move(word));
+  for (std::string& word : c.arguments(checked_as(c, s.request), names)) {
+    command.push_back(std::move(word));
+  }
   for (const std::string& word :
        {std::string("--samples"), std::to_string(batch + std::max<int64_t>(1, batch / 4)),
         std::string("--epochs"), std::string("2"), std::string("--metrics-file"), metrics}) {
@@ -256,6 +275,11 @@ StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
 
 void check_request(const PlanRequest& r) {
   depth_of(r.model);
+  if (!r.worker_budget_mib.empty() &&
+      r.worker_budget_mib.size() != static_cast<size_t>(r.workers)) {
+    rpc::refuse(fmt::format("--memory-budget-mib: {} budgets, one per worker, for {} workers",
+                            r.worker_budget_mib.size(), r.workers));
+  }
   if (r.image_size.height % 32 != 0 || r.image_size.width % 32 != 0) {
     rpc::refuse(fmt::format("--image-size {} is not a multiple of 32", r.image_size.text()));
   }
@@ -299,7 +323,8 @@ std::vector<Candidate> candidates_within(const CachedCosts& costs, const PlanReq
                                          double limit_mib) {
   if (limit_mib <= 0) return ranked(costs, request);
   PlanRequest limited = request;
-  limited.budget_mib = limit_mib;
+  limited.budget_mib = std::min(request.budget_mib > 0 ? request.budget_mib : limit_mib, limit_mib);
+  for (double& mib : limited.worker_budget_mib) mib = std::min(mib, limit_mib);
   try {
     return plan_candidates(costs.blocks, costs.machine, limited);
   } catch (const NothingFits& e) {
@@ -376,7 +401,15 @@ nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int work
   request.image_size = settings.plan.image_size;
   request.optimizer = settings.plan.optimizer;
   request.workers = workers;
-  request.budget_mib = static_cast<double>(settings.memory_budget_mib);
+  request.budget_mib = static_cast<double>(settings.memory_budget.largest());
+  if (settings.memory_budget.per_worker()) {
+    // The first workers hold the stages; the spares after them do not enter the plan.
+    const std::vector<int64_t>& mib = settings.memory_budget.mib;
+    request.worker_budget_mib.assign(mib.begin(),
+                                     mib.begin() + std::min<std::ptrdiff_t>(workers, mib.size()));
+    request.budget_mib =
+        *std::max_element(request.worker_budget_mib.begin(), request.worker_budget_mib.end());
+  }
   request.batch_size = settings.plan.batch_size;
   check_request(request);
   // The blocks are measured in this process, whose budget is the job's for the master: they
@@ -427,7 +460,20 @@ TrainSettings with_plan(const TrainSettings& settings, const nlohmann::json& pla
     s.plan.optimizer = core::parse_named(
         optimizer_names(), request.at("optimizer").get<std::string>(), "its \"optimizer\"");
     const auto budget = static_cast<int64_t>(request.at("memory_budget_mib").get<double>());
-    if (budget > 0) s.memory_budget_mib = budget;
+    const std::vector<double> per_worker =
+        request.value("worker_memory_budget_mib", std::vector<double>());
+    if (!per_worker.empty()) {
+      s.memory_budget.mib.clear();
+      for (const double mib : per_worker) s.memory_budget.mib.push_back(std::llround(mib));
+      // The spares beyond the plan's workers keep the job's own budgets.
+      const std::vector<int64_t>& own = settings.memory_budget.mib;
+      for (std::size_t k = per_worker.size(); settings.memory_budget.per_worker() && k < own.size();
+           ++k) {
+        s.memory_budget.mib.push_back(own[k]);
+      }
+    } else if (budget > 0) {
+      s.memory_budget = MemoryBudget{{budget}};
+    }
     s.plan.batch_size = winner.at("batch_size").get<int64_t>();
     s.plan.stages = winner.at("stages").get<int>();
     s.plan.partition = partition_of(winner.at("first_blocks").get<std::vector<std::string>>());

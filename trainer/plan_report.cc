@@ -48,7 +48,9 @@ std::vector<std::string> Candidate::arguments(const PlanRequest& request,
          std::to_string(microbatches)});
   }
   if (recompute) add({"--checkpoint-activations"});
-  if (request.budget_mib > 0) {
+  if (!request.worker_budget_mib.empty()) {
+    add({"--memory-budget-mib", fmt::format("{:.0f}", fmt::join(request.worker_budget_mib, ","))});
+  } else if (request.budget_mib > 0) {
     add({"--memory-budget-mib", fmt::format("{:.0f}", request.budget_mib)});
   }
   return out;
@@ -114,6 +116,7 @@ nlohmann::ordered_json plan_document(const PlanRequest& request,
                     {"optimizer", core::name_of(optimizer_names(), request.optimizer)},
                     {"workers", request.workers},
                     {"memory_budget_mib", request.budget_mib},
+                    {"worker_memory_budget_mib", request.worker_budget_mib},
                     {"batch_size", request.largest_batch ? 0 : request.batch_size},
                     {"largest_batch", request.largest_batch}};
   out["winner"] = settings(winner);

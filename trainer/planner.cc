@@ -160,13 +160,29 @@ double step_seconds(const StageTable& table, const MachineCosts& m, const Candid
   return compute + carries + optimizer + all_reduce;
 }
 
+// Stage `stage`'s budget in bytes under `c`: with a budget per worker, the least of the workers
+// its copies go to (place_stages: replica r's stages on its own share of the workers, in order).
+double stage_budget(const PlanRequest& request, const Candidate& c, int64_t stage) {
+  if (request.worker_budget_mib.empty()) {
+    return request.budget_mib > 0 ? request.budget_mib * kMiB : kInf;
+  }
+  const int64_t share = std::max(1, request.workers / c.replicas);
+  double least = kInf;
+  for (int64_t r = 0; r < c.replicas; ++r) {
+    const auto worker = static_cast<std::size_t>(r * share + stage % share);
+    if (worker < request.worker_budget_mib.size()) {
+      least = std::min(least, request.worker_budget_mib[worker] * kMiB);
+    }
+  }
+  return least;
+}
+
 // The cut of `c.stages` stages whose slowest stage is fastest among those whose every stage
-// fits the budget; empty if none fits.
+// fits its budget; empty if none fits.
 std::vector<pipeline::Range> fitting_cut(const StageTable& table, const PlanRequest& request,
                                          const Candidate& c) {
   const int64_t n = table.blocks();
   if (c.stages > n) return {};
-  const double budget = request.budget_mib > 0 ? request.budget_mib * kMiB : kInf;
   const double passes = static_cast<double>(parts_of(c));
   const auto samples = static_cast<double>(c.batch_size);
   std::vector<double> time;
@@ -176,7 +192,8 @@ std::vector<pipeline::Range> fitting_cut(const StageTable& table, const PlanRequ
   }
   return pipeline::partition_min_max_where(
       time, c.stages, [&](int64_t stage, int64_t begin, int64_t end) {
-        return stage_peak_bytes(table, c, static_cast<int>(stage), begin, end) <= budget;
+        return stage_peak_bytes(table, c, static_cast<int>(stage), begin, end) <=
+               stage_budget(request, c, stage);
       });
 }
 
@@ -284,9 +301,13 @@ std::string nothing_fits(const StageTable& table, const MachineCosts& m,
   }
   const double budget = request.budget_mib * kMiB;
   const double state = state_of(heaviest);
-  const std::string where = fmt::format("{} at {} on {} worker{} of {:.0f} MiB each", request.model,
-                                        request.image_size.extent(), request.workers,
-                                        request.workers == 1 ? "" : "s", request.budget_mib);
+  const std::string each =
+      request.worker_budget_mib.empty()
+          ? fmt::format("{:.0f} MiB each", request.budget_mib)
+          : fmt::format("{:.0f} MiB", fmt::join(request.worker_budget_mib, ", "));
+  const std::string where =
+      fmt::format("{} at {} on {} worker{} of {}", request.model, request.image_size.extent(),
+                  request.workers, request.workers == 1 ? "" : "s", each);
   if (state > budget) {
     return fmt::format(
         "nothing fits {}: block {}'s parameters, gradients and {} state alone take {}, more than "

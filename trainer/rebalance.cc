@@ -53,21 +53,46 @@ std::string describe_move(const StagePlan& from, const StagePlan& to) {
   return fmt::format("{}", fmt::join(moved, ", "));
 }
 
+double WorkerBudgets::of(const std::string& place) const {
+  const auto it = by_worker.find(worker_of(place));
+  return it == by_worker.end() ? every : it->second;
+}
+
+namespace {
+
+// "a; b, over the budget of 120 MiB per process", or with budgets per worker each item with its
+// own ("a, over its worker's budget of 120 MiB; b, ...").
+std::string over_text(const std::vector<std::string>& over, const std::vector<double>& budgets,
+                      const WorkerBudgets& all) {
+  if (over.empty()) return "";
+  if (all.by_worker.empty()) {
+    return fmt::format("{}, over the budget of {:.0f} MiB per process", fmt::join(over, "; "),
+                       all.every);
+  }
+  std::vector<std::string> each;
+  for (std::size_t k = 0; k < over.size(); ++k) {
+    each.push_back(fmt::format("{}, over its worker's budget of {:.0f} MiB", over[k], budgets[k]));
+  }
+  return fmt::format("{}", fmt::join(each, "; "));
+}
+
+}  // namespace
+
 std::string over_budget(const StagePlan& plan, const std::vector<std::string>& places,
-                        double budget_mib) {
-  if (budget_mib <= 0) return "";
+                        const WorkerBudgets& budgets) {
   std::vector<double> peaks;
   for (const PlannedStage& stage : plan.stages) peaks.push_back(stage.peak_mib);
   peaks = summed_by_worker(peaks, places);
   std::vector<std::string> over;
+  std::vector<double> bounds;
   for (size_t k = 0; k < plan.stages.size(); ++k) {
-    if (peaks[k] <= budget_mib) continue;
+    const double budget = budgets.of(places[k]);
+    if (budget <= 0 || peaks[k] <= budget) continue;
     over.push_back(fmt::format("{} ({}) on {} would peak at an estimated {:.0f} MiB",
                                plan.stages[k].name, plan.stages[k].blocks, places[k], peaks[k]));
+    bounds.push_back(budget);
   }
-  if (over.empty()) return "";
-  return fmt::format("{}, over the budget of {:.0f} MiB per process", fmt::join(over, "; "),
-                     budget_mib);
+  return over_text(over, bounds, budgets);
 }
 
 std::vector<double> measured_block_s(const std::vector<remote_module::RemoteModule>& stages) {
@@ -82,8 +107,7 @@ std::vector<double> measured_block_s(const std::vector<remote_module::RemoteModu
 
 std::string handover_over_budget(const StagePlan& from, const StagePlan& to,
                                  const std::vector<std::string>& places, double state_copies,
-                                 double budget_mib) {
-  if (budget_mib <= 0) return "";
+                                 const WorkerBudgets& budgets) {
   auto state_mib = [&](const StagePlan& plan, double copies) {
     std::vector<double> out;
     for (const PlannedStage& stage : plan.stages) {
@@ -96,15 +120,16 @@ std::string handover_over_budget(const StagePlan& from, const StagePlan& to,
   const std::vector<double> old_state = state_mib(from, state_copies);
   const std::vector<double> new_state = state_mib(to, state_copies);
   std::vector<std::string> over;
+  std::vector<double> bounds;
   std::set<std::string> said;
   for (size_t k = 0; k < places.size() && k < to.stages.size(); ++k) {
     const double held = std::max(parked[k], old_state[k] + new_state[k]);
-    if (held <= budget_mib || !said.insert(places[k]).second) continue;
+    const double budget = budgets.of(places[k]);
+    if (budget <= 0 || held <= budget || !said.insert(places[k]).second) continue;
     over.push_back(fmt::format("{} would hold an estimated {:.0f} MiB", places[k], held));
+    bounds.push_back(budget);
   }
-  if (over.empty()) return "";
-  return fmt::format("{}, over the budget of {:.0f} MiB per process", fmt::join(over, "; "),
-                     budget_mib);
+  return over_text(over, bounds, budgets);
 }
 
 }  // namespace ferry::trainer

@@ -10,6 +10,7 @@
 // but for measured_block_s, which asks the stages.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,21 +54,30 @@ double imbalance(const std::vector<double>& measured);
 // stages whose blocks change.
 std::string describe_move(const StagePlan& from, const StagePlan& to);
 
-// Why `plan` cannot run under a budget of `budget_mib` per process ("" if it can, or no budget):
-// the stages whose estimated peak, with the others on their worker, exceeds it.
+// Each worker's tensor memory budget in MiB, by the place of its stages ("worker2",
+// "worker2/cuda:0"): the same for every worker, or each its own. 0: none. Value type.
+struct WorkerBudgets {
+  WorkerBudgets(double every_mib = 0) : every(every_mib) {}  // NOLINT: one budget is a budget
+  double every = 0;
+  std::map<std::string, double> by_worker;  // where they differ: by worker name
+  double of(const std::string& place) const;
+};
+
+// Why `plan` cannot run under `budgets` ("" if it can, or no budget): the stages whose estimated
+// peak, with the others on their worker, exceeds their worker's.
 std::string over_budget(const StagePlan& plan, const std::vector<std::string>& places,
-                        double budget_mib);
+                        const WorkerBudgets& budgets);
 
 // Every block's forward and backward so far as `stages` timed them (RemoteModule::block_seconds),
 // stage by stage: one call to each. Empty if a stage does not time its blocks.
 std::vector<double> measured_block_s(const std::vector<remote_module::RemoteModule>& stages);
 
-// Why handing the state of `from`'s stages to `to`'s worker to worker would not fit a budget of
-// `budget_mib` per process ("" if it would, or no budget). While it runs, a worker holds its old
+// Why handing the state of `from`'s stages to `to`'s worker to worker would not fit `budgets`
+// ("" if it would, or no budget). While it runs, a worker holds its old
 // stages' parameters and optimizer state (`state_copies` per parameter byte) beside its new
 // stages' (and, for a moment, the old state a second time, serialised to travel).
 std::string handover_over_budget(const StagePlan& from, const StagePlan& to,
                                  const std::vector<std::string>& places, double state_copies,
-                                 double budget_mib);
+                                 const WorkerBudgets& budgets);
 
 }  // namespace ferry::trainer

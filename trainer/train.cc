@@ -486,8 +486,16 @@ int run_training(const TrainSettings& settings) {
     log::error("{}", e.what());
     return 2;
   }
-  if (settings.memory_budget_mib > 0) {
-    core::set_tensor_memory_budget(settings.memory_budget_mib << 20);
+  const MemoryBudget& budget = settings.memory_budget;
+  if (budget.per_worker() &&
+      static_cast<std::size_t>(options.world_size) != budget.mib.size() + 1) {
+    log::error(
+        "--memory-budget-mib {}: {} budgets, one per worker, for a world of {} besides the master",
+        budget.text(), budget.mib.size(), options.world_size - 1);
+    return 2;
+  }
+  if (budget.of_rank(options.rank) > 0) {
+    core::set_tensor_memory_budget(budget.of_rank(options.rank) << 20);
   }
   if (!load_plugins(settings.plugins)) return 2;
   if (options.rank != 0) return serve_as_worker(options, settings.device);

@@ -336,7 +336,8 @@ TEST(TrainingJob, BadStageSettingsAreClearErrors) {
 }
 
 // A budget of B MiB per process stands for a device of B MiB: the whole model on one worker does
-// not fit it and the job fails saying where; cut into four stages, the same batch trains.
+// not fit it and the job fails saying where; cut into four stages, the same batch trains. With a
+// budget per worker, each worker keeps its own.
 TEST(TrainingJob, ABatchOverTheMemoryBudgetFailsNamingWorkerAndStageAndFitsOverMoreStages) {
   const std::string job = std::string(FERRY_MASTER) +
                           " train --model unet-resnet18 --image-size 64 --samples 40 --epochs 1"
@@ -353,6 +354,24 @@ TEST(TrainingJob, ABatchOverTheMemoryBudgetFailsNamingWorkerAndStageAndFitsOverM
   CommandResult four = run(std::string(FERRY_LAUNCH) + " --nproc 5 -- " + job + " --stages 4");
   EXPECT_EQ(four.status, 0) << four.output;
   EXPECT_THAT(four.output, HasSubstr("epoch 1/1: train loss")) << four.output;
+
+  // A budget per worker, each rank its own: worker2's 40 MiB binds, worker1's 1000 does not.
+  const std::string each_job = std::string(FERRY_MASTER) +
+                               " train --model unet-resnet18 --image-size 64 --samples 40"
+                               " --epochs 1 --batch-size 8 --optimizer adam --stages 2";
+  CommandResult each =
+      run(std::string(FERRY_LAUNCH) + " --nproc 3 -- " + each_job + " --memory-budget-mib 1000,40");
+  EXPECT_EQ(each.status, 3) << each.output;
+  EXPECT_THAT(each.output, HasSubstr("over this process's tensor memory budget of 40 MiB"))
+      << each.output;
+  EXPECT_THAT(each.output, HasSubstr("worker \"worker2\" holds stage stage1")) << each.output;
+  // As many budgets as workers, or no process starts its work.
+  CommandResult miscounted =
+      run(std::string(FERRY_LAUNCH) + " --nproc 2 -- " + each_job + " --memory-budget-mib 300,300");
+  EXPECT_EQ(miscounted.status, 2) << miscounted.output;
+  EXPECT_THAT(miscounted.output, HasSubstr("--memory-budget-mib 300,300: 2 budgets, one per "
+                                           "worker, for a world of 1 besides the master"))
+      << miscounted.output;
 }
 
 TEST(TrainingJob, UnknownModelIsAClearError) {

@@ -115,6 +115,45 @@ TEST(Planner, ABudgetThatRulesOutTheWholeModelOnAWorkerGivesABalancedTwoStageCut
             HasSubstr("--pipeline " + pipeline::schedule_name(*best.schedule))));
 }
 
+// Workers of unequal memory: each stage of every candidate fits the least of the workers its
+// copies go to (replica r's stages on the r-th share of the workers, in order), and a small
+// second worker gets the shorter stage.
+TEST(Planner, EachStageFitsTheBudgetOfTheWorkersItsCopiesGoTo) {
+  const std::vector<models::BlockCost> costs = alike_blocks();
+  for (const std::vector<double>& budgets :
+       {std::vector<double>{560, 200}, std::vector<double>{560, 200, 330, 560}}) {
+    PlanRequest r = request_for(static_cast<int>(budgets.size()), 16, 560);
+    r.worker_budget_mib = budgets;
+    const std::vector<Candidate> plan = plan_candidates(costs, two_cores(), r);
+    ASSERT_FALSE(plan.empty());
+    for (const Candidate& c : plan) {
+      const int share = r.workers / c.replicas;
+      for (int k = 0; k < c.stages; ++k) {
+        double least = 1e18;
+        for (int copy = 0; copy < c.replicas; ++copy) {
+          least = std::min(least, budgets[static_cast<size_t>(copy * share + k)]);
+        }
+        EXPECT_LE(c.predicted_peak_mib[static_cast<size_t>(k)], least)
+            << c.describe() << ", stage " << k;
+      }
+    }
+  }
+  PlanRequest two = request_for(2, 16, 560);
+  two.worker_budget_mib = {560, 200};
+  const Candidate best = plan_candidates(costs, two_cores(), two).front();
+  ASSERT_EQ(best.stages, 2) << best.describe();
+  EXPECT_LT(best.cut[1].size(), best.cut[0].size());
+  std::vector<std::string> names;
+  for (const auto& c : costs) names.push_back(c.name);
+  EXPECT_THAT(best.flags(two, names), HasSubstr("--memory-budget-mib 560,200"));
+  // The state of the 15 blocks (600 MiB) cut over two workers of 200 MiB does not fit.
+  PlanRequest small = request_for(2, 16, 200);
+  small.worker_budget_mib = {200, 200};
+  EXPECT_THAT([&] { plan_candidates(costs, two_cores(), small); },
+              ThrowsMessage<NothingFits>(AllOf(HasSubstr("on 2 workers of 200, 200 MiB:"),
+                                               HasSubstr("cut into 2 stages, exceed"))));
+}
+
 TEST(Planner, TheLargestBatchFillsTheBudgetAndOneImageMoreDoesNot) {
   const std::vector<models::BlockCost> costs = alike_blocks();
   PlanRequest r = request_for(2, 0, 600);

@@ -77,6 +77,14 @@ TEST(Rebalance, ABudgetCountsEveryStageOfAWorker) {
   EXPECT_THAT(over_budget(plan, {"worker1", "worker2/cuda:0", "worker1"}, 155),
               HasSubstr("stage0 (a) on worker1 would peak at an estimated 160 MiB; stage2 (c) on "
                         "worker1 would peak at an estimated 160 MiB, over the budget of 155 MiB"));
+  // Each worker its own budget: worker2's 140 binds, worker1's 400 does not.
+  WorkerBudgets each;
+  each.by_worker = {{"worker1", 400}, {"worker2", 140}, {"worker3", 400}};
+  EXPECT_EQ(over_budget(plan, {"worker1", "worker2/cuda:0", "worker1"}, each),
+            "stage1 (b) on worker2/cuda:0 would peak at an estimated 150 MiB, over its worker's "
+            "budget of 140 MiB");
+  each.by_worker["worker2"] = 150;
+  EXPECT_EQ(over_budget(plan, {"worker1", "worker2", "worker3"}, each), "");
 }
 
 // A worker-to-worker handover holds a worker's old stage and its new one at once: the larger of

@@ -211,6 +211,31 @@ StagePlan three_stages() {
 
 const std::vector<std::string> kWorld = {"master", "worker1", "worker2", "worker3", "worker4"};
 
+// --memory-budget-mib: one bound for every rank, or one per worker by rank with none for the
+// master; anything else refused naming the value.
+TEST(TrainSetup, AMemoryBudgetIsOneForEveryRankOrOnePerWorker) {
+  const MemoryBudget every = MemoryBudget::parse("300");
+  EXPECT_FALSE(every.per_worker());
+  EXPECT_EQ(every.of_rank(0), 300);
+  EXPECT_EQ(every.of_rank(7), 300);
+  const MemoryBudget each = MemoryBudget::parse("300,160,200");
+  EXPECT_TRUE(each.per_worker());
+  EXPECT_EQ(each.of_rank(0), 0);
+  EXPECT_EQ(each.of_rank(1), 300);
+  EXPECT_EQ(each.of_rank(2), 160);
+  EXPECT_EQ(each.of_rank(3), 200);
+  EXPECT_EQ(each.of_rank(4), 0);
+  EXPECT_EQ(each.largest(), 300);
+  EXPECT_EQ(each.text(), "300,160,200");
+  EXPECT_TRUE(MemoryBudget{}.none());
+  EXPECT_EQ(MemoryBudget{}.of_rank(1), 0);
+  for (const char* bad : {"", "0", "-5", "300,", ",300", "300,,160", "3e2", "300 MiB", "x"}) {
+    EXPECT_THROW(MemoryBudget::parse(bad), std::invalid_argument) << bad;
+  }
+  EXPECT_THAT(ferry::testing::error_of([] { MemoryBudget::parse("300,abc"); }),
+              HasSubstr("\"abc\" is not a whole number of MiB"));
+}
+
 TEST(Placement, StagesGoRoundRobinOverEachReplicasWorkersAndSparesWait) {
   StagePlan plan = three_stages();
   EXPECT_THAT(place_stages(plan, "", 0, 1, kWorld), ElementsAre("worker1", "worker2", "worker3"));

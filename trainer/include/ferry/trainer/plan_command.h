@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "ferry/core/image_size.h"
 #include "ferry/trainer/settings.h"
@@ -22,6 +23,9 @@ struct PlanRequest {
   Optimizer optimizer = Optimizer::Adam;
   int workers = 1;
   double budget_mib = 0;  // each worker's tensor memory; 0: none
+  // One budget per worker, in rank order, where they differ (budget_mib is then the largest); a
+  // stage fits the least of the workers its copies go to (place_stages' order).
+  std::vector<double> worker_budget_mib;
   // The batch of one optimizer step over all replicas; 0 with `largest_batch`.
   int64_t batch_size = 8;
   bool largest_batch = false;  // the largest batch any configuration fits instead

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ferry/core/enum_names.h"
 #include "ferry/core/image_size.h"
@@ -59,6 +60,24 @@ struct PlanSettings {
   // Stages computing beside each one on its machine (models::CostSampling::neighbours); needs
   // `threads` 1.
   int neighbours = 0;
+};
+
+// --memory-budget-mib: each process's tensor memory bound, as a device's. One value bounds every
+// rank; one per worker, in rank order, serves workers of unequal memory (the master, which holds
+// no stage, is then unbounded). Value type.
+struct MemoryBudget {
+  std::vector<int64_t> mib;  // empty: none
+
+  // "300" or "300,160,160". Throws std::invalid_argument naming a value that is not a whole
+  // number of MiB from 1.
+  static MemoryBudget parse(const std::string& text);
+  bool none() const { return mib.empty(); }
+  bool per_worker() const { return mib.size() > 1; }
+  // Rank `rank`'s bound in MiB (0: none); per worker, rank r's is the r-th value.
+  int64_t of_rank(int rank) const;
+  // The largest bound, in MiB (0: none).
+  int64_t largest() const;
+  std::string text() const;  // as parsed
 };
 
 }  // namespace ferry::trainer

@@ -30,9 +30,10 @@ struct TrainSettings {
   // them (with_plan); empty: the job measures them.
   std::vector<models::BlockCost> planned_costs;
   std::string placement;  // "encoder=worker1,decoder=worker2,head=worker3"; empty: round robin
-  int64_t memory_budget_mib = 0;  // every rank's tensor memory bound; 0: FERRY_MEMORY_BUDGET_MIB
-  std::string data_dir;           // DIR/images/* and DIR/masks/*; empty: the synthetic set
-  int64_t samples = 512;          // of the synthetic set
+  // Each rank's tensor memory bound; none: FERRY_MEMORY_BUDGET_MIB's, for every rank.
+  MemoryBudget memory_budget;
+  std::string data_dir;   // DIR/images/* and DIR/masks/*; empty: the synthetic set
+  int64_t samples = 512;  // of the synthetic set
   // How a folder image of another shape than the plan's image size reaches it.
   data::Resize resize = data::Resize::pad;
   bool crop = false;        // folder images: cut image_size out instead of resizing

@@ -150,7 +150,7 @@ void start(Run& run) {
   }
 }
 
-// An epoch's figures: into the metrics log (and its plot), the metrics JSON and a line; its
+// An epoch's figures: into the metrics log (and its plot), the run's report and a line; its
 // stages' compute per step over its last `batches` (those since `before`).
 void record_epoch(Run& run, int epoch, const EpochTimes& times, const Validation& v,
                   const StageSeconds& before, const StageSeconds& after, std::size_t batches) {
@@ -336,7 +336,7 @@ std::vector<remote_module::StageStats> stage_stats(Run& run) {
   return out;
 }
 
-// Each stage's plan beside what its worker measured, into the metrics JSON, and its compute per
+// Each stage's plan beside what its worker measured, into the run's report, and its compute per
 // step as a table.
 void report_stages(Run& run, const std::vector<remote_module::StageStats>& measured) {
   std::vector<StageRecord>& stages = run.report.stages;

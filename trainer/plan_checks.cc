@@ -10,10 +10,12 @@ void record(Candidate& c, const StepCheck& check) {
     c.verify_error.clear();
     c.measured_images_per_s = check.images_per_s;
     c.measured_peak_mib = check.peak_mib;
+    c.measured_terms = check.terms;
   } else {
     c.verify_error = check.error;
     c.measured_images_per_s = -1;
     c.measured_peak_mib.clear();
+    c.measured_terms = StepTerms{};
   }
 }
 

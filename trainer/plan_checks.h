@@ -20,6 +20,7 @@ struct StepCheck {
   std::string error;  // why it failed; empty when it passed
   double images_per_s = -1;
   std::vector<double> peak_mib;  // per stage
+  StepTerms terms;               // the measured step's; step_s 0 where it was not read
   bool passed() const { return error.empty(); }
 };
 

@@ -253,9 +253,17 @@ StepCheck real_steps(const Candidate& c, const PlanCommandSettings& s,
   try {
     const RunReport report = read_run_report(metrics);
     if (report.epochs.empty()) throw std::runtime_error("it has no epoch");
-    out.images_per_s = report.epochs.back().images_per_s;
+    const EpochRecord& timed = report.epochs.back();
+    out.images_per_s = timed.images_per_s;
     for (const StageRecord& stage : report.stages) {
       out.peak_mib.push_back(stage.worker_peak_tensor_mib);
+    }
+    if (timed.batches > 0 && !timed.stage_compute_s.empty()) {
+      const auto batches = static_cast<double>(timed.batches);
+      out.terms.step_s = timed.train_s / batches;
+      out.terms.slowest_stage_s =
+          *std::max_element(timed.stage_compute_s.begin(), timed.stage_compute_s.end());
+      out.terms.optimizer_s = timed.optimizer_s / batches;
     }
   } catch (const std::exception& e) {
     out.error = fmt::format("its metrics could not be read: {}", e.what());

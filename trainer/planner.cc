@@ -122,8 +122,8 @@ double worker_speed(const MachineCosts& m, int busy_workers) {
 // The step of one replica from its stages' compute: the pipeline's fill and drain and its
 // steady state, the carries between stages, the optimizer step (stages step at once) and the
 // replicas' all-reduce of the largest stage's gradients.
-double step_seconds(const StageTable& table, const MachineCosts& m, const Candidate& c,
-                    const std::vector<pipeline::Range>& cut) {
+StepTerms step_seconds(const StageTable& table, const MachineCosts& m, const Candidate& c,
+                       const std::vector<pipeline::Range>& cut) {
   const double speed = worker_speed(m, c.stages * c.replicas);
   const double passes = static_cast<double>(parts_of(c));
   const auto samples = static_cast<double>(c.batch_size);
@@ -157,7 +157,7 @@ double step_seconds(const StageTable& table, const MachineCosts& m, const Candid
                   : steady + sum_stage / passes;
     carries /= passes;
   }
-  return compute + carries + optimizer + all_reduce;
+  return {compute + carries + optimizer + all_reduce, largest_stage, optimizer};
 }
 
 // Stage `stage`'s budget in bytes under `c`: with a budget per worker, the least of the workers
@@ -204,7 +204,8 @@ void fill_scores(const StageTable& table, const MachineCosts& m, Candidate& c) {
     c.predicted_peak_mib.push_back(
         stage_peak_bytes(table, c, static_cast<int>(s), c.cut[s].begin, c.cut[s].end) / kMiB);
   }
-  c.predicted_step_s = step_seconds(table, m, c, c.cut);
+  c.predicted_terms = step_seconds(table, m, c, c.cut);
+  c.predicted_step_s = c.predicted_terms.step_s;
 }
 
 // `c` with its cut and scores, if some cut of it fits.

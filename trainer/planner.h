@@ -30,6 +30,15 @@ struct MachineCosts {
   double optimizer_s_per_parameter = 0;  // one optimizer step, per parameter, on one thread
 };
 
+// A step's seconds in the terms a real step is measured by: the slowest stage's own compute
+// (forward, recomputation and backward of all its micro-batches), the optimizer's step, and the
+// rest (a pipeline's fill and drain or, in plain steps, the other stages' compute; the carries
+// between stages; the replicas' all-reduce; the master's own work, where measured). Value type.
+struct StepTerms {
+  double step_s = 0, slowest_stage_s = 0, optimizer_s = 0;
+  double rest_s() const { return step_s - slowest_stage_s - optimizer_s; }
+};
+
 // One way to train. Value type.
 struct Candidate {
   int stages = 1;
@@ -44,9 +53,11 @@ struct Candidate {
   std::vector<pipeline::Range> cut;
   std::vector<double> predicted_peak_mib;  // per stage
   double predicted_step_s = 0;
+  StepTerms predicted_terms;  // predicted_step_s by term
   // Filled by a real step (plan_command.h); negative until then.
   std::vector<double> measured_peak_mib;
   double measured_images_per_s = -1;
+  StepTerms measured_terms;  // of the real step; step_s 0 where it was not read
   std::string verify_error;  // why the real step failed, if it did
 
   int64_t global_batch() const { return batch_size * replicas; }
@@ -88,7 +99,8 @@ std::string partition_of(const std::vector<std::string>& first_blocks);
 
 // The ranked table (plan_report.cc): configuration, batch (and the estimates' batch where real
 // steps found a smaller one), predicted and (where verified) measured largest peak per worker and
-// images per second.
+// images per second; then, for each verified candidate of more than one worker whose step was
+// measured, its step by term against the estimate's, naming the term that is off the most.
 std::string candidates_table(const std::vector<Candidate>& candidates, size_t rows);
 
 // {"request", "winner": {settings, "flags"}, "candidates": [...]}: what `plan --json` prints and

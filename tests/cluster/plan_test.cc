@@ -55,6 +55,9 @@ TEST(Plan, AWinnerCheckedWithARealStepTrainsFromThePlanFileWithinItsPeaks) {
   const nlohmann::json plan = last_json(planned.output);
   const nlohmann::json& winner = plan["winner"];
   ASSERT_TRUE(winner.contains("measured_images_per_s")) << plan.dump(1);
+  // The measured step by term beside the estimate's, for a winner of several workers.
+  EXPECT_GT(winner["measured_step_terms_s"]["step"].get<double>(), 0) << plan.dump(1);
+  EXPECT_THAT(planned.output, HasSubstr("measured against estimated seconds per step, by term:"));
   EXPECT_GT(winner["measured_images_per_s"].get<double>(), 0);
   EXPECT_GE(winner["stages"].get<int>(), 2);  // the whole model does not fit one worker
   EXPECT_LE(winner["stages"].get<int>() * winner["replicas"].get<int>(), 3);

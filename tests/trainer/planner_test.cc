@@ -21,6 +21,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::ThrowsMessage;
 
 // The U-Net-ResNet-18's blocks, each alike: 8 MiB of parameters, 1 MiB of activations and
@@ -152,6 +153,35 @@ TEST(Planner, EachStageFitsTheBudgetOfTheWorkersItsCopiesGoTo) {
   EXPECT_THAT([&] { plan_candidates(costs, two_cores(), small); },
               ThrowsMessage<NothingFits>(AllOf(HasSubstr("on 2 workers of 200, 200 MiB:"),
                                                HasSubstr("cut into 2 stages, exceed"))));
+}
+
+// A verified candidate of several workers gets its measured step beside the estimate, term by
+// term, and the term that is off the most named; one of a single worker, or unverified, none.
+TEST(Planner, TheTableSaysWhichTermOfAVerifiedStepIsOffTheMost) {
+  Candidate pipelined;
+  pipelined.stages = 2;
+  pipelined.schedule = pipeline::Schedule::ZeroBubble;
+  pipelined.microbatches = 2;
+  pipelined.batch_size = 16;
+  pipelined.predicted_step_s = 0.25;
+  pipelined.predicted_terms = {0.25, 0.20, 0.01};
+  pipelined.measured_images_per_s = 40;
+  pipelined.measured_peak_mib = {150, 180};
+  pipelined.measured_terms = {0.40, 0.22, 0.01};  // the rest: 0.17 against 0.04
+  Candidate alone = pipelined;
+  alone.stages = 1;
+  alone.schedule.reset();
+  Candidate unchecked = pipelined;
+  unchecked.measured_images_per_s = -1;
+  const std::string table = candidates_table({pipelined, alone, unchecked}, 3);
+  EXPECT_THAT(table, HasSubstr("measured against estimated seconds per step, by term:\n   1 2 "
+                               "stages, zb x 2: step 0.400 / 0.250 (+60%); slowest stage 0.220 / "
+                               "0.200, optimizer 0.010 / 0.010, the rest 0.170 / 0.040; off the "
+                               "most: the rest (fill and drain, carries, all-reduce, the master) "
+                               "(+0.130 s)\n"))
+      << table;
+  EXPECT_THAT(table, Not(HasSubstr("   2 1 stage, plain: step"))) << table;
+  EXPECT_THAT(table, Not(HasSubstr("   3 2 stages, zb x 2: step"))) << table;
 }
 
 TEST(Planner, TheLargestBatchFillsTheBudgetAndOneImageMoreDoesNot) {

@@ -107,7 +107,7 @@ void add_cut_flags(CLI::App* cmd, trainer::PlanSettings& plan) {
                   "layer3.0,decoder.0 (see describe --blocks)");
 }
 
-// One budget for every process, or one per worker; `none` also takes 0 for none.
+// One budget for every process, or one per worker; with `zero_is_none`, 0 for none too.
 CLI::Validator memory_budget_check(bool zero_is_none) {
   return CLI::Validator(
       [zero_is_none](std::string& text) -> std::string {

@@ -49,12 +49,13 @@ std::vector<std::string> place_stages(const StagePlan& plan, const std::string& 
         "world has {} besides the master{}",
         replicas, available, spares > 0 ? fmt::format(" and the {} spares", spares) : ""));
   }
-  const std::size_t per_replica = std::max<std::size_t>(1, available / replicas);
   const std::size_t stages = plan.stages.size();
   std::vector<std::string> out;
   for (std::size_t i = 0; i < stages * replicas; ++i) {
-    const std::size_t r = i / stages, k = i % stages;
-    out.push_back(names.size() == 1 ? names[0] : names[1 + r * per_replica + k % per_replica]);
+    out.push_back(names.size() == 1
+                      ? names[0]
+                      : names[1 + worker_of_copy(i % stages, i / stages, available,
+                                                 static_cast<std::size_t>(replicas))]);
   }
   const std::vector<std::string> stage_names = replica_stage_names(plan, replicas);
   std::stringstream items(placement);

@@ -204,11 +204,11 @@ std::string where_out_of_memory(const std::string& output) {
 PlanRequest checked_as(const Candidate& c, const PlanRequest& request) {
   PlanRequest out = request;
   if (request.worker_budget_mib.empty()) return out;
-  const int share = std::max(1, request.workers / c.replicas);
   out.worker_budget_mib.clear();
   for (int r = 0; r < c.replicas; ++r) {
     for (int k = 0; k < c.stages; ++k) {
-      out.worker_budget_mib.push_back(request.worker_budget_mib.at(r * share + k % share));
+      out.worker_budget_mib.push_back(
+          request.worker_budget_mib.at(worker_of_copy(k, r, request.workers, c.replicas)));
     }
   }
   out.workers = c.stages * c.replicas;
@@ -409,7 +409,6 @@ nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int work
   request.image_size = settings.plan.image_size;
   request.optimizer = settings.plan.optimizer;
   request.workers = workers;
-  request.budget_mib = static_cast<double>(settings.memory_budget.largest());
   if (settings.memory_budget.per_worker()) {
     // The first workers hold the stages; the spares after them do not enter the plan.
     const std::vector<int64_t>& mib = settings.memory_budget.mib;
@@ -417,6 +416,8 @@ nlohmann::ordered_json plan_for_training(const TrainSettings& settings, int work
                                      mib.begin() + std::min<std::ptrdiff_t>(workers, mib.size()));
     request.budget_mib =
         *std::max_element(request.worker_budget_mib.begin(), request.worker_budget_mib.end());
+  } else {
+    request.budget_mib = static_cast<double>(settings.memory_budget.largest());
   }
   request.batch_size = settings.plan.batch_size;
   check_request(request);
@@ -475,9 +476,9 @@ TrainSettings with_plan(const TrainSettings& settings, const nlohmann::json& pla
       for (const double mib : per_worker) s.memory_budget.mib.push_back(std::llround(mib));
       // The spares beyond the plan's workers keep the job's own budgets.
       const std::vector<int64_t>& own = settings.memory_budget.mib;
-      for (std::size_t k = per_worker.size(); settings.memory_budget.per_worker() && k < own.size();
-           ++k) {
-        s.memory_budget.mib.push_back(own[k]);
+      if (own.size() > per_worker.size()) {
+        s.memory_budget.mib.insert(s.memory_budget.mib.end(), own.begin() + per_worker.size(),
+                                   own.end());
       }
     } else if (budget > 0) {
       s.memory_budget = MemoryBudget{{budget}};

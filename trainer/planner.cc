@@ -166,10 +166,10 @@ double stage_budget(const PlanRequest& request, const Candidate& c, int64_t stag
   if (request.worker_budget_mib.empty()) {
     return request.budget_mib > 0 ? request.budget_mib * kMiB : kInf;
   }
-  const int64_t share = std::max(1, request.workers / c.replicas);
   double least = kInf;
-  for (int64_t r = 0; r < c.replicas; ++r) {
-    const auto worker = static_cast<std::size_t>(r * share + stage % share);
+  for (int r = 0; r < c.replicas; ++r) {
+    const std::size_t worker =
+        worker_of_copy(static_cast<std::size_t>(stage), r, request.workers, c.replicas);
     if (worker < request.worker_budget_mib.size()) {
       least = std::min(least, request.worker_budget_mib[worker] * kMiB);
     }

@@ -6,6 +6,8 @@
 // writes as JSON.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -102,6 +104,16 @@ std::vector<double> stage_compute_s(const StagePlan& plan, int64_t batch_size, i
 
 // The worker of a place: "worker2" of "worker2" and of "worker2/cuda:0".
 std::string worker_of(const std::string& place);
+
+// Which of `workers` workers (0: the first after the master) holds copy `replica` of stage
+// `stage` of `replicas`: each replica its own equal share of the workers, in order, its stages
+// round robin over that share. place_stages places by it, and the planner fits each stage's
+// copies to those workers' budgets.
+inline std::size_t worker_of_copy(std::size_t stage, std::size_t replica, std::size_t workers,
+                                  std::size_t replicas) {
+  const std::size_t share = std::max<std::size_t>(1, workers / replicas);
+  return replica * share + stage % share;
+}
 
 // The optimizer's state per parameter byte: a momentum for SGD; two moments for Adam and AdamW.
 double optimizer_state_copies(Optimizer optimizer);
